@@ -1,0 +1,307 @@
+// Package apitype holds the sidecar wire contract: request and response bodies, route and
+// header names, error codes and websocket channel bytes. The daemon and the client both
+// import it, so it depends on the standard library only.
+package apitype
+
+import "time"
+
+// Version of the wire contract. The route prefix carries the major version.
+const APIVersion = "v1"
+
+// Routes, as Go 1.22 ServeMux patterns without the method.
+const (
+	RouteHealthz            = "/healthz"
+	RouteMetrics            = "/metrics"
+	RouteInfo               = "/v1/info"
+	RouteLeases             = "/v1/leases"
+	RouteLease              = "/v1/leases/{id}"
+	RouteLeaseRenew         = "/v1/leases/{id}/renew"
+	RouteCleanup            = "/v1/cleanup"
+	RouteExec               = "/v1/leases/{id}/exec"
+	RouteProcesses          = "/v1/leases/{id}/processes"
+	RouteProcess            = "/v1/leases/{id}/processes/{pid}"
+	RouteProcessSignal      = "/v1/leases/{id}/processes/{pid}/signal"
+	RouteProcessAttach      = "/v1/leases/{id}/processes/{pid}/attach"
+	RouteFiles              = "/v1/leases/{id}/files/{path...}"
+	RouteArchive            = "/v1/leases/{id}/archive/{path...}"
+	RouteScriptsRun         = "/v1/scripts/run"
+	ProblemContentType      = "application/problem+json"
+	ProblemTypePrefix       = "https://sidecar.dev/problems/"
+	BearerScheme            = "Bearer"
+	BearerSubprotocolPrefix = "base64url.bearer.authorization.k8s.io."
+)
+
+// Headers.
+const (
+	HeaderAuthorization   = "Authorization"
+	HeaderWWWAuthenticate = "WWW-Authenticate"
+	HeaderOrigin          = "Origin"
+	HeaderContentDigest   = "Content-Digest"
+	HeaderFileMode        = "X-File-Mode"
+	HeaderFileType        = "X-File-Type"
+	HeaderFileSize        = "X-File-Size"
+	HeaderFileMtime       = "X-File-Mtime"
+	HeaderLinkTarget      = "X-Symlink-Target"
+	HeaderUploadOffset    = "Upload-Offset"
+	HeaderUploadComplete  = "Upload-Complete"
+	HeaderUploadLength    = "Upload-Length"
+	HeaderRequestID       = "X-Request-Id"
+	HeaderBytesLost       = "X-Output-Bytes-Lost"
+)
+
+// Error codes: the stable "code" member of every problem+json body.
+const (
+	CodeUnauthorized       = "unauthorized"
+	CodeForbidden          = "forbidden"
+	CodeInvalidRequest     = "invalid_request"
+	CodeNotFound           = "not_found"
+	CodeLeaseNotFound      = "lease_not_found"
+	CodeLeaseExpired       = "lease_expired"
+	CodeLeaseLimit         = "lease_limit"
+	CodeProcessNotFound    = "process_not_found"
+	CodePathOutsideWorkdir = "path_outside_workdir"
+	CodeNotADirectory      = "not_a_directory"
+	CodeIsADirectory       = "is_a_directory"
+	CodeExists             = "exists"
+	CodeQuotaExceeded      = "quota_exceeded"
+	CodeDigestMismatch     = "digest_mismatch"
+	CodePayloadTooLarge    = "payload_too_large"
+	CodeCapabilityDisabled = "capability_disabled"
+	CodeScriptError        = "script_error"
+	CodeScriptTimeout      = "script_timeout"
+	CodeUnavailable        = "unavailable"
+	CodeInternal           = "internal"
+	// Codes added beyond the v1 table, for cases it does not name.
+	CodeMethodNotAllowed   = "method_not_allowed"
+	CodeHeaderTooLarge     = "header_too_large"
+	CodeConflict           = "conflict"
+	CodeRangeUnsatisfied   = "range_not_satisfiable"
+	CodePreconditionFailed = "precondition_failed"
+)
+
+// Problem is an RFC 9457 problem details body.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+	// Script errors carry their position.
+	Line   int `json:"line,omitempty"`
+	Column int `json:"column,omitempty"`
+	// Attach replies say how many requested bytes had left the buffer.
+	BytesLost int64 `json:"bytes_lost,omitempty"`
+}
+
+// Capabilities is what this daemon can do, as reported by GET /v1/info.
+type Capabilities struct {
+	Exec             bool   `json:"exec"`
+	PTY              bool   `json:"pty"`
+	Files            bool   `json:"files"`
+	Scripts          bool   `json:"scripts"`
+	Cgroups          string `json:"cgroups"` // "v1", "v2" or "none"
+	UIDIsolation     bool   `json:"uid_isolation"`
+	NetworkIsolation bool   `json:"network_isolation"`
+	Landlock         int    `json:"landlock_abi"` // 0: not available
+	PrivateTmp       bool   `json:"private_tmp"`
+	Isolation        string `json:"isolation"` // "strict" or "none"
+}
+
+// ServiceLimits are the daemon-wide limits a client should know about.
+type ServiceLimits struct {
+	MaxLeases        int    `json:"max_leases"`
+	MaxTTLSeconds    int64  `json:"max_ttl_seconds"`
+	MaxBodyBytes     int64  `json:"max_body_bytes"`
+	MaxOutputBytes   int64  `json:"max_output_bytes"`
+	OutputBufferSize int64  `json:"output_buffer_bytes"`
+	MaxLimits        Limits `json:"max_limits"`
+}
+
+// Info is the body of GET /v1/info.
+type Info struct {
+	Version       string        `json:"version"`
+	APIVersion    string        `json:"api_version"`
+	Capabilities  Capabilities  `json:"capabilities"`
+	Limits        ServiceLimits `json:"limits"`
+	DefaultLimits Limits        `json:"default_limits"`
+	DefaultTTL    int64         `json:"default_ttl_seconds"`
+}
+
+// Limits bound one lease. Zero means "the daemon's default".
+type Limits struct {
+	MemoryBytes   int64 `json:"memory_bytes,omitempty"`
+	CPUMillicores int64 `json:"cpu_millicores,omitempty"`
+	Pids          int64 `json:"pids,omitempty"`
+	DiskBytes     int64 `json:"disk_bytes,omitempty"`
+}
+
+// Network modes of a lease.
+const (
+	NetworkHost = "host"
+	NetworkNone = "none"
+)
+
+// AcquireRequest is the body of POST /v1/leases.
+type AcquireRequest struct {
+	SessionID  string            `json:"session_id"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
+	Limits     Limits            `json:"limits,omitempty"`
+	Network    string            `json:"network,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
+// RenewRequest is the body of POST /v1/leases/{id}/renew.
+type RenewRequest struct {
+	TTLSeconds int64 `json:"ttl_seconds,omitempty"`
+}
+
+// Lease states.
+const (
+	LeaseActive   = "active"
+	LeaseExpired  = "expired"
+	LeaseReleased = "released"
+)
+
+// Usage is what a lease consumes now.
+type Usage struct {
+	MemoryBytes int64   `json:"memory_bytes"`
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	Pids        int64   `json:"pids"`
+	DiskBytes   int64   `json:"disk_bytes"`
+	OOMKills    int64   `json:"oom_kills"`
+}
+
+// Lease is one session's sandbox as the inspection endpoint shows it.
+type Lease struct {
+	ID             string            `json:"id"`
+	SessionID      string            `json:"session_id"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	State          string            `json:"state"`
+	Network        string            `json:"network"`
+	CreatedAt      time.Time         `json:"created_at"`
+	ExpiresAt      time.Time         `json:"expires_at"`
+	LastActivityAt time.Time         `json:"last_activity_at"`
+	Limits         Limits            `json:"limits"`
+	Usage          *Usage            `json:"usage,omitempty"`
+	Processes      int               `json:"process_count"`
+	UID            int               `json:"uid,omitempty"`
+	Workdir        string            `json:"workdir,omitempty"`
+	// Token is set only in acquire and renew responses.
+	Token string `json:"token,omitempty"`
+}
+
+// LeaseList is the body of GET /v1/leases.
+type LeaseList struct {
+	Leases []Lease `json:"leases"`
+}
+
+// CleanupResult is the body of POST /v1/cleanup.
+type CleanupResult struct {
+	Leases    []string `json:"leases"`
+	Cgroups   []string `json:"cgroups"`
+	Workdirs  []string `json:"workdirs"`
+	Processes []int    `json:"processes"`
+}
+
+// ExecRequest is the body of POST /v1/leases/{id}/exec.
+type ExecRequest struct {
+	Argv               []string          `json:"argv"`
+	Env                map[string]string `json:"env,omitempty"`
+	Cwd                string            `json:"cwd,omitempty"`
+	Stdin              *string           `json:"stdin,omitempty"`
+	TimeoutSeconds     float64           `json:"timeout_seconds,omitempty"`
+	IdleTimeoutSeconds float64           `json:"idle_timeout_seconds,omitempty"`
+}
+
+// ExecResult is the body of a finished exec.
+type ExecResult struct {
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	TimedOut        bool   `json:"timed_out"`
+	OOMKilled       bool   `json:"oom_killed"`
+	DurationMS      int64  `json:"duration_ms"`
+}
+
+// StartRequest is the body of POST /v1/leases/{id}/processes.
+type StartRequest struct {
+	ID                 string            `json:"id,omitempty"`
+	Argv               []string          `json:"argv"`
+	Env                map[string]string `json:"env,omitempty"`
+	Cwd                string            `json:"cwd,omitempty"`
+	TTY                bool              `json:"tty,omitempty"`
+	Rows               uint16            `json:"rows,omitempty"`
+	Cols               uint16            `json:"cols,omitempty"`
+	TimeoutSeconds     float64           `json:"timeout_seconds,omitempty"`
+	IdleTimeoutSeconds float64           `json:"idle_timeout_seconds,omitempty"`
+}
+
+// Process states.
+const (
+	ProcessRunning = "running"
+	ProcessExited  = "exited"
+	// ProcessLost: the daemon died while the process ran; its exit status is unknown.
+	ProcessLost = "lost"
+)
+
+// Process is the status of a background process.
+type Process struct {
+	PID       string     `json:"pid"`
+	Argv      []string   `json:"argv"`
+	TTY       bool       `json:"tty"`
+	State     string     `json:"state"`
+	ExitCode  *int       `json:"exit_code,omitempty"`
+	Signal    string     `json:"signal,omitempty"`
+	TimedOut  bool       `json:"timed_out,omitempty"`
+	OOMKilled bool       `json:"oom_killed,omitempty"`
+	StartedAt time.Time  `json:"started_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	// OutputOffset is the number of output bytes produced so far; OutputStart the
+	// oldest offset still in the replay buffer.
+	OutputOffset int64 `json:"output_offset"`
+	OutputStart  int64 `json:"output_start"`
+}
+
+// ProcessList is the body of GET /v1/leases/{id}/processes.
+type ProcessList struct {
+	Processes []Process `json:"processes"`
+}
+
+// SignalRequest is the body of POST …/processes/{pid}/signal.
+type SignalRequest struct {
+	Signal string `json:"signal"`
+}
+
+// FileEntry is one row of a directory listing.
+type FileEntry struct {
+	Name    string    `json:"name"`
+	Type    string    `json:"type"` // "file", "dir", "symlink", "other"
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // octal permission bits, e.g. "0644"
+	ModTime time.Time `json:"mtime"`
+	Target  string    `json:"target,omitempty"`
+}
+
+// DirListing is the JSON body of GET on a directory.
+type DirListing struct {
+	Path    string      `json:"path"`
+	Entries []FileEntry `json:"entries"`
+}
+
+// ScriptRequest is the body of POST /v1/scripts/run.
+type ScriptRequest struct {
+	Source      string `json:"source"`
+	Input       any    `json:"input"`
+	TimeoutMS   int64  `json:"timeout_ms,omitempty"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+}
+
+// ScriptResult is the body of a successful script run.
+type ScriptResult struct {
+	Result     any      `json:"result"`
+	Logs       []string `json:"logs"`
+	DurationMS int64    `json:"duration_ms"`
+}

@@ -1,0 +1,22 @@
+module github.com/sidecar-sandbox/sidecar
+
+go 1.26.0
+
+require (
+	github.com/caarlos0/env/v11 v11.4.2 // indirect
+	github.com/containerd/cgroups/v3 v3.1.3 // indirect
+	github.com/creack/pty v1.1.24 // indirect
+	github.com/fastschema/qjs v0.0.6 // indirect
+	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
+	github.com/gorilla/websocket v1.5.3 // indirect
+	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/landlock-lsm/go-landlock v0.11.2 // indirect
+	github.com/mitchellh/colorstring v0.0.0-20190213212951-d06e56a500db // indirect
+	github.com/moby/sys/userns v0.1.0 // indirect
+	github.com/prometheus/client_golang v1.23.2 // indirect
+	github.com/rivo/uniseg v0.4.7 // indirect
+	github.com/schollz/progressbar/v3 v3.19.1 // indirect
+	github.com/tetratelabs/wazero v1.9.0 // indirect
+	golang.org/x/sys v0.50.0 // indirect
+	golang.org/x/term v0.48.0 // indirect
+)
