@@ -46,7 +46,15 @@ const (
 	HeaderUploadComplete  = "Upload-Complete"
 	HeaderUploadLength    = "Upload-Length"
 	HeaderRequestID       = "X-Request-Id"
-	HeaderBytesLost       = "X-Output-Bytes-Lost"
+	// HeaderBytesLost, on a websocket attach's 101 response: how many bytes of the requested
+	// range had already left the replay buffer.
+	HeaderBytesLost = "X-Output-Bytes-Lost"
+	// HeaderOutputOffset, on a websocket attach's 101 response: the offset of the first
+	// output byte this attachment will deliver.
+	HeaderOutputOffset = "X-Output-Offset"
+	// HeaderProcessID, on the GET …/exec websocket's 101 response: the daemon's process id,
+	// for a later attach.
+	HeaderProcessID = "X-Process-Id"
 )
 
 // Error codes: the stable "code" member of every problem+json body.
