@@ -37,15 +37,18 @@ const (
 	HeaderWWWAuthenticate = "WWW-Authenticate"
 	HeaderOrigin          = "Origin"
 	HeaderContentDigest   = "Content-Digest"
-	HeaderFileMode        = "X-File-Mode"
-	HeaderFileType        = "X-File-Type"
-	HeaderFileSize        = "X-File-Size"
-	HeaderFileMtime       = "X-File-Mtime"
-	HeaderLinkTarget      = "X-Symlink-Target"
-	HeaderUploadOffset    = "Upload-Offset"
-	HeaderUploadComplete  = "Upload-Complete"
-	HeaderUploadLength    = "Upload-Length"
-	HeaderRequestID       = "X-Request-Id"
+	// HeaderReprDigest (RFC 9530) on the last PATCH of a resumable upload: the digest of
+	// the whole file, checked before the file appears.
+	HeaderReprDigest     = "Repr-Digest"
+	HeaderFileMode       = "X-File-Mode"
+	HeaderFileType       = "X-File-Type"
+	HeaderFileSize       = "X-File-Size"
+	HeaderFileMtime      = "X-File-Mtime"
+	HeaderLinkTarget     = "X-Symlink-Target"
+	HeaderUploadOffset   = "Upload-Offset"
+	HeaderUploadComplete = "Upload-Complete"
+	HeaderUploadLength   = "Upload-Length"
+	HeaderRequestID      = "X-Request-Id"
 	// HeaderBytesLost, on a websocket attach's 101 response: how many bytes of the requested
 	// range had already left the replay buffer.
 	HeaderBytesLost = "X-Output-Bytes-Lost"
