@@ -239,15 +239,18 @@ type ExecResult struct {
 
 // StartRequest is the body of POST /v1/leases/{id}/processes.
 type StartRequest struct {
-	ID                 string            `json:"id,omitempty"`
-	Argv               []string          `json:"argv"`
-	Env                map[string]string `json:"env,omitempty"`
-	Cwd                string            `json:"cwd,omitempty"`
-	TTY                bool              `json:"tty,omitempty"`
-	Rows               uint16            `json:"rows,omitempty"`
-	Cols               uint16            `json:"cols,omitempty"`
-	TimeoutSeconds     float64           `json:"timeout_seconds,omitempty"`
-	IdleTimeoutSeconds float64           `json:"idle_timeout_seconds,omitempty"`
+	ID   string            `json:"id,omitempty"`
+	Argv []string          `json:"argv"`
+	Env  map[string]string `json:"env,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"`
+	TTY  bool              `json:"tty,omitempty"`
+	// Stdin keeps the process's stdin open for attachments to write to; without it (and
+	// without TTY) stdin is empty.
+	Stdin              bool    `json:"stdin,omitempty"`
+	Rows               uint16  `json:"rows,omitempty"`
+	Cols               uint16  `json:"cols,omitempty"`
+	TimeoutSeconds     float64 `json:"timeout_seconds,omitempty"`
+	IdleTimeoutSeconds float64 `json:"idle_timeout_seconds,omitempty"`
 }
 
 // Process states.
