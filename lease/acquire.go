@@ -1,0 +1,157 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Acquire returns the active lease of r.SessionID (created false, nothing renewed) or
+// creates one: its directories, then Provisioner.Provision, then the state file. If any step
+// fails, everything done so far is undone and the error returned: no stray lease or
+// directory is left. Concurrent calls for one session return the same lease.
+func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool, err error) {
+	r, err = m.cfg.normalize(r)
+	if err != nil {
+		return Lease{}, false, err
+	}
+	reaped := false
+	for {
+		m.mu.Lock()
+		now := m.cfg.Now()
+		if e := m.sessions[r.SessionID]; e != nil && e.state == stateLive && e.lease.Active(now) {
+			l := e.snapshot()
+			m.mu.Unlock()
+			return l, false, nil
+		}
+		if c := m.creating[r.SessionID]; c != nil {
+			m.mu.Unlock()
+			select {
+			case <-c.done: // look again: it is live now, or it failed and we try ourselves
+				continue
+			case <-ctx.Done():
+				return Lease{}, false, ctx.Err()
+			}
+		}
+		if len(m.leases)+len(m.creating) >= m.cfg.MaxLeases {
+			expired := m.anyExpiredLocked()
+			m.mu.Unlock()
+			if expired && !reaped {
+				// Expired leases hold no right to their slot: make room once, then look again.
+				reaped = true
+				if _, err := m.Reap(ctx); err != nil {
+					m.log.Warn("reap before acquire failed", "err", err)
+				}
+				continue
+			}
+			return Lease{}, false, fmt.Errorf("%w: %d leases, the maximum", ErrLimit, m.cfg.MaxLeases)
+		}
+		uid, err := m.uids.take()
+		if err != nil {
+			m.mu.Unlock()
+			return Lease{}, false, err
+		}
+		c := &creation{id: newID(), done: make(chan struct{})}
+		m.creating[r.SessionID] = c
+		m.mu.Unlock()
+
+		l, err := m.create(ctx, c.id, uid, r)
+		close(c.done)
+		return l, err == nil, err
+	}
+}
+
+// anyExpiredLocked reports whether a live lease is past its expiry. Call with mu held.
+func (m *Manager) anyExpiredLocked() bool {
+	now := m.cfg.Now()
+	for _, e := range m.leases {
+		if e.state == stateLive && !e.lease.Active(now) {
+			return true
+		}
+	}
+	return false
+}
+
+// create builds the lease reserved by Acquire: id and uid are taken, and
+// m.creating[r.SessionID] is set; create clears it.
+func (m *Manager) create(ctx context.Context, id string, uid int, r Request) (Lease, error) {
+	now := m.cfg.Now()
+	l := Lease{
+		ID: id, SessionID: r.SessionID, Labels: cloneLabels(r.Labels), Network: r.Network,
+		Limits: r.Limits, UID: uid, GID: uid, Dir: filepath.Join(m.cfg.WorkRoot, id),
+		CreatedAt: now, ExpiresAt: now.Add(r.TTL), LastActivityAt: now,
+	}
+	forget := func() {
+		m.mu.Lock()
+		delete(m.leases, id)
+		delete(m.creating, r.SessionID)
+		m.uids.free(uid)
+		m.mu.Unlock()
+	}
+	// An existing Dir is not ours to take over, nor to remove on rollback.
+	if err := os.Mkdir(l.Dir, dirMode); err != nil {
+		forget()
+		return Lease{}, fmt.Errorf("lease: create directory: %w", err)
+	}
+	if err := ensureDirs(l); err != nil {
+		if rmErr := m.removeDir(l.Dir); rmErr != nil {
+			m.log.Error("lease rollback: remove dir", "lease", id, "err", rmErr)
+		}
+		forget()
+		return Lease{}, fmt.Errorf("lease: create directories: %w", err)
+	}
+	if p := m.cfg.Provisioner; p != nil {
+		if err := p.Provision(ctx, l); err != nil {
+			m.undo(ctx, l)
+			forget()
+			return Lease{}, fmt.Errorf("lease: provision: %w", err)
+		}
+	}
+
+	e := newEntry(l, stateCreating)
+	m.mu.Lock()
+	m.leases[id] = e
+	m.mu.Unlock()
+	if err := m.persist(); err != nil {
+		m.undo(ctx, l)
+		forget()
+		// A concurrent write may have recorded the lease; record that it is gone.
+		if err2 := m.persist(); err2 != nil {
+			m.log.Error("lease rollback: persist", "lease", id, "err", err2)
+		}
+		return Lease{}, err
+	}
+	m.mu.Lock()
+	e.state = stateLive
+	m.sessions[r.SessionID] = e
+	delete(m.creating, r.SessionID)
+	m.mu.Unlock()
+	m.emit(EventCreated, l.clone())
+	return l.clone(), nil
+}
+
+// undo tears down a half-made lease. It must finish even if the caller gave up.
+func (m *Manager) undo(ctx context.Context, l Lease) {
+	ctx = context.WithoutCancel(ctx)
+	var errs []error
+	if p := m.cfg.Provisioner; p != nil {
+		errs = append(errs, p.Teardown(ctx, l))
+	}
+	errs = append(errs, m.removeDir(l.Dir))
+	if err := errors.Join(errs...); err != nil {
+		m.log.Error("lease rollback incomplete", "lease", l.ID, "session", l.SessionID, "err", err)
+	}
+}
+
+func cloneLabels(labels map[string]string) map[string]string {
+	if len(labels) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(labels))
+	for k, v := range labels {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,99 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultTTL       = 15 * time.Minute
+	DefaultMaxTTL    = 24 * time.Hour
+	DefaultMaxLeases = 64
+)
+
+// Provisioner sets up and tears down what the lease package does not own (cgroup, chown of
+// work/ and tmp/ to the lease uid, network namespace). Provision must be idempotent: it is
+// called again for every active lease when the daemon restarts. Teardown must be idempotent
+// too and cope with a lease that was never (or only partly) provisioned: it runs when
+// Provision fails, again when a failed release is retried, and for leases that expired
+// while the daemon was down.
+type Provisioner interface {
+	Provision(ctx context.Context, l Lease) error
+	Teardown(ctx context.Context, l Lease) error
+}
+
+// Config configures a Manager. StateDir and WorkRoot are required.
+type Config struct {
+	StateDir, WorkRoot string
+	DefaultTTL, MaxTTL time.Duration // defaults 15m and 24h if zero
+	MaxLeases          int           // default 64
+	// DefaultLimits fill a request's zero fields; a request field over the matching
+	// MaxLimits field is ErrInvalid. A zero MaxLimits field means no maximum.
+	DefaultLimits, MaxLimits Limits
+	// UIDFirst..UIDLast: both 0 means no uid allocation; otherwise every lease gets one
+	// free uid (gid = uid) from the range, and ErrLimit when it is used up.
+	UIDFirst, UIDLast int
+	Provisioner       Provisioner      // nil: none
+	Now               func() time.Time // default time.Now
+	Logger            *slog.Logger     // default: discard
+	// OnEvent is the audit and metrics hook, called after each state change, outside any
+	// lock. It must not block for long.
+	OnEvent func(Event)
+	// RemoveDir removes a lease directory tree; default fsxfer.RemoveTree, which never
+	// crosses a mount point or follows a symlink.
+	RemoveDir func(dir string) error
+}
+
+// withDefaults fills zero fields and checks the rest.
+func (c Config) withDefaults() (Config, error) {
+	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
+		return c, fmt.Errorf("lease: StateDir must be an absolute path, got %q", c.StateDir)
+	}
+	if c.WorkRoot == "" || !filepath.IsAbs(c.WorkRoot) {
+		return c, fmt.Errorf("lease: WorkRoot must be an absolute path, got %q", c.WorkRoot)
+	}
+	c.StateDir, c.WorkRoot = filepath.Clean(c.StateDir), filepath.Clean(c.WorkRoot)
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = DefaultTTL
+	}
+	if c.MaxTTL == 0 {
+		c.MaxTTL = DefaultMaxTTL
+	}
+	if c.DefaultTTL < 0 || c.MaxTTL < c.DefaultTTL {
+		return c, fmt.Errorf("lease: need 0 < DefaultTTL (%v) <= MaxTTL (%v)", c.DefaultTTL, c.MaxTTL)
+	}
+	if c.MaxLeases == 0 {
+		c.MaxLeases = DefaultMaxLeases
+	}
+	if c.MaxLeases < 0 {
+		return c, fmt.Errorf("lease: MaxLeases must be positive, got %d", c.MaxLeases)
+	}
+	if err := checkLimits(c.DefaultLimits, c.MaxLimits); err != nil {
+		return c, fmt.Errorf("lease: DefaultLimits: %w", err)
+	}
+	if c.UIDFirst != 0 || c.UIDLast != 0 {
+		// uid 0 is root: a range that includes it would hand a lease root.
+		if c.UIDFirst <= 0 || c.UIDLast < c.UIDFirst {
+			return c, fmt.Errorf("lease: uid range %d-%d: need 0 < first <= last", c.UIDFirst, c.UIDLast)
+		}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.OnEvent == nil {
+		c.OnEvent = func(Event) {}
+	}
+	if c.RemoveDir == nil {
+		c.RemoveDir = fsxfer.RemoveTree
+	}
+	return c, nil
+}

@@ -1,0 +1,71 @@
+package lease
+
+import (
+	"maps"
+	"path/filepath"
+	"time"
+)
+
+// Limits bound one lease. Zero in a Request means "the configured default".
+type Limits struct{ MemoryBytes, CPUMillicores, Pids, DiskBytes int64 }
+
+// Network modes.
+const (
+	NetworkHost = "host"
+	NetworkNone = "none"
+)
+
+// Lease is one session's sandbox. It is a value: the Manager hands out copies.
+type Lease struct {
+	ID, SessionID string
+	Labels        map[string]string
+	Network       string // NetworkHost or NetworkNone
+	Limits        Limits
+	UID, GID      int // 0: no per-lease uid
+	// Dir is WorkRoot/ID, mode 0711 and owned by the daemon. It holds work/ (0700, the
+	// workdir), tmp/ (0700, the lease's private /tmp) and uploads/ (0700, partial uploads,
+	// daemon only). The Provisioner chowns work/ and tmp/ to the lease uid.
+	Dir                                  string
+	CreatedAt, ExpiresAt, LastActivityAt time.Time
+}
+
+// Workdir is the directory the lease's processes and file operations are confined to.
+func (l Lease) Workdir() string { return filepath.Join(l.Dir, "work") }
+
+// TmpDir is the lease's private /tmp.
+func (l Lease) TmpDir() string { return filepath.Join(l.Dir, "tmp") }
+
+// UploadsDir holds partial uploads; only the daemon touches it.
+func (l Lease) UploadsDir() string { return filepath.Join(l.Dir, "uploads") }
+
+// Active reports whether the lease has not expired at now.
+func (l Lease) Active(now time.Time) bool { return now.Before(l.ExpiresAt) }
+
+// clone returns a copy that shares no map with l.
+func (l Lease) clone() Lease {
+	l.Labels = maps.Clone(l.Labels)
+	return l
+}
+
+// Request asks for a lease. Zero fields take the configured defaults.
+type Request struct {
+	SessionID string
+	TTL       time.Duration
+	Limits    Limits
+	Network   string // "" means NetworkHost
+	Labels    map[string]string
+}
+
+// Event kinds passed to Config.OnEvent.
+const (
+	EventCreated  = "created"
+	EventRenewed  = "renewed"
+	EventReleased = "released"
+	EventExpired  = "expired"
+)
+
+// Event reports a lease state change, after it happened.
+type Event struct {
+	Kind  string // EventCreated, EventRenewed, EventReleased or EventExpired
+	Lease Lease
+}

@@ -1,0 +1,256 @@
+package lease
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// entryState is where an entry is in its life. Only live entries are visible to Get, List,
+// Renew, Release and Reap; the others belong to the one goroutine creating or releasing them.
+type entryState int
+
+const (
+	stateCreating  entryState = iota // provisioned, being persisted
+	stateLive                        // visible, active or expired
+	stateReleasing                   // being torn down, by exactly one goroutine
+)
+
+type entry struct {
+	lease Lease // guarded by Manager.mu, except LastActivityAt which lives in lastActivity
+	state entryState
+	// lastActivity is unix nanoseconds, stored atomically so Touch needs only a read lock.
+	lastActivity atomic.Int64
+}
+
+func newEntry(l Lease, s entryState) *entry {
+	e := &entry{lease: l, state: s}
+	e.lastActivity.Store(l.LastActivityAt.UnixNano())
+	return e
+}
+
+func (e *entry) snapshot() Lease {
+	l := e.lease.clone()
+	l.LastActivityAt = time.Unix(0, e.lastActivity.Load())
+	return l
+}
+
+// creation marks a session whose lease is being created, so that a concurrent Acquire for
+// the same session waits for it instead of creating a second lease.
+type creation struct {
+	id   string
+	done chan struct{}
+}
+
+// Manager owns the leases of one daemon. It is safe for concurrent use.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.RWMutex
+	leases   map[string]*entry    // by lease id, every state
+	sessions map[string]*entry    // by session id: the newest live lease of the session
+	creating map[string]*creation // by session id
+	uids     uidPool
+
+	persistMu sync.Mutex  // serialises state file writes; taken before mu, never inside it
+	dirty     atomic.Bool // Touch changed something not yet written
+}
+
+// Open loads the state in cfg.StateDir, provisions every active lease again (Provision is
+// idempotent) and returns the Manager. A lease whose re-provisioning fails is logged and
+// marked expired, so the next Reap tears it down instead of the daemon refusing to start.
+// Leases that expired while the daemon was down are left for the first Reap.
+func Open(ctx context.Context, cfg Config) (*Manager, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("lease: state dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
+		return nil, fmt.Errorf("lease: work root: %w", err)
+	}
+	now := cfg.Now()
+	leases, err := loadState(cfg.StateDir, cfg.WorkRoot, now)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		leases:   make(map[string]*entry, len(leases)),
+		sessions: map[string]*entry{},
+		creating: map[string]*creation{},
+		uids:     newUIDPool(cfg.UIDFirst, cfg.UIDLast),
+	}
+	slices.SortFunc(leases, byCreation)
+	for _, l := range leases {
+		e := newEntry(l, stateLive)
+		m.leases[l.ID] = e
+		m.uids.mark(l.UID)
+		if l.Active(now) {
+			m.sessions[l.SessionID] = e // sorted by creation: the newest wins
+		}
+	}
+	changed := false
+	for _, l := range leases {
+		if !l.Active(now) {
+			continue
+		}
+		if err := m.restore(ctx, l); err != nil {
+			m.log.Error("lease restore failed; expiring it", "lease", l.ID, "session", l.SessionID, "err", err)
+			m.leases[l.ID].lease.ExpiresAt = now
+			changed = true
+		}
+	}
+	if changed {
+		if err := m.persist(); err != nil {
+			return nil, err
+		}
+	}
+	m.log.Info("leases loaded", "leases", len(leases), "state_dir", cfg.StateDir)
+	return m, nil
+}
+
+// restore brings back the directories and provisioning of a lease after a restart.
+func (m *Manager) restore(ctx context.Context, l Lease) error {
+	if err := ensureDirs(l); err != nil {
+		return err
+	}
+	if p := m.cfg.Provisioner; p != nil {
+		return p.Provision(ctx, l)
+	}
+	return nil
+}
+
+// Get returns the lease with that id: ErrNotFound if there is none (or it is being
+// released), and the lease with ErrExpired if it is past its expiry but not yet reaped.
+func (m *Manager) Get(id string) (Lease, error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	e := m.leases[id]
+	if e == nil || e.state != stateLive {
+		return Lease{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	l := e.snapshot()
+	if !l.Active(m.cfg.Now()) {
+		return l, fmt.Errorf("%w: %s expired at %s", ErrExpired, id, l.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return l, nil
+}
+
+// List returns every lease not yet released, expired ones included, oldest first.
+func (m *Manager) List() []Lease {
+	m.mu.RLock()
+	out := make([]Lease, 0, len(m.leases))
+	for _, e := range m.leases {
+		if e.state == stateLive {
+			out = append(out, e.snapshot())
+		}
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(out, byCreation)
+	return out
+}
+
+func byCreation(a, b Lease) int {
+	if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.ID, b.ID)
+}
+
+// Touch records activity on a lease. It is cheap (a read lock and an atomic store) and is
+// persisted lazily: by the next state change, by Run, or by Close.
+func (m *Manager) Touch(id string) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if e := m.leases[id]; e != nil && e.state == stateLive {
+		e.lastActivity.Store(m.cfg.Now().UnixNano())
+		m.dirty.Store(true)
+	}
+}
+
+// Renew moves the expiry of an active lease to now+ttl (ttl 0: the default TTL). An expired
+// lease cannot be renewed: ErrExpired.
+func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Lease, error) {
+	ttl, err := m.cfg.ttl(ttl)
+	if err != nil {
+		return Lease{}, err
+	}
+	m.mu.Lock()
+	e := m.leases[id]
+	if e == nil || e.state != stateLive {
+		m.mu.Unlock()
+		return Lease{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	now := m.cfg.Now()
+	if !e.lease.Active(now) {
+		l := e.snapshot()
+		m.mu.Unlock()
+		return l, fmt.Errorf("%w: %s cannot be renewed", ErrExpired, id)
+	}
+	old := e.lease.ExpiresAt
+	e.lease.ExpiresAt = now.Add(ttl)
+	e.lastActivity.Store(now.UnixNano())
+	l := e.snapshot()
+	m.mu.Unlock()
+
+	if err := m.persist(); err != nil {
+		// Undo, so the caller's failure matches what a restart would find.
+		m.mu.Lock()
+		if e.lease.ExpiresAt.Equal(l.ExpiresAt) {
+			e.lease.ExpiresAt = old
+		}
+		m.mu.Unlock()
+		return Lease{}, err
+	}
+	m.emit(EventRenewed, l)
+	return l, nil
+}
+
+// Close writes the state file one last time (for activity recorded by Touch).
+func (m *Manager) Close() error { return m.persist() }
+
+// flush persists if Touch recorded activity since the last write.
+func (m *Manager) flush() error {
+	if !m.dirty.Load() {
+		return nil
+	}
+	return m.persist()
+}
+
+// persist writes every lease to the state file. Writers take persistMu before reading the
+// leases, so the last write always holds the newest state.
+func (m *Manager) persist() error {
+	m.persistMu.Lock()
+	defer m.persistMu.Unlock()
+	m.dirty.Store(false)
+	m.mu.RLock()
+	leases := make([]Lease, 0, len(m.leases))
+	for _, e := range m.leases {
+		leases = append(leases, e.snapshot())
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(leases, byCreation)
+	if err := saveState(m.cfg.StateDir, leases); err != nil {
+		m.dirty.Store(true)
+		return err
+	}
+	return nil
+}
+
+// emit logs the audit line and calls the event hook. Never log a token or a secret here.
+func (m *Manager) emit(kind string, l Lease) {
+	m.log.Info("lease "+kind, "lease", l.ID, "session", l.SessionID, "uid", l.UID,
+		"expires_at", l.ExpiresAt.UTC().Format(time.RFC3339))
+	m.cfg.OnEvent(Event{Kind: kind, Lease: l})
+}

@@ -1,0 +1,55 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Orphans removes the directories under WorkRoot that no lease owns (left by a crash, or by
+// a state file restored from an older copy) and returns their names. Only names shaped like
+// lease ids are considered, so a misconfigured WorkRoot never costs anything we did not make.
+func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(m.cfg.WorkRoot)
+	if err != nil {
+		return nil, fmt.Errorf("lease: orphans: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, de := range entries {
+		name := de.Name()
+		// The id is reserved before its directory is made, so a directory we can see
+		// whose id is not owned now is not going to become owned.
+		if !de.IsDir() || !validID(name) || m.owns(name) {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if err := m.removeDir(filepath.Join(m.cfg.WorkRoot, name)); err != nil {
+			errs = append(errs, fmt.Errorf("orphan %s: %w", name, err))
+			continue
+		}
+		m.log.Info("orphan lease directory removed", "lease", name)
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// owns reports whether id belongs to a lease in any state, or to one being created.
+func (m *Manager) owns(id string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if m.leases[id] != nil {
+		return true
+	}
+	for _, c := range m.creating {
+		if c.id == id {
+			return true
+		}
+	}
+	return false
+}

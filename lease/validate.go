@@ -1,0 +1,131 @@
+package lease
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Bounds on request fields.
+const (
+	MaxSessionIDLen  = 128
+	MaxLabels        = 32
+	MaxLabelKeyLen   = 63
+	MaxLabelValueLen = 256
+)
+
+// normalize checks r and fills its zero fields from the configuration.
+func (c *Config) normalize(r Request) (Request, error) {
+	if err := checkSessionID(r.SessionID); err != nil {
+		return r, err
+	}
+	ttl, err := c.ttl(r.TTL)
+	if err != nil {
+		return r, err
+	}
+	r.TTL = ttl
+	switch r.Network {
+	case "":
+		r.Network = NetworkHost
+	case NetworkHost, NetworkNone:
+	default:
+		return r, fmt.Errorf("%w: network %q is neither %q nor %q", ErrInvalid, r.Network, NetworkHost, NetworkNone)
+	}
+	if err := checkLabels(r.Labels); err != nil {
+		return r, err
+	}
+	r.Limits = fillLimits(r.Limits, c.DefaultLimits)
+	if err := checkLimits(r.Limits, c.MaxLimits); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// ttl applies the default to a zero ttl and refuses one out of range.
+func (c *Config) ttl(ttl time.Duration) (time.Duration, error) {
+	switch {
+	case ttl == 0:
+		return c.DefaultTTL, nil
+	case ttl < 0:
+		return 0, fmt.Errorf("%w: ttl %v is negative", ErrInvalid, ttl)
+	case ttl > c.MaxTTL:
+		return 0, fmt.Errorf("%w: ttl %v over maximum %v", ErrInvalid, ttl, c.MaxTTL)
+	}
+	return ttl, nil
+}
+
+func checkSessionID(s string) error {
+	n := utf8.RuneCountInString(s)
+	if n == 0 || n > MaxSessionIDLen {
+		return fmt.Errorf("%w: session id must be 1 to %d characters", ErrInvalid, MaxSessionIDLen)
+	}
+	if !printable(s) || strings.ContainsRune(s, '/') {
+		return fmt.Errorf("%w: session id must be printable and contain no '/'", ErrInvalid)
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
+	if len(labels) > MaxLabels {
+		return fmt.Errorf("%w: %d labels, at most %d", ErrInvalid, len(labels), MaxLabels)
+	}
+	for k, v := range labels {
+		if k == "" || len(k) > MaxLabelKeyLen || !printable(k) {
+			return fmt.Errorf("%w: label key must be 1 to %d printable bytes", ErrInvalid, MaxLabelKeyLen)
+		}
+		if len(v) > MaxLabelValueLen || !printable(v) {
+			return fmt.Errorf("%w: label %q: value must be at most %d printable bytes", ErrInvalid, k, MaxLabelValueLen)
+		}
+	}
+	return nil
+}
+
+// printable reports whether s is valid UTF-8 without control or other unprintable runes.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// fillLimits replaces the zero fields of l with those of def.
+func fillLimits(l, def Limits) Limits {
+	fill := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	fill(&l.MemoryBytes, def.MemoryBytes)
+	fill(&l.CPUMillicores, def.CPUMillicores)
+	fill(&l.Pids, def.Pids)
+	fill(&l.DiskBytes, def.DiskBytes)
+	return l
+}
+
+// checkLimits refuses negative fields and fields over a non-zero maximum.
+func checkLimits(l, maxLimits Limits) error {
+	for _, f := range []struct {
+		name   string
+		v, max int64
+	}{
+		{"memory_bytes", l.MemoryBytes, maxLimits.MemoryBytes},
+		{"cpu_millicores", l.CPUMillicores, maxLimits.CPUMillicores},
+		{"pids", l.Pids, maxLimits.Pids},
+		{"disk_bytes", l.DiskBytes, maxLimits.DiskBytes},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("%w: %s %d is negative", ErrInvalid, f.name, f.v)
+		}
+		if f.max > 0 && f.v > f.max {
+			return fmt.Errorf("%w: %s %d over maximum %d", ErrInvalid, f.name, f.v, f.max)
+		}
+	}
+	return nil
+}
