@@ -175,7 +175,9 @@ func (m *Manager) Touch(id string) {
 	defer m.mu.RUnlock()
 	if e := m.leases[id]; e != nil && e.state == stateLive {
 		e.lastActivity.Store(m.cfg.Now().UnixNano())
-		m.dirty.Store(true)
+		if !m.dirty.Load() { // a load keeps the shared cache line clean on the hot path
+			m.dirty.Store(true)
+		}
 	}
 }
 

@@ -1,0 +1,217 @@
+package lease
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a settable clock shared by a Manager and its Tokens.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// fakeProvisioner records calls and fails on demand. Provision checks that the lease's
+// directories exist, as a real one (chown of work/ and tmp/) needs them.
+type fakeProvisioner struct {
+	mu            sync.Mutex
+	provisioned   map[string]int
+	tornDown      map[string]int
+	failProvision error
+	failTeardown  error
+	gate          chan struct{} // when set, Provision waits for it to close
+}
+
+func newProvisioner() *fakeProvisioner {
+	return &fakeProvisioner{provisioned: map[string]int{}, tornDown: map[string]int{}}
+}
+
+func (p *fakeProvisioner) Provision(ctx context.Context, l Lease) error {
+	if p.gate != nil {
+		select {
+		case <-p.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for _, d := range []string{l.Workdir(), l.TmpDir(), l.UploadsDir()} {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return errors.New("provision: missing directory " + d)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failProvision != nil {
+		return p.failProvision
+	}
+	p.provisioned[l.ID]++
+	return nil
+}
+
+func (p *fakeProvisioner) Teardown(_ context.Context, l Lease) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failTeardown != nil {
+		return p.failTeardown
+	}
+	p.tornDown[l.ID]++
+	return nil
+}
+
+func (p *fakeProvisioner) counts(id string) (provisioned, tornDown int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.provisioned[id], p.tornDown[id]
+}
+
+func (p *fakeProvisioner) setFail(provision, teardown error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failProvision, p.failTeardown = provision, teardown
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// testEnv is one daemon's worth of lease state in temp dirs.
+type testEnv struct {
+	t      *testing.T
+	clock  *fakeClock
+	prov   *fakeProvisioner
+	logs   *syncBuffer
+	cfg    Config
+	mu     sync.Mutex
+	events []Event
+}
+
+func newEnv(t *testing.T, configure ...func(*Config)) *testEnv {
+	t.Helper()
+	root := t.TempDir()
+	e := &testEnv{t: t, clock: newClock(), prov: newProvisioner(), logs: &syncBuffer{}}
+	e.cfg = Config{
+		StateDir:    filepath.Join(root, "state"),
+		WorkRoot:    filepath.Join(root, "work"),
+		Provisioner: e.prov,
+		Now:         e.clock.Now,
+		Logger:      slog.New(slog.NewTextHandler(e.logs, nil)),
+		OnEvent: func(ev Event) {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			e.events = append(e.events, ev)
+		},
+		RemoveDir: os.RemoveAll, // fsxfer.RemoveTree is tested in TestReleaseWithRemoveTree
+	}
+	for _, f := range configure {
+		f(&e.cfg)
+	}
+	return e
+}
+
+// open opens a Manager on the env's dirs and closes it when the test ends.
+func (e *testEnv) open() *Manager {
+	e.t.Helper()
+	m, err := Open(context.Background(), e.cfg)
+	if err != nil {
+		e.t.Fatalf("Open: %v", err)
+	}
+	e.t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			e.t.Errorf("Close: %v", err)
+		}
+	})
+	return m
+}
+
+func (e *testEnv) eventKinds(id string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var kinds []string
+	for _, ev := range e.events {
+		if ev.Lease.ID == id {
+			kinds = append(kinds, ev.Kind)
+		}
+	}
+	return kinds
+}
+
+func mustAcquire(t *testing.T, m *Manager, r Request) Lease {
+	t.Helper()
+	l, created, err := m.Acquire(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", r.SessionID, err)
+	}
+	if !created {
+		t.Fatalf("Acquire(%q): created = false, want a new lease", r.SessionID)
+	}
+	return l
+}
+
+// workRootNames lists what is under WorkRoot.
+func (e *testEnv) workRootNames() []string {
+	e.t.Helper()
+	des, err := os.ReadDir(e.cfg.WorkRoot)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var names []string
+	for _, de := range des {
+		names = append(names, de.Name())
+	}
+	return names
+}
+
+func assertMode(t *testing.T, path string, want os.FileMode) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fi.IsDir() || fi.Mode().Perm() != want {
+		t.Errorf("%s: mode %v, want directory %v", path, fi.Mode(), want)
+	}
+}
+
+func assertGone(t *testing.T, path string) {
+	t.Helper()
+	if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s still exists (err %v)", path, err)
+	}
+}
