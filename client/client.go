@@ -1,0 +1,112 @@
+// Package client is the Go client of the sidecar daemon: the app and the worker import it
+// to acquire leases, run processes and move files in them. It speaks the wire contract of
+// package apitype and imports nothing of the daemon, so an importer pulls in no cgroups,
+// pty, JavaScript engine or JWT code.
+//
+// A Client holds the shared token and acquires leases; a Lease is a handle on one lease,
+// renewed in the background when it came from Acquire. Idempotent calls are retried on
+// connection errors; error replies come back as *APIError matching the package's sentinel
+// errors.
+package client
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
+)
+
+// Config says where the daemon is and how to prove who we are. Only URL is required; the
+// zero value of everything else means "the system roots, no credential, no logging".
+type Config struct {
+	// URL of the daemon, https only, e.g. https://10.0.0.5:7443.
+	URL string
+	// Token is the shared token (full access) or a lease token (that lease only).
+	Token string
+	// CAFile verifies the daemon's certificate; empty uses the system roots.
+	CAFile string
+	// CertFile and KeyFile present a client certificate (mTLS).
+	CertFile, KeyFile string
+	// HTTPClient replaces the client built from the TLS files, e.g. httptest's.
+	// Websockets reuse its transport's TLS config and dialer when it is an *http.Transport.
+	HTTPClient *http.Client
+	// Logger receives retries and renewal failures; nil discards them.
+	Logger *slog.Logger
+}
+
+// Client talks to one daemon. It is safe for concurrent use.
+type Client struct {
+	base   *url.URL
+	token  string
+	hc     *http.Client
+	ws     *websocket.Dialer
+	log    *slog.Logger
+	retry  retryPolicy
+	reconn retryPolicy // websocket reattach
+}
+
+// Websocket buffers: gorilla's 4 KiB default halves attach throughput.
+const wsBufferSize = 64 << 10
+
+// New checks cfg and builds a Client. It does not contact the daemon.
+func New(cfg Config) (*Client, error) {
+	base, err := url.Parse(strings.TrimRight(cfg.URL, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("client: bad URL: %w", err)
+	}
+	if base.Scheme != "https" || base.Host == "" {
+		return nil, errors.New("client: URL must be https://host[:port]")
+	}
+	c := &Client{
+		base:   base,
+		token:  cfg.Token,
+		hc:     cfg.HTTPClient,
+		log:    cfg.Logger,
+		retry:  defaultRetry,
+		reconn: defaultReattach,
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	var tlsConf *tls.Config
+	dialer := &websocket.Dialer{
+		ReadBufferSize:   wsBufferSize,
+		WriteBufferSize:  wsBufferSize,
+		HandshakeTimeout: 30 * time.Second,
+		Subprotocols:     []string{streamProtocolV5, streamProtocolV4},
+		Proxy:            http.ProxyFromEnvironment,
+	}
+	if c.hc == nil {
+		tlsConf, err = tlsconfig.Client(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("client: TLS: %w", err)
+		}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = tlsConf
+		t.ForceAttemptHTTP2 = true
+		t.MaxIdleConnsPerHost = 16
+		c.hc = &http.Client{Transport: t}
+	} else if t, ok := c.hc.Transport.(*http.Transport); ok {
+		tlsConf = t.TLSClientConfig
+		dialer.NetDialContext = t.DialContext
+		dialer.Proxy = t.Proxy
+	}
+	if tlsConf != nil {
+		tlsConf = tlsConf.Clone()
+	} else {
+		tlsConf = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	// A websocket upgrade is an HTTP/1.1 affair: never let ALPN pick h2 for it.
+	tlsConf.NextProtos = []string{"http/1.1"}
+	dialer.TLSClientConfig = tlsConf
+	c.ws = dialer
+	return c, nil
+}

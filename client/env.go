@@ -1,0 +1,109 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+)
+
+// Client environment variables of the wire contract.
+const (
+	EnvProvider       = "SANDBOX_PROVIDER"
+	EnvURL            = "SANDBOX_REMOTE_URL"
+	EnvToken          = "SANDBOX_REMOTE_AUTH_TOKEN"
+	EnvTokenFile      = "SANDBOX_REMOTE_AUTH_TOKEN_FILE"
+	EnvCAFile         = "SANDBOX_REMOTE_CA_FILE"
+	EnvClientCertFile = "SANDBOX_REMOTE_CLIENT_CERT_FILE"
+	EnvClientKeyFile  = "SANDBOX_REMOTE_CLIENT_KEY_FILE"
+)
+
+// MinTokenLength is the shortest shared token the daemon accepts.
+const MinTokenLength = 32
+
+// ConfigFromEnv reads the SANDBOX_* variables. Every problem is reported at once, each
+// naming its variable; the token's value never appears in an error.
+func ConfigFromEnv() (Config, error) { return configFromLookup(os.LookupEnv) }
+
+func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
+	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	if p := get(EnvProvider); p != "remote" {
+		bad("%s must be \"remote\" (got %q)", EnvProvider, p)
+	}
+	var cfg Config
+	switch raw := get(EnvURL); {
+	case raw == "":
+		bad("%s is required", EnvURL)
+	default:
+		u, err := url.Parse(raw)
+		switch {
+		case err != nil:
+			bad("%s is not a URL", EnvURL)
+		case u.Scheme != "https":
+			bad("%s must be an https:// URL (got scheme %q)", EnvURL, u.Scheme)
+		case u.Host == "":
+			bad("%s has no host", EnvURL)
+		default:
+			cfg.URL = raw
+		}
+	}
+
+	token, tokenFile := get(EnvToken), get(EnvTokenFile)
+	switch {
+	case token != "" && tokenFile != "":
+		bad("set only one of %s and %s", EnvToken, EnvTokenFile)
+	case tokenFile != "":
+		b, err := os.ReadFile(tokenFile)
+		if err != nil {
+			bad("%s: %v", EnvTokenFile, unwrapPathError(err))
+			break
+		}
+		token = strings.TrimSpace(string(b))
+		if token == "" {
+			bad("%s: %s is empty", EnvTokenFile, tokenFile)
+		}
+	case token == "":
+		bad("%s or %s is required", EnvToken, EnvTokenFile)
+	}
+	if token != "" {
+		if n := len(token); n < MinTokenLength {
+			bad("the auth token is %d characters; at least %d are required", n, MinTokenLength)
+		} else {
+			cfg.Token = token
+		}
+	}
+
+	cfg.CAFile = get(EnvCAFile)
+	cfg.CertFile = get(EnvClientCertFile)
+	cfg.KeyFile = get(EnvClientKeyFile)
+	for _, f := range []struct{ name, path string }{
+		{EnvCAFile, cfg.CAFile}, {EnvClientCertFile, cfg.CertFile}, {EnvClientKeyFile, cfg.KeyFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			bad("%s: %v", f.name, unwrapPathError(err))
+		}
+	}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		bad("%s and %s go together", EnvClientCertFile, EnvClientKeyFile)
+	}
+	if len(errs) > 0 {
+		return Config{}, fmt.Errorf("client configuration: %w", errors.Join(errs...))
+	}
+	return cfg, nil
+}
+
+// unwrapPathError keeps "open /x: no such file" readable without repeating the variable.
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Path, pe.Err)
+	}
+	return err
+}

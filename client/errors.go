@@ -1,0 +1,158 @@
+package client
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// Sentinel errors, one per stable problem code of the wire contract. An *APIError matches
+// the sentinel of its code, so callers write errors.Is(err, client.ErrLeaseExpired).
+var (
+	ErrUnauthorized       = errors.New("unauthorized")
+	ErrForbidden          = errors.New("forbidden")
+	ErrInvalidRequest     = errors.New("invalid request")
+	ErrNotFound           = errors.New("not found")
+	ErrLeaseNotFound      = errors.New("lease not found")
+	ErrLeaseExpired       = errors.New("lease expired")
+	ErrLeaseLimit         = errors.New("lease limit reached")
+	ErrProcessNotFound    = errors.New("process not found")
+	ErrPathOutsideWorkdir = errors.New("path outside workdir")
+	ErrNotADirectory      = errors.New("not a directory")
+	ErrIsADirectory       = errors.New("is a directory")
+	ErrExists             = errors.New("already exists")
+	ErrQuotaExceeded      = errors.New("disk quota exceeded")
+	ErrDigestMismatch     = errors.New("digest mismatch")
+	ErrPayloadTooLarge    = errors.New("payload too large")
+	ErrCapability         = errors.New("capability disabled")
+	ErrScript             = errors.New("script error")
+	ErrScriptTimeout      = errors.New("script timeout")
+	ErrUnavailable        = errors.New("service unavailable")
+	ErrInternal           = errors.New("internal server error")
+)
+
+var sentinelByCode = map[string]error{
+	apitype.CodeUnauthorized:       ErrUnauthorized,
+	apitype.CodeForbidden:          ErrForbidden,
+	apitype.CodeInvalidRequest:     ErrInvalidRequest,
+	apitype.CodeNotFound:           ErrNotFound,
+	apitype.CodeLeaseNotFound:      ErrLeaseNotFound,
+	apitype.CodeLeaseExpired:       ErrLeaseExpired,
+	apitype.CodeLeaseLimit:         ErrLeaseLimit,
+	apitype.CodeProcessNotFound:    ErrProcessNotFound,
+	apitype.CodePathOutsideWorkdir: ErrPathOutsideWorkdir,
+	apitype.CodeNotADirectory:      ErrNotADirectory,
+	apitype.CodeIsADirectory:       ErrIsADirectory,
+	apitype.CodeExists:             ErrExists,
+	apitype.CodeQuotaExceeded:      ErrQuotaExceeded,
+	apitype.CodeDigestMismatch:     ErrDigestMismatch,
+	apitype.CodePayloadTooLarge:    ErrPayloadTooLarge,
+	apitype.CodeCapabilityDisabled: ErrCapability,
+	apitype.CodeScriptError:        ErrScript,
+	apitype.CodeScriptTimeout:      ErrScriptTimeout,
+	apitype.CodeUnavailable:        ErrUnavailable,
+	apitype.CodeInternal:           ErrInternal,
+}
+
+// codeByStatus names a code for error replies that carry no problem body (HEAD requests,
+// proxies in between).
+var codeByStatus = map[int]string{
+	http.StatusBadRequest:            apitype.CodeInvalidRequest,
+	http.StatusUnauthorized:          apitype.CodeUnauthorized,
+	http.StatusForbidden:             apitype.CodeForbidden,
+	http.StatusNotFound:              apitype.CodeNotFound,
+	http.StatusGone:                  apitype.CodeLeaseExpired,
+	http.StatusRequestEntityTooLarge: apitype.CodePayloadTooLarge,
+	http.StatusTooManyRequests:       apitype.CodeLeaseLimit,
+	http.StatusInsufficientStorage:   apitype.CodeQuotaExceeded,
+	http.StatusInternalServerError:   apitype.CodeInternal,
+	http.StatusBadGateway:            apitype.CodeUnavailable,
+	http.StatusServiceUnavailable:    apitype.CodeUnavailable,
+	http.StatusGatewayTimeout:        apitype.CodeUnavailable,
+}
+
+// APIError is an error reply of the daemon. Code is the contract's stable code; Line and
+// Column locate a script error.
+type APIError struct {
+	Status int
+	Code   string
+	Title  string
+	Detail string
+	Line   int
+	Column int
+}
+
+func (e *APIError) Error() string {
+	var b strings.Builder
+	b.WriteString("sidecar: ")
+	if e.Title != "" {
+		b.WriteString(e.Title)
+	} else {
+		b.WriteString(http.StatusText(e.Status))
+	}
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	if e.Line > 0 {
+		fmt.Fprintf(&b, " (line %d, column %d)", e.Line, e.Column)
+	}
+	fmt.Fprintf(&b, " [%d %s]", e.Status, e.Code)
+	return b.String()
+}
+
+// Is reports whether target is the sentinel of e's code.
+func (e *APIError) Is(target error) bool {
+	s, ok := sentinelByCode[e.Code]
+	return ok && s == target
+}
+
+// maxProblemBytes bounds how much of an error body is read: a problem is small, and a
+// misbehaving proxy must not make the client buffer a large page.
+const maxProblemBytes = 64 << 10
+
+// errorFromResponse turns a non-2xx reply into an *APIError, reading at most
+// maxProblemBytes of its body. It does not close the body.
+func errorFromResponse(resp *http.Response) *APIError {
+	e := &APIError{Status: resp.StatusCode}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxProblemBytes))
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	var p apitype.Problem
+	if len(body) > 0 && (mt == apitype.ProblemContentType || mt == "application/json") &&
+		json.Unmarshal(body, &p) == nil && p.Code != "" {
+		e.Code, e.Title, e.Detail, e.Line, e.Column = p.Code, p.Title, p.Detail, p.Line, p.Column
+		return e
+	}
+	e.Code = codeByStatus[resp.StatusCode]
+	if e.Code == "" {
+		e.Code = apitype.CodeInternal
+		if resp.StatusCode < 500 {
+			e.Code = apitype.CodeInvalidRequest
+		}
+	}
+	e.Title = http.StatusText(resp.StatusCode)
+	return e
+}
+
+// IsNotFound reports whether err says a lease, a process or a path does not exist.
+func IsNotFound(err error) bool {
+	return errors.Is(err, ErrNotFound) || errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrProcessNotFound)
+}
+
+// IsLeaseGone reports whether err says the lease no longer exists or has expired: the
+// caller must acquire a new one.
+func IsLeaseGone(err error) bool {
+	return errors.Is(err, ErrLeaseNotFound) || errors.Is(err, ErrLeaseExpired)
+}
+
+// IsUnauthorized reports whether the credential was refused (missing, wrong, or a lease
+// token used outside its lease).
+func IsUnauthorized(err error) bool {
+	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrForbidden)
+}

@@ -1,0 +1,272 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"mime"
+	"net/http"
+	"net/url"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// filesPath is the route of a workdir path.
+func (l *Lease) filesPath(p string) (string, error) {
+	ep, err := escapePath(p)
+	if err != nil {
+		return "", err
+	}
+	return leasePath(l.id, "files", ep), nil
+}
+
+// digestHeader is an RFC 9530 sha-256 digest field value.
+func digestHeader(sum []byte) string {
+	return "sha-256=:" + base64.StdEncoding.EncodeToString(sum) + ":"
+}
+
+// parseDigest finds the sha-256 member of a Content-Digest or Repr-Digest field; nil
+// when there is none.
+func parseDigest(field string) []byte {
+	for _, member := range strings.Split(field, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(member), "=")
+		if !ok || !strings.EqualFold(k, "sha-256") || len(v) < 2 || v[0] != ':' || v[len(v)-1] != ':' {
+			continue
+		}
+		if sum, err := base64.StdEncoding.DecodeString(v[1 : len(v)-1]); err == nil && len(sum) == sha256.Size {
+			return sum
+		}
+	}
+	return nil
+}
+
+// fileModeHeader is the X-File-Mode value: octal permission bits.
+func fileModeHeader(m fs.FileMode) string { return fmt.Sprintf("%04o", m.Perm()) }
+
+// WriteFile writes data as the file at p atomically, creating missing parent directories.
+// The daemon checks the body against its digest. mode 0 keeps the daemon's default.
+func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
+	fp, err := l.filesPath(p)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(data)
+	h := http.Header{apitype.HeaderContentDigest: {digestHeader(sum[:])}, "Content-Type": {"application/octet-stream"}}
+	if mode != 0 {
+		h.Set(apitype.HeaderFileMode, fileModeHeader(mode))
+	}
+	if data == nil {
+		data = []byte{}
+	}
+	return l.c.doJSON(ctx, request{method: http.MethodPut, path: fp, query: url.Values{"mkdirs": {"1"}},
+		header: h, body: data, token: l.cred(), idempotent: true}, nil)
+}
+
+// ReadFile returns the whole file at p, verified against the daemon's digest.
+func (l *Lease) ReadFile(ctx context.Context, p string) ([]byte, error) {
+	var buf bytes.Buffer
+	if _, err := l.Download(ctx, p, &buf); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// isDirResponse tells a directory listing from a file that happens to be JSON.
+func isDirResponse(resp *http.Response) bool {
+	if t := resp.Header.Get(apitype.HeaderFileType); t != "" {
+		return t == "dir"
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	return mt == "application/json"
+}
+
+// Download streams the file at p into w and verifies its sha-256 digest. A connection
+// cut mid-body is resumed with a Range request (If-Range on the ETag), so w never sees
+// a byte twice. It returns the number of bytes written to w.
+func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, error) {
+	fp, err := l.filesPath(p)
+	if err != nil {
+		return 0, err
+	}
+	hash := sha256.New()
+	var (
+		n    int64
+		want []byte
+		etag string
+		buf  = make([]byte, 256<<10)
+	)
+	for attempt := 1; ; attempt++ {
+		h := http.Header{"Accept-Encoding": {"identity"}} // the digest is over the raw bytes
+		if n > 0 {
+			h.Set("Range", fmt.Sprintf("bytes=%d-", n))
+			h.Set("If-Range", etag)
+		}
+		resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, query: url.Values{"digest": {"sha-256"}},
+			header: h, token: l.cred(), idempotent: true})
+		if err != nil {
+			return n, err
+		}
+		if n == 0 {
+			if isDirResponse(resp) {
+				resp.Body.Close()
+				return 0, fmt.Errorf("%w: %s", ErrIsADirectory, p)
+			}
+			want = parseDigest(resp.Header.Get(apitype.HeaderContentDigest))
+			etag = resp.Header.Get("ETag")
+		} else if resp.StatusCode != http.StatusPartialContent {
+			resp.Body.Close()
+			return n, fmt.Errorf("client: %s changed while it was downloaded", p)
+		}
+		m, rerr, werr := copyCounted(w, hash, resp.Body, buf)
+		resp.Body.Close()
+		n += m
+		if werr != nil {
+			return n, werr
+		}
+		if rerr == nil {
+			break
+		}
+		if !isConnError(rerr) || etag == "" || attempt >= l.c.retry.attempts || ctx.Err() != nil {
+			return n, rerr
+		}
+		l.c.log.DebugContext(ctx, "download cut; resuming", "path", p, "offset", n, "err", rerr)
+		if l.c.retry.wait(ctx, attempt) != nil {
+			return n, rerr
+		}
+	}
+	if want != nil && !bytes.Equal(want, hash.Sum(nil)) {
+		return n, fmt.Errorf("%w: %s", ErrDigestMismatch, p)
+	}
+	return n, nil
+}
+
+// copyCounted copies r to w and hash, telling read errors from write errors.
+func copyCounted(w, hash io.Writer, r io.Reader, buf []byte) (n int64, rerr, werr error) {
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			hash.Write(buf[:k])
+			if _, werr = w.Write(buf[:k]); werr != nil {
+				return n, nil, werr
+			}
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil, nil
+		}
+		if err != nil {
+			return n, err, nil
+		}
+	}
+}
+
+// Stat describes the file at p without following a final symlink.
+func (l *Lease) Stat(ctx context.Context, p string) (apitype.FileEntry, error) {
+	fp, err := l.filesPath(p)
+	if err != nil {
+		return apitype.FileEntry{}, err
+	}
+	resp, err := l.c.do(ctx, request{method: http.MethodHead, path: fp, token: l.cred(), idempotent: true})
+	if err != nil {
+		return apitype.FileEntry{}, l.explainHead(ctx, fp, err)
+	}
+	resp.Body.Close()
+	h := resp.Header
+	e := apitype.FileEntry{
+		Name:   path.Base(path.Clean("/" + p)),
+		Type:   h.Get(apitype.HeaderFileType),
+		Mode:   h.Get(apitype.HeaderFileMode),
+		Target: h.Get(apitype.HeaderLinkTarget),
+	}
+	e.Size, _ = strconv.ParseInt(h.Get(apitype.HeaderFileSize), 10, 64)
+	e.ModTime, _ = time.Parse(time.RFC3339Nano, h.Get(apitype.HeaderFileMtime))
+	return e, nil
+}
+
+// explainHead: a HEAD error reply has no body, so its code is only guessed from the
+// status; asking the same path with a GET for one byte returns the real problem.
+func (l *Lease) explainHead(ctx context.Context, fp string, err error) error {
+	var apiErr *APIError
+	if !errors.As(err, &apiErr) || apiErr.Status < 400 || apiErr.Status >= 500 {
+		return err
+	}
+	resp, gerr := l.c.do(ctx, request{method: http.MethodGet, path: fp, header: http.Header{"Range": {"bytes=0-0"}},
+		token: l.cred(), idempotent: true})
+	if gerr != nil {
+		var real *APIError
+		if errors.As(gerr, &real) && real.Status == apiErr.Status {
+			return gerr
+		}
+		return err
+	}
+	resp.Body.Close()
+	return err
+}
+
+// List returns the entries of the directory at p ("" or "." is the workdir).
+func (l *Lease) List(ctx context.Context, p string) ([]apitype.FileEntry, error) {
+	fp, err := l.filesPath(p)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, token: l.cred(), idempotent: true})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if !isDirResponse(resp) {
+		return nil, fmt.Errorf("%w: %s", ErrNotADirectory, p)
+	}
+	var dl apitype.DirListing
+	if err := json.NewDecoder(resp.Body).Decode(&dl); err != nil {
+		return nil, fmt.Errorf("client: decode listing of %s: %w", p, err)
+	}
+	return dl.Entries, nil
+}
+
+// Remove deletes the file or empty directory at p; recursive removes a whole tree.
+func (l *Lease) Remove(ctx context.Context, p string, recursive bool) error {
+	fp, err := l.filesPath(p)
+	if err != nil {
+		return err
+	}
+	var q url.Values
+	if recursive {
+		q = url.Values{"recursive": {"1"}}
+	}
+	return l.c.doJSON(ctx, request{method: http.MethodDelete, path: fp, query: q, token: l.cred(), idempotent: true}, nil)
+}
+
+// Mkdir creates the directory p with its parents; an existing directory is no error.
+func (l *Lease) Mkdir(ctx context.Context, p string) error {
+	fp, err := l.filesPath(p)
+	if err != nil {
+		return err
+	}
+	return l.c.doJSON(ctx, request{method: http.MethodPost, path: fp, query: url.Values{"op": {"mkdir"}},
+		token: l.cred(), idempotent: true}, nil)
+}
+
+// Move renames from to to within the workdir. It is not retried: a repeated move would
+// find its source gone.
+func (l *Lease) Move(ctx context.Context, from, to string) error {
+	fp, err := l.filesPath(from)
+	if err != nil {
+		return err
+	}
+	if _, err := escapePath(to); err != nil {
+		return err
+	}
+	return l.c.doJSON(ctx, request{method: http.MethodPost, path: fp, query: url.Values{"op": {"move"}, "to": {path.Clean(to)}},
+		token: l.cred()}, nil)
+}

@@ -1,0 +1,78 @@
+package client
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+const testToken = "test-shared-token-0123456789abcdefghijkl"
+
+// fastRetry keeps retry tests quick without changing what is retried.
+var fastRetry = retryPolicy{attempts: 3, base: time.Millisecond, max: 5 * time.Millisecond}
+
+// newTestClient serves h over TLS on loopback and returns a client trusting it.
+func newTestClient(t *testing.T, h http.Handler) (*Client, *httptest.Server) {
+	t.Helper()
+	srv := httptest.NewTLSServer(h)
+	t.Cleanup(srv.Close)
+	c, err := New(Config{URL: srv.URL, Token: testToken, HTTPClient: srv.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.retry = fastRetry
+	c.reconn = retryPolicy{attempts: 4, base: time.Millisecond, max: 5 * time.Millisecond}
+	return c, srv
+}
+
+// writeProblem answers like the daemon's one error function.
+func writeProblem(w http.ResponseWriter, status int, code, detail string) {
+	w.Header().Set("Content-Type", apitype.ProblemContentType)
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(apitype.Problem{Type: apitype.ProblemTypePrefix + code,
+		Title: http.StatusText(status), Status: status, Detail: detail, Code: code})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// requireAuth checks the bearer credential like the daemon does.
+func requireAuth(t *testing.T, r *http.Request, want string) bool {
+	t.Helper()
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || got != want {
+		t.Errorf("%s %s: credential %q, want %q", r.Method, r.URL.Path, got, want)
+		return false
+	}
+	return true
+}
+
+// dropConnection cuts the TCP connection without an HTTP response.
+func dropConnection(t *testing.T, w http.ResponseWriter) {
+	t.Helper()
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		t.Fatalf("hijack: %v", err)
+	}
+	conn.Close()
+}
+
+// eventually polls cond until it holds or a deadline passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,84 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// Info reports the daemon's version, capabilities and limits.
+func (c *Client) Info(ctx context.Context) (apitype.Info, error) {
+	var info apitype.Info
+	err := c.doJSON(ctx, request{method: http.MethodGet, path: apitype.RouteInfo, idempotent: true}, &info)
+	return info, err
+}
+
+// List returns every lease the daemon holds (shared token only).
+func (c *Client) List(ctx context.Context) ([]apitype.Lease, error) {
+	var list apitype.LeaseList
+	err := c.doJSON(ctx, request{method: http.MethodGet, path: apitype.RouteLeases, idempotent: true}, &list)
+	return list.Leases, err
+}
+
+// Get returns one lease.
+func (c *Client) Get(ctx context.Context, id string) (apitype.Lease, error) {
+	return c.getLease(ctx, id, "")
+}
+
+func (c *Client) getLease(ctx context.Context, id, token string) (apitype.Lease, error) {
+	var l apitype.Lease
+	err := c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(id), token: token, idempotent: true}, &l)
+	return l, err
+}
+
+// acquire is POST /v1/leases. It is idempotent by session id, so it is retried.
+func (c *Client) acquire(ctx context.Context, req apitype.AcquireRequest) (apitype.Lease, error) {
+	var l apitype.Lease
+	err := c.doJSON(ctx, request{method: http.MethodPost, path: apitype.RouteLeases, json: req, idempotent: true}, &l)
+	return l, err
+}
+
+// Renew extends a lease by ttl (zero: the daemon's default) and returns it with a fresh
+// token. An expired lease cannot be renewed: ErrLeaseExpired.
+func (c *Client) Renew(ctx context.Context, id string, ttl time.Duration) (apitype.Lease, error) {
+	return c.renew(ctx, id, "", ttl)
+}
+
+func (c *Client) renew(ctx context.Context, id, token string, ttl time.Duration) (apitype.Lease, error) {
+	var l apitype.Lease
+	body := apitype.RenewRequest{TTLSeconds: int64((ttl + time.Second - 1) / time.Second)}
+	err := c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(id, "renew"), json: body, token: token, idempotent: true}, &l)
+	return l, err
+}
+
+// Release kills every process of the lease and removes its workdir. An unknown or
+// already released lease is ErrLeaseNotFound.
+func (c *Client) Release(ctx context.Context, id string) error {
+	return c.release(ctx, id, "")
+}
+
+func (c *Client) release(ctx context.Context, id, token string) error {
+	return c.doJSON(ctx, request{method: http.MethodDelete, path: leasePath(id), token: token, idempotent: true}, nil)
+}
+
+// Cleanup reaps expired leases and orphans and says what it reaped (shared token only).
+// Reaping twice reaps nothing more, so it is retried like an idempotent call.
+func (c *Client) Cleanup(ctx context.Context) (apitype.CleanupResult, error) {
+	var res apitype.CleanupResult
+	err := c.doJSON(ctx, request{method: http.MethodPost, path: apitype.RouteCleanup, idempotent: true}, &res)
+	return res, err
+}
+
+// RunScript runs a QuickJS transform. A syntax error or exception is an *APIError
+// matching ErrScript, with Line and Column. Scripts touch no state, so it is retried.
+func (c *Client) RunScript(ctx context.Context, req apitype.ScriptRequest) (apitype.ScriptResult, error) {
+	var res apitype.ScriptResult
+	err := c.doJSON(ctx, request{method: http.MethodPost, path: apitype.RouteScriptsRun, json: req, idempotent: true}, &res)
+	return res, err
+}
+
+// escapeID is the escaped form of an id inside a route.
+func escapeID(id string) string { return url.PathEscape(id) }
