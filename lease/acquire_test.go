@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -88,6 +89,7 @@ func TestAcquireIsIdempotentBySession(t *testing.T) {
 func TestAcquireConcurrentSameSession(t *testing.T) {
 	e := newEnv(t)
 	e.prov.gate = make(chan struct{})
+	e.prov.entered = make(chan string, 16)
 	m := e.open()
 
 	const n = 16
@@ -98,8 +100,11 @@ func TestAcquireConcurrentSameSession(t *testing.T) {
 	for i := range n {
 		wg.Go(func() { leases[i], created[i], errs[i] = m.Acquire(context.Background(), Request{SessionID: "same"}) })
 	}
-	// Let the first caller through Provision only once every caller has had the chance to
-	// find the session busy; the result must be the same whatever the interleaving.
+	// The first caller is now inside Provision with the session marked busy; the others
+	// must wait for it rather than provision a lease of their own (which would show as a
+	// second entry, or as several leases below).
+	<-e.prov.entered
+	runtime.Gosched()
 	close(e.prov.gate)
 	wg.Wait()
 

@@ -43,6 +43,7 @@ type fakeProvisioner struct {
 	failProvision error
 	failTeardown  error
 	gate          chan struct{} // when set, Provision waits for it to close
+	entered       chan string   // when set, Provision sends the lease id on entry
 }
 
 func newProvisioner() *fakeProvisioner {
@@ -50,6 +51,9 @@ func newProvisioner() *fakeProvisioner {
 }
 
 func (p *fakeProvisioner) Provision(ctx context.Context, l Lease) error {
+	if p.entered != nil {
+		p.entered <- l.ID
+	}
 	if p.gate != nil {
 		select {
 		case <-p.gate:

@@ -28,8 +28,9 @@ const (
 // derived from the shared secrets and a salt kept in the state dir, so tokens survive a
 // restart, and rotating the shared secret away revokes them. Safe for concurrent use.
 type Tokens struct {
-	keys [][]byte // keys[0] signs; all verify, current first
-	now  func() time.Time
+	keys   [][]byte               // keys[0] signs
+	verify jwt.VerificationKeySet // all keys, current first: the parser stops at the first match
+	now    func() time.Time
 }
 
 // NewTokens derives one key per secret: secrets[0] is the current shared token,
@@ -53,6 +54,7 @@ func NewTokens(stateDir string, secrets ...[]byte) (*Tokens, error) {
 			return nil, fmt.Errorf("lease: derive token key %d: %w", i, err)
 		}
 		t.keys = append(t.keys, k)
+		t.verify.Keys = append(t.verify.Keys, k)
 	}
 	return t, nil
 }
@@ -90,12 +92,8 @@ func (t *Tokens) Issue(l Lease) (string, error) {
 // is ErrTokenInvalid wrapping the cause. The caller still checks that the lease is active.
 func (t *Tokens) Verify(token string) (leaseID string, err error) {
 	var claims jwt.RegisteredClaims
-	keys := make([]jwt.VerificationKey, len(t.keys))
-	for i, k := range t.keys {
-		keys[i] = k
-	}
 	_, err = jwt.ParseWithClaims(token, &claims,
-		func(*jwt.Token) (any, error) { return jwt.VerificationKeySet{Keys: keys}, nil },
+		func(*jwt.Token) (any, error) { return t.verify, nil },
 		jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
 		jwt.WithExpirationRequired(),
 		jwt.WithIssuer(TokenIssuer),
