@@ -1,0 +1,87 @@
+package process
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Defaults and bounds.
+const (
+	DefaultMaxOutputBytes = 1 << 20
+	DefaultBufferBytes    = 1 << 20
+	// MinBufferBytes keeps at least two full reads in a replay buffer.
+	MinBufferBytes      = 2 * readSize
+	DefaultMaxProcesses = 64
+	DefaultMaxExited    = 64
+	DefaultRows         = 24
+	DefaultCols         = 80
+	MaxRows             = 1000
+	MaxCols             = 1000
+	// MaxIDLength bounds a client-chosen process id.
+	MaxIDLength = 64
+)
+
+// outputGrace bounds how long output is still collected after the main process exited,
+// for when a grandchild keeps a pipe open; then the tree is closed.
+const outputGrace = 200 * time.Millisecond
+
+// readSize is the size of the pooled buffers output pipes are read with.
+const readSize = 32 << 10
+
+// Config configures a Manager. Zero values take the defaults.
+type Config struct {
+	// Execer makes every process. Required.
+	Execer Execer
+	// StateDir holds one small JSON record per background process, so that a restarted
+	// daemon reports processes that died with it as "lost". "" keeps records in memory
+	// only (tests, dev).
+	StateDir string
+	// MaxOutputBytes caps each of stdout and stderr of an Exec; beyond it output is
+	// drained and dropped, and the result says it was truncated. Default 1 MiB.
+	MaxOutputBytes int64
+	// BufferBytes bounds the replay buffer of each background process, counted as
+	// memory held (chunk capacity plus a per-chunk overhead), so a process that writes
+	// many tiny chunks replays somewhat fewer bytes. Default 1 MiB, minimum 64 KiB.
+	BufferBytes int64
+	// MaxProcesses bounds the running background processes of one lease. Default 64.
+	MaxProcesses int
+	// MaxExited bounds the finished processes a lease keeps for Get, List and replay;
+	// beyond it the oldest finished one is forgotten. Default 64.
+	MaxExited int
+	// Now is the clock for timestamps. Default time.Now. Timeouts use real timers.
+	Now func() time.Time
+	// Logger. Default: discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Execer == nil {
+		return fmt.Errorf("%w: Config.Execer is required", ErrInvalid)
+	}
+	if c.MaxOutputBytes < 0 || c.BufferBytes < 0 || c.MaxProcesses < 0 || c.MaxExited < 0 {
+		return fmt.Errorf("%w: negative limit in Config", ErrInvalid)
+	}
+	if c.MaxOutputBytes == 0 {
+		c.MaxOutputBytes = DefaultMaxOutputBytes
+	}
+	if c.BufferBytes == 0 {
+		c.BufferBytes = DefaultBufferBytes
+	}
+	if c.BufferBytes < MinBufferBytes {
+		return fmt.Errorf("%w: BufferBytes %d below the minimum %d", ErrInvalid, c.BufferBytes, MinBufferBytes)
+	}
+	if c.MaxProcesses == 0 {
+		c.MaxProcesses = DefaultMaxProcesses
+	}
+	if c.MaxExited == 0 {
+		c.MaxExited = DefaultMaxExited
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}

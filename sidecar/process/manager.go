@@ -1,0 +1,396 @@
+package process
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// Manager runs and tracks the processes of every lease.
+type Manager struct {
+	cfg    Config
+	logger *slog.Logger
+	store  store
+
+	stop     chan struct{} // closed by Shutdown
+	watchers sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	leases map[string]*leaseProcs
+}
+
+// leaseProcs is what one lease runs.
+type leaseProcs struct {
+	procs map[string]*Process // by id, including those still starting
+	execs map[*run]struct{}   // Execs in flight, killed by ReleaseLease
+}
+
+func (m *Manager) leaseLocked(leaseID string) *leaseProcs {
+	lp := m.leases[leaseID]
+	if lp == nil {
+		lp = &leaseProcs{procs: map[string]*Process{}, execs: map[*run]struct{}{}}
+		m.leases[leaseID] = lp
+	}
+	return lp
+}
+
+// New makes a Manager and loads the process records in cfg.StateDir: a record that was
+// running when the previous daemon stopped becomes "lost", with no exit code.
+func New(cfg Config) (*Manager, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	m := &Manager{
+		cfg:    cfg,
+		logger: cfg.Logger,
+		store:  store{dir: cfg.StateDir},
+		stop:   make(chan struct{}),
+		leases: map[string]*leaseProcs{},
+	}
+	recs, bad, err := m.store.load()
+	if err != nil {
+		return nil, fmt.Errorf("process: loading records: %w", err)
+	}
+	for _, b := range bad {
+		m.logger.Warn("skipping unreadable process record", "record", b)
+	}
+	for _, rec := range recs {
+		if rec.State == apitype.ProcessRunning {
+			rec.State, rec.ExitCode, rec.Signal, rec.EndedAt = apitype.ProcessLost, nil, "", nil
+			if err := m.store.save(rec); err != nil {
+				m.logger.Warn("marking process lost", "lease", rec.Lease, "pid", rec.ID, "err", err)
+			}
+		}
+		m.leaseLocked(rec.Lease).procs[rec.ID] = finishedProcess(rec, m.stop)
+	}
+	return m, nil
+}
+
+// finishedProcess rebuilds an ended (or lost) process from its record; it has no output.
+func finishedProcess(rec record, stop <-chan struct{}) *Process {
+	p := &Process{
+		id: rec.ID, lease: rec.Lease, argv: rec.Argv, tty: rec.TTY, startedAt: rec.StartedAt,
+		log: newOutLog(MinBufferBytes), stop: stop,
+		ready: make(chan struct{}), done: make(chan struct{}),
+		state: rec.State, exit: rec.ExitCode, signal: rec.Signal, timedOut: rec.TimedOut,
+		oomKilled: rec.OOMKilled, endedAt: rec.EndedAt,
+	}
+	p.log.close()
+	close(p.ready)
+	close(p.done)
+	return p
+}
+
+// StartRequest asks for a background process.
+type StartRequest struct {
+	// ID is optional and client-chosen ([A-Za-z0-9._-]{1,64}); the same lease and ID
+	// return the existing process. Empty: the daemon picks "p" + random.
+	ID   string
+	Spec Spec
+	// Rows and Cols are the TTY's start size: 0 takes 24x80, else 1..1000 each.
+	Rows, Cols uint16
+	// Timeout kills the tree once passed; IdleTimeout once no output came for that long.
+	// Zero: none.
+	Timeout, IdleTimeout time.Duration
+	// Stdin keeps an input open for WriteStdin (for a TTY too); otherwise stdin is empty.
+	Stdin bool
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
+
+func checkSpec(s Spec) error {
+	if len(s.Argv) == 0 || s.Argv[0] == "" {
+		return fmt.Errorf("%w: empty argv", ErrInvalid)
+	}
+	return nil
+}
+
+func checkTimeouts(timeout, idle time.Duration) error {
+	if timeout < 0 || idle < 0 {
+		return fmt.Errorf("%w: negative timeout", ErrInvalid)
+	}
+	return nil
+}
+
+// Start starts a background process. With r.ID set, a second Start with the same lease
+// and ID (even concurrent) returns the first one's process and created=false; if that
+// first Start failed, its error. ErrLimit when the lease already runs MaxProcesses.
+// ctx bounds only the wait for a concurrent Start of the same ID; the process itself
+// lives until it exits, is killed, or its lease is released.
+func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p *Process, created bool, err error) {
+	if r.ID != "" && !idPattern.MatchString(r.ID) {
+		return nil, false, fmt.Errorf("%w: process id must match [A-Za-z0-9._-]{1,%d}", ErrInvalid, MaxIDLength)
+	}
+	if err := checkSpec(r.Spec); err != nil {
+		return nil, false, err
+	}
+	if err := checkTimeouts(r.Timeout, r.IdleTimeout); err != nil {
+		return nil, false, err
+	}
+	rows, cols := r.Rows, r.Cols
+	if rows == 0 {
+		rows = DefaultRows
+	}
+	if cols == 0 {
+		cols = DefaultCols
+	}
+	if r.Spec.TTY {
+		if err := checkSize(rows, cols); err != nil {
+			return nil, false, err
+		}
+	}
+
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, false, ErrClosed
+	}
+	lp := m.leaseLocked(leaseID)
+	if existing := lp.procs[r.ID]; r.ID != "" && existing != nil {
+		m.mu.Unlock()
+		select {
+		case <-existing.ready:
+		case <-ctx.Done():
+			return nil, false, ctx.Err()
+		}
+		if existing.startErr != nil {
+			return nil, false, existing.startErr
+		}
+		return existing, false, nil
+	}
+	if n := m.runningLocked(lp); n >= m.cfg.MaxProcesses {
+		m.mu.Unlock()
+		return nil, false, fmt.Errorf("%w: lease runs %d of %d", ErrLimit, n, m.cfg.MaxProcesses)
+	}
+	id := r.ID
+	for id == "" || lp.procs[id] != nil {
+		id = "p" + strings.ToLower(rand.Text()[:12])
+	}
+	p = &Process{
+		id: id, lease: leaseID, argv: slices.Clone(r.Spec.Argv), tty: r.Spec.TTY,
+		log: newOutLog(m.cfg.BufferBytes), stop: m.stop,
+		ready: make(chan struct{}), done: make(chan struct{}),
+		state: apitype.ProcessRunning, rows: rows, cols: cols,
+	}
+	lp.procs[id] = p
+	m.mu.Unlock()
+
+	logger := m.logger.With("lease", leaseID, "pid", id)
+	run, err := startRun(m.cfg.Execer, leaseID, runOptions{spec: r.Spec, rows: rows, cols: cols, stdinPipe: r.Stdin}, p.log, logger)
+	if err != nil {
+		m.mu.Lock()
+		if lp.procs[id] == p {
+			delete(lp.procs, id)
+		}
+		m.mu.Unlock()
+		p.startErr = err
+		close(p.ready)
+		return nil, false, err
+	}
+	p.run, p.startedAt = run, m.cfg.Now()
+	close(p.ready)
+	if err := m.store.save(p.record()); err != nil {
+		logger.Error("persisting process record; a restart will not report it lost", "err", err)
+	}
+	m.watchers.Add(1)
+	go func() {
+		defer m.watchers.Done()
+		run.supervise(r.Timeout, r.IdleTimeout, nil, m.stop)
+	}()
+	go m.finish(p, logger)
+	logger.Info("process started", "argv0", r.Spec.Argv[0], "tty", r.Spec.TTY)
+	return p, true, nil
+}
+
+// finish waits for a background process to end, then fixes its status, ends its
+// output, persists the record and forgets the oldest finished processes of the lease
+// beyond MaxExited.
+func (m *Manager) finish(p *Process, logger *slog.Logger) {
+	r := p.run
+	<-r.done
+	ended := m.cfg.Now()
+	code := r.status.code
+	p.mu.Lock()
+	p.state, p.exit, p.signal, p.endedAt = apitype.ProcessExited, &code, r.status.signal, &ended
+	p.timedOut, p.oomKilled = r.timedOut.Load(), r.oom
+	p.mu.Unlock()
+	p.log.close()
+	if err := m.store.save(p.record()); err != nil {
+		logger.Error("persisting process exit", "err", err)
+	}
+	close(p.done)
+	logger.Info("process ended", "exit_code", code, "signal", r.status.signal, "timed_out", r.timedOut.Load())
+
+	m.mu.Lock()
+	lp := m.leases[p.lease]
+	var evict []*Process
+	if lp != nil && lp.procs[p.id] == p {
+		evict = m.overflowLocked(lp)
+		for _, e := range evict {
+			delete(lp.procs, e.id)
+		}
+	}
+	m.mu.Unlock()
+	for _, e := range evict {
+		if err := m.store.remove(e.lease, e.id); err != nil {
+			logger.Warn("removing record of a forgotten process", "forgotten", e.id, "err", err)
+		}
+	}
+}
+
+// overflowLocked picks the oldest finished processes beyond MaxExited (lost ones first).
+func (m *Manager) overflowLocked(lp *leaseProcs) []*Process {
+	var ended []*Process
+	for _, p := range lp.procs {
+		if p.started() && !p.running() {
+			ended = append(ended, p)
+		}
+	}
+	if len(ended) <= m.cfg.MaxExited {
+		return nil
+	}
+	endTime := func(p *Process) time.Time {
+		if s := p.Status(); s.EndedAt != nil {
+			return *s.EndedAt
+		}
+		return time.Time{}
+	}
+	slices.SortFunc(ended, func(a, b *Process) int { return endTime(a).Compare(endTime(b)) })
+	return ended[:len(ended)-m.cfg.MaxExited]
+}
+
+func (m *Manager) runningLocked(lp *leaseProcs) int {
+	n := 0
+	for _, p := range lp.procs {
+		if p.running() {
+			n++
+		}
+	}
+	return n
+}
+
+// Get returns a process of the lease; ErrNotFound if there is none by that id.
+func (m *Manager) Get(leaseID, pid string) (*Process, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if lp := m.leases[leaseID]; lp != nil {
+		if p := lp.procs[pid]; p != nil && p.started() {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: %q", ErrNotFound, pid)
+}
+
+// List returns the lease's processes, oldest first.
+func (m *Manager) List(leaseID string) []*Process {
+	m.mu.Lock()
+	var ps []*Process
+	if lp := m.leases[leaseID]; lp != nil {
+		for _, p := range lp.procs {
+			if p.started() {
+				ps = append(ps, p)
+			}
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(ps, func(a, b *Process) int {
+		if c := a.startedAt.Compare(b.startedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	return ps
+}
+
+// Running counts the lease's running background processes (those starting included).
+func (m *Manager) Running(leaseID string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if lp := m.leases[leaseID]; lp != nil {
+		return m.runningLocked(lp)
+	}
+	return 0
+}
+
+// Signal sends a signal, by name ("TERM", "SIGTERM", "kill"; see ParseSignal), to the
+// process group of a running process. ErrInvalid for an unknown name, ErrNotFound,
+// ErrExited once it ended.
+func (m *Manager) Signal(leaseID, pid, name string) error {
+	sig, err := ParseSignal(name)
+	if err != nil {
+		return err
+	}
+	p, err := m.Get(leaseID, pid)
+	if err != nil {
+		return err
+	}
+	if !p.running() || p.run == nil {
+		return fmt.Errorf("%w: %s", ErrExited, pid)
+	}
+	if err := p.run.tree.Signal(sig); err != nil {
+		return fmt.Errorf("process: signal %s to %s: %w", SignalName(sig), pid, err)
+	}
+	return nil
+}
+
+// ReleaseLease kills every process of the lease (background and Exec), waits for them
+// to end, forgets them and removes their records. Starts racing with it are the lease
+// layer's to prevent (a released lease takes no new work).
+func (m *Manager) ReleaseLease(leaseID string) {
+	m.mu.Lock()
+	lp := m.leases[leaseID]
+	delete(m.leases, leaseID)
+	m.mu.Unlock()
+	if lp == nil {
+		return
+	}
+	for r := range lp.execs {
+		r.kill(false)
+	}
+	for _, p := range lp.procs {
+		<-p.ready // a Start in flight finishes first, so its process is killed too
+		if p.startErr != nil {
+			continue
+		}
+		if p.run != nil && p.running() {
+			p.run.kill(false)
+		}
+	}
+	for _, p := range lp.procs {
+		if p.startErr != nil {
+			continue
+		}
+		<-p.done // its record is final before it is removed
+		if err := m.store.remove(leaseID, p.id); err != nil {
+			m.logger.Warn("removing process record", "lease", leaseID, "pid", p.id, "err", err)
+		}
+	}
+}
+
+// Shutdown stops the Manager: no new processes, timeouts stop being watched, and
+// subscriptions end with ErrClosed. Processes are not killed (the lease teardown does
+// that) and their records stay, so a restarted daemon reports them lost. It waits for
+// the watchers until ctx ends.
+func (m *Manager) Shutdown(ctx context.Context) {
+	m.mu.Lock()
+	if !m.closed {
+		m.closed = true
+		close(m.stop)
+	}
+	m.mu.Unlock()
+	stopped := make(chan struct{})
+	go func() { m.watchers.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,333 @@
+package process
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+)
+
+// output receives what a command writes, one read at a time. Each stream is pumped by
+// its own goroutine, so write is called concurrently for different channels.
+type output interface {
+	write(channel byte, p []byte)
+}
+
+// readBufs are the pooled buffers output is read with; output copies what it keeps.
+var readBufs = sync.Pool{New: func() any { b := make([]byte, readSize); return &b }}
+
+// runOptions says how to wire up one command.
+type runOptions struct {
+	spec       Spec
+	rows, cols uint16 // TTY size, already validated
+	// stdinPipe keeps stdin open for writeStdin; otherwise stdinFrom is copied in and
+	// closed, and with neither stdin is empty (/dev/null), never inherited.
+	stdinPipe bool
+	stdinFrom io.Reader
+}
+
+// run is one started command: its pipes or PTY, the goroutines pumping its output, and
+// the wait that ends it. Exec and background processes share it.
+type run struct {
+	cmd    *exec.Cmd
+	tree   Tree
+	pty    *os.File   // PTY master (pollable); nil without a TTY
+	stdin  *os.File   // stdin pipe's write end, or the PTY master; nil without stdin
+	outs   []*os.File // what the pumps read
+	logger *slog.Logger
+
+	started    time.Time    // monotonic base of the idle clock
+	lastOutput atomic.Int64 // nanoseconds after started of the latest output
+	timedOut   atomic.Bool
+	canceled   atomic.Bool // killed because the caller's context ended
+	pumps      sync.WaitGroup
+	in         stdinState
+
+	exited chan struct{} // main process waited for; status is set
+	status exitStatus
+	done   chan struct{} // output drained, tree closed; oom is set
+	oom    bool
+}
+
+type exitStatus struct {
+	code   int
+	signal string
+}
+
+// startRun makes the command through the Execer, wires it up and starts it. Output goes
+// to out on apitype.ChannelStdout (1) and ChannelStderr (2).
+func startRun(execer Execer, leaseID string, o runOptions, out output, logger *slog.Logger) (*run, error) {
+	cmd, tree, err := execer.Command(leaseID, o.spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrStart, err)
+	}
+	r := &run{cmd: cmd, tree: tree, logger: logger, exited: make(chan struct{}), done: make(chan struct{})}
+	var childEnds []*os.File // closed in the parent once the child has them
+	fail := func(err error) (*run, error) {
+		for _, f := range childEnds {
+			_ = f.Close()
+		}
+		for _, f := range r.outs {
+			_ = f.Close()
+		}
+		if r.stdin != nil && r.stdin != r.pty {
+			_ = r.stdin.Close()
+		}
+		if r.pty != nil {
+			_ = r.pty.Close()
+		}
+		if cerr := tree.Close(); cerr != nil {
+			logger.Warn("closing tree of a command that did not start", "err", cerr)
+		}
+		return nil, fmt.Errorf("%w: %w", ErrStart, err)
+	}
+
+	if o.spec.TTY {
+		master, slave, err := openPTY(o.rows, o.cols)
+		if err != nil {
+			return fail(err)
+		}
+		r.pty, r.outs = master, []*os.File{master}
+		childEnds = append(childEnds, slave)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		if cmd.SysProcAttr == nil {
+			cmd.SysProcAttr = &syscall.SysProcAttr{}
+		}
+		// A controlling terminal needs a session leader, which is its own group
+		// leader, so the process group stays the command's own.
+		cmd.SysProcAttr.Setsid, cmd.SysProcAttr.Setpgid = true, false
+		cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
+		if o.stdinPipe || o.stdinFrom != nil {
+			r.stdin = master
+		}
+	} else {
+		for _, target := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				return fail(err)
+			}
+			r.outs = append(r.outs, pr)
+			childEnds = append(childEnds, pw)
+			*target = pw
+		}
+		cmd.Stdin = nil // /dev/null
+		if o.stdinPipe || o.stdinFrom != nil {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				return fail(err)
+			}
+			childEnds = append(childEnds, pr)
+			cmd.Stdin, r.stdin = pr, pw
+		}
+	}
+	if err := cmd.Start(); err != nil {
+		return fail(err)
+	}
+	for _, f := range childEnds {
+		_ = f.Close()
+	}
+	r.started = time.Now()
+	for i, f := range r.outs {
+		r.pumps.Add(1)
+		go r.pump(f, byte(i+1), out)
+	}
+	r.in.atLineStart = true
+	if o.stdinFrom != nil {
+		go r.feed(o.stdinFrom)
+	}
+	go r.wait()
+	return r, nil
+}
+
+// openPTY opens a PTY of the given size. creack/pty leaves the master in blocking mode
+// (it calls Fd), so the master is re-made as a non-blocking, pollable file: that lets
+// wait stop a read with a deadline, and Close unblock it.
+func openPTY(rows, cols uint16) (master, slave *os.File, err error) {
+	m, slave, err := pty.Open()
+	if err != nil {
+		return nil, nil, err
+	}
+	fd, err := unix.Dup(int(m.Fd()))
+	_ = m.Close()
+	if err == nil {
+		unix.CloseOnExec(fd)
+		err = unix.SetNonblock(fd, true)
+		if err != nil {
+			_ = unix.Close(fd)
+		}
+	}
+	if err != nil {
+		_ = slave.Close()
+		return nil, nil, err
+	}
+	master = os.NewFile(uintptr(fd), "/dev/ptmx")
+	if err := setSize(master, rows, cols); err != nil {
+		_ = master.Close()
+		_ = slave.Close()
+		return nil, nil, err
+	}
+	return master, slave, nil
+}
+
+// setSize sets a PTY's window size; the kernel sends SIGWINCH to the foreground
+// process group when it changes.
+func setSize(f *os.File, rows, cols uint16) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ioErr error
+	err = rc.Control(func(fd uintptr) {
+		ioErr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	})
+	return errors.Join(err, ioErr)
+}
+
+// pump copies one output stream to out until it ends. EIO on a PTY master means every
+// slave descriptor is closed: the end of output, not an error.
+func (r *run) pump(f *os.File, channel byte, out output) {
+	defer r.pumps.Done()
+	bp := readBufs.Get().(*[]byte)
+	defer readBufs.Put(bp)
+	for {
+		n, err := f.Read(*bp)
+		if n > 0 {
+			r.lastOutput.Store(int64(time.Since(r.started)))
+			out.write(channel, (*bp)[:n])
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) &&
+				!errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, os.ErrClosed) {
+				r.logger.Warn("reading process output", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// feed copies an Exec's stdin in and closes it. It is not waited for: a reader that
+// blocks is the caller's to unblock (closing it); the write end is closed at the end of
+// the run, so a blocked write fails then.
+func (r *run) feed(from io.Reader) {
+	_, _ = io.Copy(stdinWriter{r}, from)
+	_ = r.closeStdin()
+}
+
+// wait waits for the main process, then for its output for at most outputGrace (a
+// grandchild may hold a pipe), then closes the tree, which kills what is left.
+func (r *run) wait() {
+	err := r.cmd.Wait() // our own pipes: Wait does not wait for them
+	r.status = exitStatusOf(r.cmd.ProcessState, err)
+	close(r.exited)
+
+	drained := make(chan struct{})
+	go func() { r.pumps.Wait(); close(drained) }()
+	grace := time.NewTimer(outputGrace)
+	select {
+	case <-drained:
+	case <-grace.C:
+	}
+	grace.Stop()
+	r.oom = r.tree.OOMKilled()
+	if err := r.tree.Close(); err != nil {
+		r.logger.Warn("closing process tree", "err", err)
+	}
+	select {
+	case <-drained:
+	default:
+		// Everything in the tree is dead, so the pipes should close by themselves; a
+		// holder outside the tree would be an Execer bug, so stop reading regardless.
+		for _, f := range r.outs {
+			_ = f.SetReadDeadline(time.Now())
+		}
+		<-drained
+	}
+	for _, f := range r.outs {
+		_ = f.Close()
+	}
+	if r.stdin != nil {
+		_ = r.stdin.Close()
+	}
+	close(r.done)
+}
+
+// supervise kills the tree (marking timedOut) when timeout passes or no output came for
+// idle, and kills it (unmarked) when cancel closes. It returns once the main process
+// exited, or when stop closes (shutdown: the process is left alone).
+func (r *run) supervise(timeout, idle time.Duration, cancel, stop <-chan struct{}) {
+	if timeout <= 0 && idle <= 0 && cancel == nil {
+		return
+	}
+	var timer *time.Timer
+	var fire <-chan time.Time
+	if timeout > 0 || idle > 0 {
+		timer = time.NewTimer(time.Hour)
+		defer timer.Stop()
+		fire = timer.C
+	}
+	for {
+		if timer != nil {
+			timer.Reset(time.Until(r.nextDeadline(timeout, idle)))
+		}
+		select {
+		case <-r.exited:
+			return
+		case <-stop:
+			return
+		case <-cancel:
+			r.canceled.Store(true)
+			r.kill(false)
+			return
+		case <-fire:
+			if !time.Now().Before(r.nextDeadline(timeout, idle)) {
+				r.kill(true)
+				return
+			}
+		}
+	}
+}
+
+// nextDeadline is the earlier of the hard deadline and the idle deadline.
+func (r *run) nextDeadline(timeout, idle time.Duration) time.Time {
+	var d time.Time
+	if timeout > 0 {
+		d = r.started.Add(timeout)
+	}
+	if idle > 0 {
+		i := r.started.Add(time.Duration(r.lastOutput.Load()) + idle)
+		if d.IsZero() || i.Before(d) {
+			d = i
+		}
+	}
+	return d
+}
+
+func (r *run) kill(timedOut bool) {
+	if timedOut {
+		r.timedOut.Store(true)
+	}
+	if err := r.tree.Kill(); err != nil {
+		r.logger.Warn("killing process tree", "err", err)
+	}
+}
+
+// exitStatusOf turns a wait status into an exit code and signal name; a signal gives
+// 128+signo as the code, as shells do.
+func exitStatusOf(ps *os.ProcessState, err error) exitStatus {
+	if ps == nil {
+		return exitStatus{code: -1}
+	}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return exitStatus{code: 128 + int(ws.Signal()), signal: SignalName(ws.Signal())}
+	}
+	return exitStatus{code: ps.ExitCode()}
+}
