@@ -147,7 +147,7 @@ func TestWatchdogPingsOnlyWhileHealthy(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		RunWatchdog(ctx, healthy, nil)
+		RunWatchdog(ctx, healthy)
 	}()
 	want := 0
 	for _, h := range script {
@@ -191,7 +191,7 @@ func pending(t *testing.T, conn *net.UnixConn) int {
 func TestWatchdogDisabledReturnsAtOnce(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", "1000000")
 	t.Setenv("WATCHDOG_PID", "1")
-	RunWatchdog(context.Background(), func() bool { t.Error("healthy called"); return true }, nil)
+	RunWatchdog(context.Background(), func() bool { t.Error("healthy called"); return true })
 }
 
 func TestCredential(t *testing.T) {

@@ -2,7 +2,6 @@ package systemd
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"strconv"
 	"time"
@@ -22,26 +21,22 @@ func WatchdogInterval() (d time.Duration, ok bool) {
 	return time.Duration(usec) * time.Microsecond, true
 }
 
-// RunWatchdog pings the watchdog (WATCHDOG=1) at half its interval, each time only if
-// healthy() says so, until ctx is done. Missing pings are the point: an unhealthy or stuck
-// daemon is killed and restarted by systemd. It returns at once when there is no watchdog.
-// Failed sends are logged and retried on the next tick; if they persist, systemd's timeout
-// does the rest.
-func RunWatchdog(ctx context.Context, healthy func() bool, logger *slog.Logger) {
+// RunWatchdog pings the watchdog (WATCHDOG=1) at once and then at half its interval, each
+// time only if healthy() says so, until ctx is done. Withheld pings are the point: an
+// unhealthy or stuck daemon is killed and restarted by systemd, so healthy() should log why
+// it says no. It returns at once when there is no watchdog. A failed send is retried on
+// the next tick; if sends keep failing, systemd's timeout restarts the daemon, which is
+// the right outcome for a daemon that cannot reach its supervisor.
+func RunWatchdog(ctx context.Context, healthy func() bool) {
 	interval, ok := WatchdogInterval()
 	if !ok {
 		return
 	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	tick := time.NewTicker(interval / 2)
 	defer tick.Stop()
 	for {
-		if !healthy() {
-			logger.Warn("unhealthy: withholding the systemd watchdog ping", "watchdog", interval)
-		} else if _, err := Notify("WATCHDOG=1"); err != nil {
-			logger.Warn("systemd watchdog ping failed", "err", err)
+		if healthy() {
+			_, _ = Notify("WATCHDOG=1")
 		}
 		select {
 		case <-ctx.Done():
