@@ -1,0 +1,125 @@
+package fsxfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"hash"
+	"io"
+	"os"
+	"sync"
+)
+
+// bufSize is the unit of streaming: large enough that one read and one write move a lot,
+// small enough that memory stays flat whatever the size of the transfer.
+const bufSize = 1 << 20
+
+// bufPool reuses the streaming buffers: first-touch page faults are expensive (about
+// 14 µs per page here), so a fresh 1 MiB buffer per request would cost more than the copy.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, bufSize); return &b }}
+
+func getBuf() *[]byte  { return bufPool.Get().(*[]byte) }
+func putBuf(b *[]byte) { bufPool.Put(b) }
+
+// zeroBlock is compared against to find holes; it is never written to.
+var zeroBlock [4096]byte
+
+// copyIn streams src into dst from offset off on, reserving quota before each chunk, and
+// returns the offset reached. All-zero 4 KiB blocks are skipped (left as holes), so
+// sparse files stay sparse; dst is truncated to the final size so a trailing hole
+// counts. When h is not nil the bytes are hashed in a second goroutine on the buffer
+// just written while the next one is read: double buffering keeps hashing off the
+// critical path. A read error other than io.EOF is returned with the offset reached.
+func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *reservation, h hash.Hash) (int64, error) {
+	bufs := [2]*[]byte{getBuf(), getBuf()}
+	defer putBuf(bufs[0])
+	defer putBuf(bufs[1])
+
+	var hashed chan []byte // buffers handed to the hasher
+	var free chan int      // indexes of buffers the hasher is done with
+	if h != nil {
+		hashed = make(chan []byte)
+		free = make(chan int, 2)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for b := range hashed {
+				h.Write(b)
+				free <- 0 // the value is irrelevant: buffers are used in turn
+			}
+		}()
+		defer func() { close(hashed); <-done }()
+		free <- 0
+		free <- 0
+	}
+
+	start := off
+	for i := 0; ; i ^= 1 {
+		if h != nil {
+			<-free // wait until the hasher is done with this buffer
+		}
+		if err := ctx.Err(); err != nil {
+			return off, err
+		}
+		buf := *bufs[i]
+		n, rerr := io.ReadFull(src, buf)
+		if n > 0 {
+			if err := writeSparse(dst, buf[:n], off, res); err != nil {
+				return off, err
+			}
+			off += int64(n)
+			if h != nil {
+				hashed <- buf[:n]
+			}
+		} else if h != nil {
+			free <- 0 // nothing handed over: the buffer is still free
+		}
+		switch {
+		case rerr == nil:
+			continue
+		case errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF):
+			if off > start {
+				if err := dst.Truncate(off); err != nil {
+					return off, err
+				}
+			}
+			return off, nil
+		default:
+			if off > start {
+				_ = dst.Truncate(off) // keep the size honest for a resumable upload
+			}
+			return off, rerr
+		}
+	}
+}
+
+// writeSparse writes b at off, skipping all-zero 4 KiB blocks (aligned on the file), and
+// reserves quota for what it writes.
+func writeSparse(dst *os.File, b []byte, off int64, res *reservation) error {
+	for len(b) > 0 {
+		// The block containing off ends at the next 4 KiB boundary.
+		n := int(min(int64(len(b)), 4096-off%4096))
+		if bytes.Equal(b[:n], zeroBlock[:n]) {
+			b, off = b[n:], off+int64(n)
+			continue
+		}
+		// Extend over following non-zero blocks to write them in one call.
+		for n < len(b) {
+			m := min(len(b)-n, 4096)
+			if bytes.Equal(b[n:n+m], zeroBlock[:m]) {
+				break
+			}
+			n += m
+		}
+		if res != nil {
+			if err := res.grow(blockRound(int64(n))); err != nil {
+				return err
+			}
+		}
+		if _, err := dst.WriteAt(b[:n], off); err != nil {
+			return err
+		}
+		b, off = b[n:], off+int64(n)
+	}
+	return nil
+}

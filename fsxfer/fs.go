@@ -1,0 +1,116 @@
+package fsxfer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Config describes one lease's file area.
+type Config struct {
+	Workdir    string // the lease workdir: every path is resolved inside it through an os.Root
+	UploadsDir string // partial resumable uploads live here, outside the visible tree; "": uploads disabled
+	UsageRoot  string // what counts against the quota (the lease dir holding work/, tmp/, uploads/); "": Workdir
+	UID, GID   int    // owner of everything written; -1: leave as the daemon
+	QuotaBytes int64  // 0: unlimited
+
+	MaxArchiveEntries int           // default 200_000
+	MaxNameBytes      int           // longest path, default 4096; one name is at most 255 bytes (NAME_MAX)
+	MaxListEntries    int           // longest directory listing, default 100_000
+	UploadIdle        time.Duration // partial uploads idle longer are reaped by ReapUploads; default 24h
+	UsageTTL          time.Duration // how long a usage scan is reused; default 2s
+	Now               func() time.Time
+	Logger            *slog.Logger // default: discard
+}
+
+// Defaults for the zero values of Config.
+const (
+	DefaultMaxArchiveEntries = 200_000
+	DefaultMaxNameBytes      = 4096
+	DefaultMaxListEntries    = 100_000
+	DefaultUploadIdle        = 24 * time.Hour
+	DefaultUsageTTL          = 2 * time.Second
+	maxNameElem              = 255 // NAME_MAX on every Linux filesystem we care about
+)
+
+// FS is one lease's confined file area. Its methods are safe for concurrent use.
+type FS struct {
+	cfg      Config
+	root     *os.Root // the workdir
+	uploads  *os.Root // nil when resumable uploads are disabled
+	meter    *meter
+	log      *slog.Logger
+	leaseUID int // the uid a hard-linked file must belong to before it is served or replaced
+}
+
+// Open opens the lease file area described by cfg. The workdir must exist; the uploads
+// directory is created (mode 0700, owned by the daemon) when missing.
+func Open(cfg Config) (*FS, error) {
+	if !filepath.IsAbs(cfg.Workdir) {
+		return nil, fmt.Errorf("fsxfer: workdir %q: %w: want an absolute path", cfg.Workdir, ErrInvalid)
+	}
+	if cfg.UsageRoot == "" {
+		cfg.UsageRoot = cfg.Workdir
+	}
+	if cfg.MaxArchiveEntries <= 0 {
+		cfg.MaxArchiveEntries = DefaultMaxArchiveEntries
+	}
+	if cfg.MaxNameBytes <= 0 {
+		cfg.MaxNameBytes = DefaultMaxNameBytes
+	}
+	if cfg.MaxListEntries <= 0 {
+		cfg.MaxListEntries = DefaultMaxListEntries
+	}
+	if cfg.UploadIdle <= 0 {
+		cfg.UploadIdle = DefaultUploadIdle
+	}
+	if cfg.UsageTTL <= 0 {
+		cfg.UsageTTL = DefaultUsageTTL
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.QuotaBytes < 0 {
+		return nil, fmt.Errorf("fsxfer: quota %d: %w", cfg.QuotaBytes, ErrInvalid)
+	}
+	root, err := os.OpenRoot(cfg.Workdir)
+	if err != nil {
+		return nil, fmt.Errorf("fsxfer: open workdir: %w", err)
+	}
+	f := &FS{
+		cfg:      cfg,
+		root:     root,
+		log:      cfg.Logger,
+		leaseUID: cfg.UID,
+		meter:    newMeter(cfg.UsageRoot, cfg.QuotaBytes, cfg.UsageTTL, cfg.Now),
+	}
+	if f.leaseUID < 0 {
+		f.leaseUID = os.Geteuid()
+	}
+	if cfg.UploadsDir != "" {
+		if err := os.MkdirAll(cfg.UploadsDir, 0o700); err != nil {
+			root.Close()
+			return nil, fmt.Errorf("fsxfer: uploads dir: %w", err)
+		}
+		if f.uploads, err = os.OpenRoot(cfg.UploadsDir); err != nil {
+			root.Close()
+			return nil, fmt.Errorf("fsxfer: uploads dir: %w", err)
+		}
+	}
+	return f, nil
+}
+
+// Close releases the descriptors held for the workdir and the uploads directory.
+func (f *FS) Close() error {
+	err := f.root.Close()
+	if f.uploads != nil {
+		err = errors.Join(err, f.uploads.Close())
+	}
+	return err
+}
