@@ -1,9 +1,11 @@
 package systemd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -144,10 +146,11 @@ func TestWatchdogPingsOnlyWhileHealthy(t *testing.T) {
 		calls++
 		return h
 	}
+	var logs bytes.Buffer
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		RunWatchdog(ctx, healthy)
+		RunWatchdog(ctx, healthy, slog.New(slog.NewTextHandler(&logs, nil)))
 	}()
 	want := 0
 	for _, h := range script {
@@ -164,6 +167,10 @@ func TestWatchdogPingsOnlyWhileHealthy(t *testing.T) {
 	// RunWatchdog has returned, so anything extra is already queued: peek without waiting.
 	if n := pending(t, conn); n >= 0 {
 		t.Errorf("an unhealthy tick sent a ping (%d bytes extra)", n)
+	}
+	// Each change of health is logged once: 3 turns to unhealthy, 2 recoveries.
+	if w, r := strings.Count(logs.String(), "withholding"), strings.Count(logs.String(), "resuming"); w != 3 || r != 2 {
+		t.Errorf("logged %d withholds and %d resumes, want 3 and 2:\n%s", w, r, logs.String())
 	}
 }
 
@@ -191,7 +198,7 @@ func pending(t *testing.T, conn *net.UnixConn) int {
 func TestWatchdogDisabledReturnsAtOnce(t *testing.T) {
 	t.Setenv("WATCHDOG_USEC", "1000000")
 	t.Setenv("WATCHDOG_PID", "1")
-	RunWatchdog(context.Background(), func() bool { t.Error("healthy called"); return true })
+	RunWatchdog(context.Background(), func() bool { t.Error("healthy called"); return true }, nil)
 }
 
 func TestCredential(t *testing.T) {

@@ -2,6 +2,7 @@ package systemd
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"strconv"
 	"time"
@@ -23,20 +24,34 @@ func WatchdogInterval() (d time.Duration, ok bool) {
 
 // RunWatchdog pings the watchdog (WATCHDOG=1) at once and then at half its interval, each
 // time only if healthy() says so, until ctx is done. Withheld pings are the point: an
-// unhealthy or stuck daemon is killed and restarted by systemd, so healthy() should log why
-// it says no. It returns at once when there is no watchdog. A failed send is retried on
-// the next tick; if sends keep failing, systemd's timeout restarts the daemon, which is
-// the right outcome for a daemon that cannot reach its supervisor.
-func RunWatchdog(ctx context.Context, healthy func() bool) {
+// unhealthy or stuck daemon is killed and restarted by systemd. It returns at once when
+// there is no watchdog. A failed send is logged and retried on the next tick; if sends
+// keep failing, systemd's timeout restarts the daemon, the right outcome for a daemon that
+// cannot reach its supervisor. logger may be nil.
+func RunWatchdog(ctx context.Context, healthy func() bool, logger *slog.Logger) {
 	interval, ok := WatchdogInterval()
 	if !ok {
 		return
 	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	tick := time.NewTicker(interval / 2)
 	defer tick.Stop()
+	wasHealthy := true
 	for {
-		if healthy() {
-			_, _ = Notify("WATCHDOG=1")
+		ok := healthy()
+		switch {
+		case !ok && wasHealthy:
+			logger.Warn("unhealthy: withholding systemd watchdog pings", "watchdog", interval)
+		case ok && !wasHealthy:
+			logger.Info("healthy again: resuming systemd watchdog pings")
+		}
+		wasHealthy = ok
+		if ok {
+			if _, err := Notify("WATCHDOG=1"); err != nil {
+				logger.Warn("systemd watchdog ping failed", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():
