@@ -1,0 +1,196 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// cgroupV2 runs under the daemon's own delegated cgroup (systemd Delegate=yes). The
+// no-internal-processes rule means a cgroup that hands controllers to children holds no
+// processes itself, so the daemon first moves into a leaf, <own>/daemon, and leases go
+// under <own>/<parent>.
+type cgroupV2 struct {
+	base string // <mount><own>/<parent>
+}
+
+var v2Controllers = []string{"memory", "cpu", "pids"}
+
+// v2Paths computes, from /proc/self/cgroup, the daemon's leaf ("" when the daemon sits
+// in the root cgroup, where the rule does not apply) and the parent of lease cgroups.
+func v2Paths(procSelfCgroup, mount, parent string) (leaf, base string, err error) {
+	for line := range strings.SplitSeq(procSelfCgroup, "\n") {
+		own, ok := strings.CutPrefix(line, "0::")
+		if !ok {
+			continue
+		}
+		own = filepath.Clean("/" + own)
+		ownDir := filepath.Join(mount, own)
+		if own == "/" {
+			return "", filepath.Join(mount, parent), nil
+		}
+		if filepath.Base(own) == "daemon" { // already moved by an earlier New
+			ownDir = filepath.Dir(ownDir)
+		}
+		return filepath.Join(ownDir, "daemon"), filepath.Join(ownDir, parent), nil
+	}
+	return "", "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
+}
+
+func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	leaf, base, err := v2Paths(string(self), mount, parent)
+	if err != nil {
+		return nil, err
+	}
+	if leaf != "" {
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("cgroup v2 leaf: %w", err)
+		}
+		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
+			return nil, fmt.Errorf("cgroup v2: move daemon into its leaf: %w", err)
+		}
+		if err := enableControllers(filepath.Dir(leaf)); err != nil {
+			return nil, err
+		}
+		log.Info("moved the daemon into its own cgroup leaf", "cgroup", leaf)
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return nil, fmt.Errorf("cgroup v2: %w", err)
+	}
+	if err := enableControllers(base); err != nil {
+		return nil, err
+	}
+	return &cgroupV2{base: base}, nil
+}
+
+// enableControllers delegates memory, cpu and pids to dir's children.
+func enableControllers(dir string) error {
+	avail, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		return fmt.Errorf("cgroup v2: %w", err)
+	}
+	have := strings.Fields(string(avail))
+	var want []string
+	for _, c := range v2Controllers {
+		if !strings.Contains(" "+strings.Join(have, " ")+" ", " "+c+" ") {
+			return fmt.Errorf("cgroup v2: controller %s not delegated to %s", c, dir)
+		}
+		want = append(want, "+"+c)
+	}
+	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(want, " "))
+}
+
+func (c *cgroupV2) version() string { return "v2" }
+
+func (c *cgroupV2) dir(parts ...string) string {
+	return filepath.Join(append([]string{c.base}, parts...)...)
+}
+
+func (c *cgroupV2) provision(id string, l LeaseSpec) error {
+	d := c.dir(id)
+	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if err := enableControllers(d); err != nil {
+		return err
+	}
+	limit := func(n int64) string {
+		if n <= 0 {
+			return "max"
+		}
+		return strconv.FormatInt(n, 10)
+	}
+	if err := writeFile(filepath.Join(d, "memory.max"), limit(l.MemoryBytes)); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(d, "memory.swap.max")); err == nil {
+		if err := writeFile(filepath.Join(d, "memory.swap.max"), "0"); err != nil {
+			return err
+		}
+	}
+	quota := "max"
+	if l.CPUMillicores > 0 {
+		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
+	}
+	if err := writeFile(filepath.Join(d, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUS)); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(d, "pids.max"), limit(l.Pids))
+}
+
+func (c *cgroupV2) newChild(id, child string) error { return os.Mkdir(c.dir(id, child), 0o755) }
+
+func (c *cgroupV2) joinFiles(string, string) []string { return nil }
+
+func (c *cgroupV2) childDir(id, child string) string { return c.dir(id, child) }
+
+func (c *cgroupV2) killChild(ctx context.Context, id, child string) error {
+	_, err := killV2(ctx, c.dir(id, child))
+	return err
+}
+
+func (c *cgroupV2) childOOMKills(id, child string) int64 {
+	n, _ := readKey(c.dir(id, child, "memory.events"), "oom_kill")
+	return n
+}
+
+func (c *cgroupV2) removeChild(id, child string) error { return removeTree(c.dir(id, child)) }
+
+func (c *cgroupV2) killLease(ctx context.Context, id string) ([]int, error) {
+	return killV2(ctx, c.dir(id))
+}
+
+func (c *cgroupV2) removeLease(id string) error { return removeTree(c.dir(id)) }
+
+func (c *cgroupV2) usage(id string) (Usage, error) {
+	var u Usage
+	var err error
+	if u.MemoryBytes, err = readInt(c.dir(id, "memory.current")); err != nil {
+		return u, err
+	}
+	us, err := readKey(c.dir(id, "cpu.stat"), "usage_usec")
+	if err != nil {
+		return u, err
+	}
+	u.CPUSeconds = float64(us) / 1e6
+	if u.Pids, err = readInt(c.dir(id, "pids.current")); err != nil {
+		return u, err
+	}
+	u.OOMKills, err = readKey(c.dir(id, "memory.events"), "oom_kill") // hierarchical on v2
+	return u, err
+}
+
+func (c *cgroupV2) leases() ([]string, error) { return listDirs(c.base) }
+
+// killV2 uses cgroup.kill (Linux 5.14+), which kills the whole subtree atomically, and
+// waits for the cgroup to report itself unpopulated.
+func killV2(ctx context.Context, dir string) ([]int, error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	pids, _ := readPids(dir)
+	if err := writeFile(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
+		return nil, err
+	}
+	err := pollUntil(ctx, killDeadline, func() (bool, error) {
+		n, err := readKey(filepath.Join(dir, "cgroup.events"), "populated")
+		return n == 0, err
+	})
+	if errors.Is(err, syscall.ENOENT) {
+		err = nil
+	}
+	if err != nil {
+		return pids, fmt.Errorf("%s: %w: %v", dir, errNotEmpty, err)
+	}
+	return pids, nil
+}

@@ -1,0 +1,20 @@
+// Package sandbox isolates leases on one shared host: a cgroup per lease (v1 or v2) with a
+// child cgroup per command, a uid per lease, a private /tmp and optional network namespace,
+// Landlock, and the one Execer every lease process is started through.
+//
+// Every lease process starts as the helper (package initproc, run as `sidecar
+// __sandbox-init`), which joins the command's cgroup, mounts the lease's /tmp, drops to the
+// lease's uid, sets no_new_privs and applies Landlock before it execs the target, so the
+// target is confined from its first instruction and the daemon never is.
+package sandbox
+
+import "errors"
+
+var (
+	// ErrUnknownLease: the lease was not provisioned in this daemon run.
+	ErrUnknownLease = errors.New("sandbox: unknown lease")
+	// ErrInvalid: bad input (lease id, path, limits, argv, env); nothing was changed.
+	ErrInvalid = errors.New("sandbox: invalid request")
+	// ErrUnsupported: the request needs isolation this host or mode does not provide.
+	ErrUnsupported = errors.New("sandbox: not supported by this host's isolation")
+)

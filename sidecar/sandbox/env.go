@@ -1,0 +1,171 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// ErrOutsideWorkdir is ErrInvalid for a path that resolves outside the lease's workdir.
+var ErrOutsideWorkdir = fmt.Errorf("%w: path outside the workdir", ErrInvalid)
+
+// DefaultPath is the PATH a lease process starts with.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// maxArgEnvBytes bounds argv plus environment, well under the kernel's ARG_MAX.
+const maxArgEnvBytes = 1 << 20
+
+// buildEnv is the clean base environment with the request's on top, sorted.
+func buildEnv(workdir, tmp string, tty bool, req map[string]string) ([]string, error) {
+	term := "dumb"
+	if tty {
+		term = "xterm-256color"
+	}
+	env := map[string]string{
+		"PATH": DefaultPath, "HOME": workdir, "LANG": "C.UTF-8", "TERM": term,
+		"USER": "sidecar", "LOGNAME": "sidecar", "TMPDIR": tmp,
+	}
+	for k, v := range req {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("%w: environment variable %q", ErrInvalid, k)
+		}
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func validateArgv(argv []string, env []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return fmt.Errorf("%w: empty argv", ErrInvalid)
+	}
+	size := 0
+	for _, a := range argv {
+		if strings.ContainsRune(a, 0) {
+			return fmt.Errorf("%w: NUL in argv", ErrInvalid)
+		}
+		size += len(a) + 1
+	}
+	for _, e := range env {
+		size += len(e) + 1
+	}
+	if size > maxArgEnvBytes {
+		return fmt.Errorf("%w: argv and environment exceed %d bytes", ErrInvalid, maxArgEnvBytes)
+	}
+	return nil
+}
+
+// resolveDir turns Spec.Dir (relative to the workdir) into an absolute directory, refusing
+// anything that leaves the workdir by "..", an absolute path or a symlink.
+func resolveDir(workdir, rel string) (string, error) {
+	if rel == "" || rel == "." {
+		return workdir, nil
+	}
+	if filepath.IsAbs(rel) || !filepath.IsLocal(rel) {
+		return "", fmt.Errorf("%w: %q", ErrOutsideWorkdir, rel)
+	}
+	root, err := os.OpenRoot(workdir)
+	if err != nil {
+		return "", err
+	}
+	defer root.Close()
+	st, err := root.Stat(rel)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Errorf("%w: no directory %q", ErrInvalid, rel)
+	case err != nil:
+		return "", fmt.Errorf("%w: %q: %v", ErrOutsideWorkdir, rel, err)
+	case !st.IsDir():
+		return "", fmt.Errorf("%w: %q is not a directory", ErrInvalid, rel)
+	}
+	return filepath.Join(workdir, filepath.Clean(rel)), nil
+}
+
+// Landlock policy: what a lease may reach besides its workdir and /tmp. The system
+// directories are enough for sh, coreutils, python, git and node.
+var (
+	systemExecDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"}
+	systemReadDirs = []string{"/etc", "/proc", "/sys", "/run/systemd/resolve"}
+	deviceFiles    = []string{"/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx", "/dev/pts"}
+)
+
+// under reports whether p is dir or inside it, and the relative rest.
+func under(p, dir string) (string, bool) {
+	if p == dir {
+		return ".", true
+	}
+	rest, ok := strings.CutPrefix(p, dir+"/")
+	return rest, ok && rest != ""
+}
+
+// findExecutable checks, before anything starts, that argv[0] names an executable the
+// lease can reach, so that "python: not found" is a start error. It looks at the
+// filesystem as the lease will: the workdir and /tmp through os.Root (a symlink cannot
+// point it elsewhere), system directories as they are. The helper repeats the lookup
+// inside the sandbox and has the last word.
+func findExecutable(workdir, tmp, name, pathEnv, dir string) error {
+	if strings.Contains(name, "/") {
+		p := name
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		if executableInView(workdir, tmp, filepath.Clean(p)) {
+			return nil
+		}
+		return fmt.Errorf("exec: %q: %w", name, errNotFound)
+	}
+	for entry := range strings.SplitSeq(pathEnv, ":") {
+		if filepath.IsAbs(entry) && executableInView(workdir, tmp, filepath.Join(entry, name)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("exec: %q: %w", name, errNotFound)
+}
+
+func executableInView(workdir, tmp, p string) bool {
+	var st fs.FileInfo
+	var err error
+	if rel, ok := under(p, workdir); ok {
+		st, err = rootStat(workdir, rel)
+	} else if rel, ok := under(p, "/tmp"); ok && tmp != "" {
+		st, err = rootStat(tmp, rel)
+	} else if inAny(p, systemExecDirs) {
+		// System directories are the host's, read-only to leases: following their
+		// symlinks is safe, but the target must stay where Landlock allows execution.
+		var real string
+		if real, err = filepath.EvalSymlinks(p); err == nil && inAny(real, systemExecDirs) {
+			st, err = os.Stat(real)
+		} else if err == nil {
+			return false
+		}
+	} else {
+		return false
+	}
+	return err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0
+}
+
+func rootStat(dir, rel string) (fs.FileInfo, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	return root.Stat(rel)
+}
+
+func inAny(p string, dirs []string) bool {
+	for _, d := range dirs {
+		if _, ok := under(p, d); ok {
+			return true
+		}
+	}
+	return false
+}

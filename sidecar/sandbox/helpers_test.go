@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+)
+
+// The test binary is its own helper: `<test binary> __sandbox-init`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == HelperArg {
+		InitMain()
+	}
+	os.Exit(m.Run())
+}
+
+const testCgroupParent = "sidecar-test"
+
+// newTestSandbox is a strict sandbox; it skips unless the test runs as root on a host with
+// cgroups and Landlock (CI does).
+func newTestSandbox(t testing.TB) *Sandbox {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: strict isolation (cgroups, uid switching, mounts); CI runs as root")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{CgroupParent: testCgroupParent, HelperPath: self})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return s
+}
+
+var nonID = regexp.MustCompile(`[^A-Za-z0-9]+`)
+
+// newTestLease provisions a lease with a unique id and uid; t.Cleanup tears it down and
+// removes its directories.
+func newTestLease(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
+	t.Helper()
+	base, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-") // not /tmp: the lease's own /tmp hides it
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(base, 0o711) // lease uids traverse it to reach their own 0700 dirs
+	n := rand.IntN(60000)
+	name := nonID.ReplaceAllString(t.Name(), "-")
+	if len(name) > 80 {
+		name = name[:80]
+	}
+	l := LeaseSpec{
+		ID:      fmt.Sprintf("t-%s-%d", name, n),
+		UID:     300000 + n,
+		GID:     300000 + n,
+		Workdir: filepath.Join(base, "work"),
+		TmpDir:  filepath.Join(base, "tmp"),
+		Network: "host",
+	}
+	for _, d := range []string{l.Workdir, l.TmpDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if mod != nil {
+		mod(&l)
+	}
+	t.Cleanup(func() {
+		if err := s.Teardown(context.Background(), l.ID); err != nil {
+			t.Errorf("Teardown: %v", err)
+		}
+		os.RemoveAll(base) // no mount points: /tmp binds live in the helpers' namespaces
+	})
+	if err := s.Provision(context.Background(), l); err != nil {
+		t.Fatalf("Provision: %v", err)
+	}
+	return l
+}
+
+type result struct {
+	stdout, stderr string
+	exitCode       int
+	signaled       bool
+	oom            bool
+}
+
+// run runs argv in the lease to completion.
+func run(t testing.TB, s *Sandbox, leaseID string, spec process.Spec) result {
+	t.Helper()
+	cmd, tr, err := s.Command(leaseID, spec)
+	if err != nil {
+		t.Fatalf("Command(%q): %v", spec.Argv, err)
+	}
+	defer tr.Close()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("Start(%q): %v", spec.Argv, err)
+	}
+	if err := tr.(*tree).Started(context.Background()); err != nil {
+		cmd.Wait()
+		t.Fatalf("Started(%q): %v", spec.Argv, err)
+	}
+	err = cmd.Wait()
+	r := result{stdout: stdout.String(), stderr: stderr.String(), oom: tr.OOMKilled()}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		r.exitCode = ee.ExitCode()
+		r.signaled = ee.ExitCode() == -1
+	} else if err != nil {
+		t.Fatalf("Wait(%q): %v", spec.Argv, err)
+	}
+	return r
+}
+
+func sh(script string) process.Spec { return process.Spec{Argv: []string{"/bin/sh", "-c", script}} }
+
+func lines(s string) []string { return strings.Split(strings.TrimSpace(s), "\n") }

@@ -1,0 +1,189 @@
+package initproc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Main is the helper's entry point; it never returns. Every step runs on one locked OS
+// thread, and credentials, no_new_privs, Landlock and the network namespace are changed for
+// that thread only: execve from it keeps just that thread, so the target gets all of them,
+// while the helper's other runtime threads die with the exec.
+func Main() {
+	runtime.LockOSThread()
+	cfg, err := readConfig()
+	if err != nil {
+		fail(ExitSetup, "config", err)
+	}
+	if err := setup(cfg); err != nil {
+		fail(ExitSetup, "setup", err)
+	}
+	code, err := execTarget(cfg)
+	fail(code, "exec", err)
+}
+
+func readConfig() (*Config, error) {
+	f := os.NewFile(ConfigFD, "config")
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxConfigSize {
+		return nil, errors.New("config too large")
+	}
+	var cfg Config
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		return nil, err
+	}
+	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+		return nil, errors.New("empty argv")
+	}
+	return &cfg, nil
+}
+
+// setup runs in the order that keeps each step possible: cgroups, namespaces and mounts
+// need root; the uid drop comes next, then no_new_privs (which Landlock requires), Landlock,
+// and the working directory, entered as the lease's uid under the policy.
+func setup(cfg *Config) error {
+	pid := strconv.Itoa(os.Getpid())
+	for _, procs := range cfg.CgroupProcs {
+		if err := os.WriteFile(procs, []byte(pid), 0); err != nil {
+			return fmt.Errorf("join cgroup: %w", err)
+		}
+	}
+	if cfg.NetNS {
+		if err := unix.Setns(NetNSFD, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("join network namespace: %w", err)
+		}
+	}
+	if cfg.TmpDir != "" {
+		if err := privateTmp(cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.UID != 0 {
+		if err := dropPrivileges(cfg.UID, cfg.GID); err != nil {
+			return err
+		}
+	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	if cfg.Landlock != nil {
+		if err := restrict(cfg.Landlock); err != nil {
+			return err
+		}
+	}
+	if cfg.Dir != "" {
+		if err := unix.Chdir(cfg.Dir); err != nil {
+			return fmt.Errorf("chdir %s: %w", cfg.Dir, err)
+		}
+	}
+	// Everything above 2 (config, namespace fd, runtime descriptors) closes at exec; the
+	// report pipe stays open until then so that an exec failure can still be told.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("close_range: %w", err)
+	}
+	return nil
+}
+
+// privateTmp bind-mounts the lease's TmpDir on /tmp. The daemon started the helper in a new
+// mount namespace; checking that here means a caller that dropped the clone flags gets an
+// error instead of a mount in the host's namespace.
+func privateTmp(cfg *Config) error {
+	ns, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("mount namespace: %w", err)
+	}
+	if cfg.HostMountNS == "" || ns == cfg.HostMountNS {
+		return errors.New("refusing to mount /tmp: not in a private mount namespace")
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	if err := unix.Mount(cfg.TmpDir, "/tmp", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /tmp: %w", cfg.TmpDir, err)
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	if err := unix.Mount("", "/tmp", "", flags, ""); err != nil {
+		return fmt.Errorf("remount /tmp nosuid,nodev: %w", err)
+	}
+	return nil
+}
+
+// dropPrivileges uses raw system calls on purpose: the syscall package's wrappers change
+// every thread (and fail in cgo binaries); only this thread will exec.
+func dropPrivileges(uid, gid int) error {
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); errno != 0 {
+		return fmt.Errorf("setgroups: %w", errno)
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)); errno != 0 {
+		return fmt.Errorf("setresgid %d: %w", gid, errno)
+	}
+	if _, _, errno := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)); errno != 0 {
+		return fmt.Errorf("setresuid %d: %w", uid, errno)
+	}
+	return nil
+}
+
+// execTarget looks the program up like execvp does, inside the sandbox, and execs it. It
+// returns only on failure, with the exit code that says why.
+func execTarget(cfg *Config) (int, error) {
+	name := cfg.Argv[0]
+	if strings.Contains(name, "/") {
+		err := unix.Exec(name, cfg.Argv, cfg.Env)
+		return execCode(err), fmt.Errorf("%s: %w", name, err)
+	}
+	path := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, kv := range cfg.Env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	var denied error
+	for dir := range strings.SplitSeq(path, ":") {
+		if !strings.HasPrefix(dir, "/") {
+			continue // relative PATH entries are a trap (Go's exec.ErrDot), skip them
+		}
+		err := unix.Exec(dir+"/"+name, cfg.Argv, cfg.Env)
+		switch {
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+		case errors.Is(err, unix.EACCES):
+			denied = err
+		default:
+			return execCode(err), fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	if denied != nil {
+		return ExitCannotExec, fmt.Errorf("%s: %w", name, denied)
+	}
+	return ExitNotFound, fmt.Errorf("%s: executable file not found in $PATH", name)
+}
+
+func execCode(err error) int {
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return ExitNotFound
+	}
+	return ExitCannotExec
+}
+
+// fail tells the daemon why on the report pipe (and the caller's stderr, which is all a
+// user of a plain exec.Cmd would see), then exits with code.
+func fail(code int, stage string, err error) {
+	msg := fmt.Sprintf("%s: %v", stage, err)
+	if len(msg) > reportMaxLength {
+		msg = msg[:reportMaxLength]
+	}
+	unix.Write(ReportFD, []byte(strconv.Itoa(code)+" "+msg))
+	fmt.Fprintf(os.Stderr, "sidecar-init: %s\n", msg)
+	os.Exit(code)
+}

@@ -1,0 +1,130 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// BecomeSubreaper makes the daemon the parent of every orphaned lease process (a
+// double-forked daemon, a shell's background job), so that RunReaper can reap them and
+// their zombies never pile up against the lease's pids limit.
+func BecomeSubreaper() error {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("sandbox: become child subreaper: %w", err)
+	}
+	return nil
+}
+
+// RunReaper reaps orphaned zombie children until ctx ends, on SIGCHLD and every second.
+//
+// It never steals a child that os/exec is waiting for: Go's os.StartProcess holds a pidfd
+// for each child it starts, created atomically with the child (CLONE_PIDFD) and closed
+// only after Wait. A zombie child for which the daemon holds no pidfd is an orphan that
+// was reparented to us, and nobody else will wait for it. Zombies are listed before the
+// pidfds are, so a child started in between cannot be mistaken for an orphan.
+func RunReaper(ctx context.Context, log *slog.Logger) {
+	fd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		log.Warn("no pidfd support: orphaned lease processes are not reaped", "err", err)
+		return
+	}
+	unix.Close(fd)
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, syscall.SIGCHLD)
+	defer signal.Stop(sigchld)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		if n := ReapOrphans(); n > 0 {
+			log.Debug("reaped orphaned processes", "count", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-sigchld:
+		case <-tick.C:
+		}
+	}
+}
+
+// ReapOrphans reaps the zombie children no os.Process owns, once, and returns how many.
+func ReapOrphans() int {
+	zombies := zombieChildren()
+	if len(zombies) == 0 {
+		return 0
+	}
+	held := heldPidfds()
+	n := 0
+	for _, pid := range zombies {
+		if held[pid] {
+			continue
+		}
+		var ws unix.WaitStatus
+		if got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err == nil && got == pid {
+			n++
+		}
+	}
+	return n
+}
+
+// zombieChildren lists this process's children (of every thread) that have exited.
+func zombieChildren() []int {
+	files, _ := filepath.Glob("/proc/self/task/*/children")
+	var pids []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for s := range strings.FieldsSeq(string(b)) {
+			pid, err := strconv.Atoi(s)
+			if err == nil && isZombie(pid) {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+func isZombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
+	if i < 0 {
+		return false
+	}
+	rest := string(b)[i+2:]
+	return strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X")
+}
+
+// heldPidfds is the set of pids the daemon holds a pidfd for ("Pid:" in fdinfo).
+func heldPidfds() map[int]bool {
+	held := map[int]bool{}
+	entries, _ := os.ReadDir("/proc/self/fdinfo")
+	for _, e := range entries {
+		b, err := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+				if pid, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+					held[pid] = true
+				}
+			}
+		}
+	}
+	return held
+}

@@ -1,0 +1,388 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+)
+
+// Isolation modes.
+const (
+	IsolationStrict = "strict"
+	IsolationNone   = "none"
+)
+
+// Config configures a Sandbox; zero values take the documented defaults.
+type Config struct {
+	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>, v2 → <daemon's own delegated cgroup>/sidecar/<lease>
+	Isolation    string // "strict" (default): New fails listing every missing piece (cgroups, uid switching = root, Landlock); "none": run without, loudly
+	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
+	Logger       *slog.Logger
+}
+
+// Caps says which isolation is in force (shown in /v1/info).
+type Caps struct {
+	Cgroups          string // v1 | v2 | none
+	UIDIsolation     bool
+	PrivateTmp       bool
+	NetworkIsolation bool
+	LandlockABI      int
+	Isolation        string
+}
+
+// LeaseSpec is what Provision needs of a lease.
+type LeaseSpec struct {
+	ID       string
+	UID, GID int    // 0: none (isolation none or non-root)
+	Workdir  string // absolute; exists (mode 0700, root-owned) when Provision is called
+	TmpDir   string // absolute; exists likewise; bind-mounted on /tmp for the lease's processes
+	// Limits; 0 means no limit at the lease level.
+	MemoryBytes, CPUMillicores, Pids int64
+	Network                          string // "host" (or "") | "none"
+}
+
+// Usage is a lease's resource use so far.
+type Usage struct {
+	MemoryBytes int64
+	CPUSeconds  float64
+	Pids        int64
+	OOMKills    int64
+}
+
+// Limits the sandbox accepts; anything outside is ErrInvalid.
+const (
+	MinMemoryBytes   = 4 << 20
+	MaxCPUMillicores = 1024 * 1000
+	MaxPids          = 1 << 22
+	minLandlockABI   = 6 // scoped signals and abstract sockets
+	HelperArg        = "__sandbox-init"
+	helperBinaryName = "sidecar-init"
+)
+
+var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
+
+// Sandbox is the isolation layer; it is safe for concurrent use.
+type Sandbox struct {
+	caps    Caps
+	log     *slog.Logger
+	helper  string
+	cg      cgroupDriver // nil without cgroups
+	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
+
+	mu     sync.Mutex
+	leases map[string]*lease
+}
+
+// lease is what the daemon holds for a provisioned lease in this run.
+type lease struct {
+	spec     LeaseSpec
+	netns    *os.File // nil unless Network == "none"
+	next     int      // next child cgroup number
+	oomKills int64    // OOM kills of removed child cgroups (v1 counts are per cgroup)
+}
+
+// New probes the host and returns a Sandbox. In strict mode it fails naming every missing
+// piece; in "none" mode it logs loudly and runs without cgroups, uid switching or private
+// namespaces, with best-effort Landlock.
+func New(cfg Config) (*Sandbox, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "sidecar"
+	}
+	if cfg.Isolation == "" {
+		cfg.Isolation = IsolationStrict
+	}
+	if cfg.Isolation != IsolationStrict && cfg.Isolation != IsolationNone {
+		return nil, fmt.Errorf("%w: isolation %q (want strict or none)", ErrInvalid, cfg.Isolation)
+	}
+	if !validCgroupParent(cfg.CgroupParent) {
+		return nil, fmt.Errorf("%w: cgroup parent %q", ErrInvalid, cfg.CgroupParent)
+	}
+	helper, err := helperPath(cfg.HelperPath)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}}
+	s.caps.Isolation = cfg.Isolation
+	s.caps.LandlockABI = initproc.ABIVersion()
+	if cfg.Isolation == IsolationNone {
+		cfg.Logger.Warn("sandbox isolation is OFF: lease processes run as the daemon's user with no cgroup, no private /tmp and best-effort Landlock",
+			"isolation", IsolationNone, "landlock_abi", s.caps.LandlockABI)
+		return s, nil
+	}
+
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "uid switching (the daemon must run as root)")
+	}
+	if s.caps.LandlockABI < minLandlockABI {
+		missing = append(missing, fmt.Sprintf("Landlock ABI >= %d (kernel has %d)", minLandlockABI, s.caps.LandlockABI))
+	}
+	if len(missing) == 0 { // cgroup setup writes to cgroupfs: only try it as root
+		cg, err := newCgroupDriver(cfg.CgroupParent, cfg.Logger)
+		if err != nil {
+			missing = append(missing, "cgroups: "+err.Error())
+		}
+		s.cg = cg
+	} else {
+		missing = append(missing, "cgroups (not probed without root)")
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("sandbox: isolation %q unavailable, missing: %s (set SIDECAR_ISOLATION=none to run without)",
+			IsolationStrict, strings.Join(missing, "; "))
+	}
+	if s.hostMNS, err = os.Readlink("/proc/self/ns/mnt"); err != nil {
+		return nil, fmt.Errorf("sandbox: mount namespace: %w", err)
+	}
+	s.caps.Cgroups = s.cg.version()
+	s.caps.UIDIsolation = true
+	s.caps.PrivateTmp = true
+	s.caps.NetworkIsolation = true
+	return s, nil
+}
+
+// Caps reports the isolation in force.
+func (s *Sandbox) Caps() Caps {
+	c := s.caps
+	if c.Cgroups == "" {
+		c.Cgroups = "none"
+	}
+	return c
+}
+
+func (s *Sandbox) strict() bool { return s.caps.Isolation == IsolationStrict }
+
+// helperPath picks the helper binary: an explicit path, else a tiny sidecar-init next to
+// the daemon (cheaper to start), else the daemon itself.
+func helperPath(p string) (string, error) {
+	if p != "" {
+		if !filepath.IsAbs(p) {
+			return "", fmt.Errorf("%w: helper path %q is not absolute", ErrInvalid, p)
+		}
+		return p, nil
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("sandbox: find own binary: %w", err)
+	}
+	tiny := filepath.Join(filepath.Dir(self), helperBinaryName)
+	if st, err := os.Stat(tiny); err == nil && st.Mode().IsRegular() {
+		return tiny, nil
+	}
+	return self, nil
+}
+
+func validCgroupParent(p string) bool {
+	if p == "" || filepath.IsAbs(p) || !filepath.IsLocal(p) {
+		return false
+	}
+	for part := range strings.SplitSeq(p, "/") {
+		if !leaseIDPattern.MatchString(part) {
+			return false
+		}
+	}
+	return true
+}
+
+func validateSpec(l LeaseSpec) error {
+	if !leaseIDPattern.MatchString(l.ID) {
+		return fmt.Errorf("%w: lease id %q", ErrInvalid, l.ID)
+	}
+	for _, d := range []string{l.Workdir, l.TmpDir} {
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+			return fmt.Errorf("%w: lease directory %q must be absolute and clean", ErrInvalid, d)
+		}
+	}
+	if l.Workdir == l.TmpDir {
+		return fmt.Errorf("%w: workdir and tmp dir must differ", ErrInvalid)
+	}
+	switch {
+	case l.MemoryBytes < 0, l.MemoryBytes > 0 && l.MemoryBytes < MinMemoryBytes:
+		return fmt.Errorf("%w: memory limit %d (0 or >= %d)", ErrInvalid, l.MemoryBytes, MinMemoryBytes)
+	case l.CPUMillicores < 0 || l.CPUMillicores > MaxCPUMillicores:
+		return fmt.Errorf("%w: cpu limit %d millicores", ErrInvalid, l.CPUMillicores)
+	case l.Pids < 0 || l.Pids > MaxPids:
+		return fmt.Errorf("%w: pids limit %d", ErrInvalid, l.Pids)
+	case l.UID < 0 || l.GID < 0:
+		return fmt.Errorf("%w: negative uid/gid", ErrInvalid)
+	}
+	if l.Network != "" && l.Network != "host" && l.Network != "none" {
+		return fmt.Errorf("%w: network %q", ErrInvalid, l.Network)
+	}
+	return nil
+}
+
+// Provision prepares a lease: its cgroup with limits (created or adopted), Workdir and
+// TmpDir owned by UID:GID with mode 0700, and a network namespace for Network "none". It
+// is idempotent, so the lease package calls it again after a daemon restart.
+func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
+	if err := validateSpec(l); err != nil {
+		return err
+	}
+	if s.strict() && (l.UID == 0 || l.GID == 0) {
+		return fmt.Errorf("%w: strict isolation needs a non-root uid and gid for lease %s", ErrInvalid, l.ID)
+	}
+	if !s.strict() && (l.UID != 0 || l.GID != 0) {
+		return fmt.Errorf("%w: uid switching needs strict isolation", ErrUnsupported)
+	}
+	if l.Network == "none" && !s.caps.NetworkIsolation {
+		return fmt.Errorf("%w: network isolation", ErrUnsupported)
+	}
+	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
+		return fmt.Errorf("%w: workdir %s is under /tmp, which the lease's private /tmp hides", ErrInvalid, l.Workdir)
+	}
+	for _, d := range []string{l.Workdir, l.TmpDir} {
+		if err := ownDir(d, l.UID, l.GID); err != nil {
+			return err
+		}
+	}
+	if s.cg != nil {
+		if err := s.cg.provision(l.ID, l); err != nil {
+			return fmt.Errorf("sandbox: lease %s cgroup: %w", l.ID, err)
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	le := s.leases[l.ID]
+	if le == nil {
+		le = &lease{}
+		s.leases[l.ID] = le
+	}
+	le.spec = l
+	if l.Network == "none" && le.netns == nil {
+		ns, err := newNetNS()
+		if err != nil {
+			return fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
+		}
+		le.netns = ns
+	}
+	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "network", l.Network)
+	return nil
+}
+
+// ownDir hands a lease directory to its uid. It must be a real directory, not a symlink.
+func ownDir(dir string, uid, gid int) error {
+	st, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("%w: %s is not a directory", ErrInvalid, dir)
+	}
+	if uid != 0 || gid != 0 {
+		if err := os.Lchown(dir, uid, gid); err != nil {
+			return fmt.Errorf("sandbox: chown %s: %w", dir, err)
+		}
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("sandbox: chmod %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Teardown kills every process of the lease and removes its cgroups and network
+// namespace. Tearing down an unknown or already removed lease is not an error.
+func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
+	if !leaseIDPattern.MatchString(leaseID) {
+		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
+	}
+	s.mu.Lock()
+	le := s.leases[leaseID]
+	delete(s.leases, leaseID)
+	s.mu.Unlock()
+	var errs []error
+	if s.cg != nil {
+		if _, err := s.cg.killLease(ctx, leaseID); err != nil {
+			errs = append(errs, err)
+		}
+		if err := s.cg.removeLease(leaseID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if le != nil && le.netns != nil {
+		// The namespace goes away with its last process, all killed above.
+		errs = append(errs, le.netns.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)
+	}
+	return nil
+}
+
+// Usage reports the lease's resource use.
+func (s *Sandbox) Usage(leaseID string) (Usage, error) {
+	s.mu.Lock()
+	le := s.leases[leaseID]
+	var removedOOM int64
+	if le != nil {
+		removedOOM = le.oomKills
+	}
+	s.mu.Unlock()
+	if le == nil {
+		return Usage{}, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
+	}
+	if s.cg == nil {
+		return Usage{}, nil
+	}
+	u, err := s.cg.usage(leaseID)
+	u.OOMKills += removedOOM
+	return u, err
+}
+
+// Sweep removes lease cgroups the daemon no longer knows, killing their processes, and
+// forgets in-memory leases likewise. It returns the lease ids removed and the pids killed.
+func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
+	s.mu.Lock()
+	var forget []string
+	for id := range s.leases {
+		if !known(id) {
+			forget = append(forget, id)
+		}
+	}
+	s.mu.Unlock()
+	var errs []error
+	seen := map[string]bool{}
+	for _, id := range forget {
+		if err := s.Teardown(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+		seen[id] = true
+	}
+	if s.cg == nil {
+		return forget, nil, errors.Join(errs...)
+	}
+	ids, err := s.cg.leases()
+	if err != nil {
+		return forget, nil, err
+	}
+	for _, id := range ids {
+		if known(id) {
+			continue
+		}
+		killed, err := s.cg.killLease(ctx, id)
+		pids = append(pids, killed...)
+		if err == nil {
+			err = s.cg.removeLease(id)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !seen[id] {
+			forget = append(forget, id)
+		}
+		s.log.InfoContext(ctx, "swept orphan lease cgroup", "lease", id, "killed", len(killed))
+	}
+	return forget, pids, errors.Join(errs...)
+}

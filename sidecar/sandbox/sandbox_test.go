@@ -1,0 +1,240 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+)
+
+func TestCleanProcess(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	os.Setenv("SIDECAR_AUTH_TOKEN", "secret-must-not-leak")
+	defer os.Unsetenv("SIDECAR_AUTH_TOKEN")
+
+	r := run(t, s, l.ID, process.Spec{Argv: []string{"env"}, Env: map[string]string{"FOO": "bar"}})
+	got := lines(r.stdout)
+	want := []string{"FOO=bar", "HOME=" + l.Workdir, "LANG=C.UTF-8", "LOGNAME=sidecar",
+		"PATH=" + DefaultPath, "TERM=dumb", "TMPDIR=/tmp", "USER=sidecar"}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("env = %q, want %q", got, want)
+	}
+
+	r = run(t, s, l.ID, process.Spec{Argv: []string{"ls", "/proc/self/fd"}})
+	if fds := lines(r.stdout); !slices.Equal(fds, []string{"0", "1", "2", "3"}) { // 3: ls's own directory
+		t.Errorf("/proc/self/fd = %q, want 0-2 and ls's own", fds)
+	}
+
+	r = run(t, s, l.ID, sh(`id -u; id -g; id -G; pwd; ps -o sid= -o pgid= -p $$; echo $$; grep NoNewPrivs /proc/self/status`))
+	out := lines(r.stdout)
+	id := strconv.Itoa(l.UID)
+	if len(out) < 6 || out[0] != id || out[1] != id || out[2] != id || out[3] != l.Workdir {
+		t.Fatalf("id/pwd = %q", out)
+	}
+	if f := strings.Fields(out[4]); len(f) != 2 || f[0] != f[1] {
+		t.Errorf("session/process group = %q, want own session and group", out[4])
+	}
+	if !strings.HasSuffix(out[len(out)-1], "1") {
+		t.Errorf("no_new_privs not set: %q", out[len(out)-1])
+	}
+	for _, d := range []string{l.Workdir, l.TmpDir} {
+		st, _ := os.Stat(d)
+		sys := st.Sys().(*syscall.Stat_t)
+		if int(sys.Uid) != l.UID || st.Mode().Perm() != 0o700 {
+			t.Errorf("%s owned by %d mode %o, want %d 0700", d, sys.Uid, st.Mode().Perm(), l.UID)
+		}
+	}
+}
+
+func TestCwdAndBadInput(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	os.Mkdir(filepath.Join(l.Workdir, "sub"), 0o755)
+	os.Symlink("/etc", filepath.Join(l.Workdir, "escape"))
+	os.WriteFile(filepath.Join(l.Workdir, "file"), nil, 0o644)
+
+	r := run(t, s, l.ID, process.Spec{Argv: []string{"pwd"}, Dir: "sub"})
+	if got := strings.TrimSpace(r.stdout); got != filepath.Join(l.Workdir, "sub") {
+		t.Errorf("pwd = %q", got)
+	}
+	for _, tc := range []struct {
+		name  string
+		lease string
+		spec  process.Spec
+		want  error
+	}{
+		{"unknown lease", "nope", sh("true"), ErrUnknownLease},
+		{"dotdot", l.ID, process.Spec{Argv: []string{"true"}, Dir: "../"}, ErrOutsideWorkdir},
+		{"absolute", l.ID, process.Spec{Argv: []string{"true"}, Dir: "/etc"}, ErrOutsideWorkdir},
+		{"symlink out", l.ID, process.Spec{Argv: []string{"true"}, Dir: "escape"}, ErrOutsideWorkdir},
+		{"not a dir", l.ID, process.Spec{Argv: []string{"true"}, Dir: "file"}, ErrInvalid},
+		{"missing dir", l.ID, process.Spec{Argv: []string{"true"}, Dir: "nope"}, ErrInvalid},
+		{"empty argv", l.ID, process.Spec{}, ErrInvalid},
+		{"empty argv0", l.ID, process.Spec{Argv: []string{""}}, ErrInvalid},
+		{"nul in arg", l.ID, process.Spec{Argv: []string{"echo", "a\x00b"}}, ErrInvalid},
+		{"env key =", l.ID, process.Spec{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, ErrInvalid},
+		{"env key empty", l.ID, process.Spec{Argv: []string{"true"}, Env: map[string]string{"": "c"}}, ErrInvalid},
+		{"env nul", l.ID, process.Spec{Argv: []string{"true"}, Env: map[string]string{"A": "\x00"}}, ErrInvalid},
+		{"not found", l.ID, process.Spec{Argv: []string{"no-such-program-xyz"}}, exec.ErrNotFound},
+		{"not reachable", l.ID, process.Spec{Argv: []string{os.Args[0]}}, exec.ErrNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID))
+			cmd, tr, err := s.Command(tc.lease, tc.spec)
+			if !errors.Is(err, tc.want) || cmd != nil || tr != nil {
+				t.Fatalf("Command = %v, %v, want %v", cmd, err, tc.want)
+			}
+			after, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID))
+			if len(after) != len(before) {
+				t.Errorf("a failed Command left cgroup state behind")
+			}
+		})
+	}
+	for _, bad := range []func(*LeaseSpec){
+		func(l *LeaseSpec) { l.ID = "../x" },
+		func(l *LeaseSpec) { l.Workdir = "relative" },
+		func(l *LeaseSpec) { l.MemoryBytes = 1 },
+		func(l *LeaseSpec) { l.Pids = -1 },
+		func(l *LeaseSpec) { l.CPUMillicores = MaxCPUMillicores + 1 },
+		func(l *LeaseSpec) { l.UID = 0 },
+		func(l *LeaseSpec) { l.Network = "bridge" },
+	} {
+		spec := l
+		bad(&spec)
+		if err := s.Provision(context.Background(), spec); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Provision(%+v) = %v, want ErrInvalid", spec, err)
+		}
+	}
+}
+
+// The helper reports a failure after start over its pipe: Started returns it.
+func TestSetupErrorReported(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	exe := filepath.Join(l.Workdir, "gone")
+	os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755)
+	cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"./gone"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	os.Remove(exe) // vanishes between the check and the exec
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	err = tr.(*tree).Started(context.Background())
+	cmd.Wait()
+	var se *SetupError
+	if !errors.As(err, &se) || !errors.Is(err, exec.ErrNotFound) || cmd.ProcessState.ExitCode() != 127 {
+		t.Fatalf("Started = %v (exit %d), want a not-found SetupError", err, cmd.ProcessState.ExitCode())
+	}
+}
+
+// A process that forks at once, many times, is in its command's cgroup from its first
+// instruction: every child reports the lease's child cgroup in every controller used.
+func TestInCgroupFromFirstInstruction(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	for i := range 50 {
+		r := run(t, s, l.ID, sh(`for i in 1 2 3 4 5; do cat /proc/self/cgroup & done; wait`))
+		n := 0
+		for _, line := range lines(r.stdout) {
+			f := strings.SplitN(line, ":", 3)
+			ctrl := f[1]
+			if !slices.ContainsFunc(strings.Split(ctrl, ","), func(c string) bool { return slices.Contains(v1Controllers, c) }) {
+				continue
+			}
+			n++
+			want := "/" + testCgroupParent + "/" + l.ID + "/p"
+			if !strings.HasPrefix(f[2], want) {
+				t.Fatalf("run %d: %q not in the lease's child cgroup %s*", i, line, want)
+			}
+		}
+		if n < 5*4 {
+			t.Fatalf("run %d: only %d cgroup lines:\n%s%s", i, n, r.stdout, r.stderr)
+		}
+	}
+}
+
+func TestLeasesAreIsolated(t *testing.T) {
+	s := newTestSandbox(t)
+	a := newTestLease(t, s, nil)
+	b := newTestLease(t, s, nil)
+	os.WriteFile(filepath.Join(b.Workdir, "secret"), []byte("b"), 0o644)
+	run(t, s, b.ID, sh(`echo b > /tmp/b-was-here`))
+
+	// B runs a process for A to try to signal.
+	bcmd, btree, err := s.Command(b.ID, process.Spec{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer btree.Close()
+	if err := bcmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	btree.(*tree).Started(context.Background())
+
+	daemon := os.Getpid()
+	for _, tc := range []struct{ name, script string }{
+		{"list B's workdir", "ls " + b.Workdir},
+		{"read B's file", "cat " + b.Workdir + "/secret"},
+		{"read B's file via /proc", fmt.Sprintf("cat /proc/%d/root%s/secret", bcmd.Process.Pid, b.Workdir)},
+		{"list B's tmp dir", "ls " + b.TmpDir},
+		{"see B's /tmp", "test -e /tmp/b-was-here"},
+		{"signal B", fmt.Sprintf("kill -0 %d", bcmd.Process.Pid)},
+		{"signal the daemon", fmt.Sprintf("kill -0 %d", daemon)},
+		{"daemon environ", fmt.Sprintf("cat /proc/%d/environ", daemon)},
+		{"write /etc", "echo x > /etc/sidecar-test"},
+		{"write /root", "echo x > /root/sidecar-test"},
+		{"write /var/tmp", "echo x > /var/tmp/sidecar-test"},
+		{"write /dev/shm", "echo x > /dev/shm/sidecar-test"},
+		{"write the work root", "echo x > " + filepath.Dir(a.Workdir) + "/x"},
+		{"mkdir in /usr", "mkdir /usr/sidecar-test"},
+		{"read /root", "ls /root"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := run(t, s, a.ID, sh(tc.script))
+			if r.exitCode == 0 {
+				t.Errorf("%q succeeded in lease A: %s", tc.script, r.stdout)
+			}
+			t.Logf("refused: %s", strings.TrimSpace(r.stderr))
+		})
+	}
+	// What A may do.
+	r := run(t, s, a.ID, sh(`echo hi > /tmp/a && cat /tmp/a && echo w > ./w && ls /tmp && cat /etc/hostname >/dev/null && sh -c 'kill -0 $$'`))
+	if r.exitCode != 0 || !strings.Contains(r.stdout, "hi") || strings.Contains(r.stdout, "b-was-here") {
+		t.Errorf("lease A's own work failed: exit %d, %q %q", r.exitCode, r.stdout, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(a.TmpDir, "a")); err != nil {
+		t.Errorf("A's /tmp is not its TmpDir: %v", err)
+	}
+}
+
+func TestToolsRun(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	for _, argv := range [][]string{
+		{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"},
+		{"git", "init", "-q", "repo"},
+		{"node", "-e", "require('fs').writeFileSync('/tmp/n', 'x')"},
+	} {
+		if _, err := exec.LookPath(argv[0]); err != nil {
+			t.Logf("skipping %s: not installed", argv[0])
+			continue
+		}
+		if r := run(t, s, l.ID, process.Spec{Argv: argv}); r.exitCode != 0 {
+			t.Errorf("%q: exit %d: %s", argv, r.exitCode, r.stderr)
+		}
+	}
+}
