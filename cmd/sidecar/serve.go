@@ -1,0 +1,383 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/systemd"
+	"github.com/sidecar-sandbox/sidecar/tls/certgen"
+	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
+)
+
+func init() {
+	register("serve", command{summary: "run the daemon (configured by SIDECAR_* environment variables)", run: runServe})
+}
+
+// serveConfig is the daemon's environment. Names are fixed by the wire contract
+// (docs/api.md, Configuration); the few extra knobs say so in docs/operations.md.
+type serveConfig struct {
+	AuthToken         string `env:"SIDECAR_AUTH_TOKEN"`
+	AuthTokenFile     string `env:"SIDECAR_AUTH_TOKEN_FILE"`
+	PreviousToken     string `env:"SIDECAR_AUTH_TOKEN_PREVIOUS"`
+	PreviousTokenFile string `env:"SIDECAR_AUTH_TOKEN_PREVIOUS_FILE"`
+
+	ListenAddr string `env:"SIDECAR_LISTEN_ADDR" envDefault:"127.0.0.1:7443"`
+	StateDir   string `env:"SIDECAR_STATE_DIR"`
+	WorkRoot   string `env:"SIDECAR_WORK_ROOT"`
+
+	TLSCertFile     string   `env:"SIDECAR_TLS_CERT_FILE"`
+	TLSKeyFile      string   `env:"SIDECAR_TLS_KEY_FILE"`
+	TLSClientCAFile string   `env:"SIDECAR_TLS_CLIENT_CA_FILE"`
+	TLSSelfSigned   bool     `env:"SIDECAR_TLS_SELF_SIGNED"`
+	TLSHosts        []string `env:"SIDECAR_TLS_HOSTS" envSeparator:","`
+
+	MaxLeases     int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
+	LeaseTTL      time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
+	LeaseMaxTTL   time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
+	DefaultLimits limitsEnv     `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
+	MaxLimits     maxLimitsEnv  `envPrefix:"SIDECAR_MAX_LIMITS_"`
+
+	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
+	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
+	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
+	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
+
+	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
+	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`
+	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`
+	MaxHeaderBytes    int   `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"`
+	MaxBodyBytes      int64 `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"`
+
+	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
+	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
+
+	LogLevel  string `env:"SIDECAR_LOG_LEVEL" envDefault:"info"`
+	LogFormat string `env:"SIDECAR_LOG_FORMAT" envDefault:"text"`
+}
+
+type limitsEnv struct {
+	MemoryBytes   int64 `env:"MEMORY_BYTES" envDefault:"1073741824"`
+	CPUMillicores int64 `env:"CPU_MILLICORES" envDefault:"1000"`
+	Pids          int64 `env:"PIDS" envDefault:"512"`
+	DiskBytes     int64 `env:"DISK_BYTES" envDefault:"10737418240"`
+}
+
+type maxLimitsEnv struct {
+	MemoryBytes   int64 `env:"MEMORY_BYTES" envDefault:"8589934592"`
+	CPUMillicores int64 `env:"CPU_MILLICORES" envDefault:"4000"`
+	Pids          int64 `env:"PIDS" envDefault:"4096"`
+	DiskBytes     int64 `env:"DISK_BYTES" envDefault:"107374182400"`
+}
+
+func (l limitsEnv) lease() lease.Limits {
+	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+func (l maxLimitsEnv) lease() lease.Limits {
+	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+// loadServeConfig reads and checks the environment, reporting every bad variable at once.
+func loadServeConfig(environ map[string]string) (serveConfig, error) {
+	var c serveConfig
+	var errs []error
+	if err := env.ParseWithOptions(&c, env.Options{Environment: environ}); err != nil {
+		var agg env.AggregateError
+		if errors.As(err, &agg) {
+			errs = append(errs, agg.Errors...)
+		} else {
+			errs = append(errs, err)
+		}
+	}
+	var err error
+	if c.AuthToken, err = secret("SIDECAR_AUTH_TOKEN", c.AuthToken, c.AuthTokenFile, "auth-token"); err != nil {
+		errs = append(errs, err)
+	} else if c.AuthToken == "" {
+		errs = append(errs, errors.New("SIDECAR_AUTH_TOKEN (or SIDECAR_AUTH_TOKEN_FILE) is required: make one with `sidecar token`"))
+	} else if len(c.AuthToken) < 32 {
+		errs = append(errs, fmt.Errorf("SIDECAR_AUTH_TOKEN must be at least 32 characters (it has %d): make one with `sidecar token`", len(c.AuthToken)))
+	}
+	if c.PreviousToken, err = secret("SIDECAR_AUTH_TOKEN_PREVIOUS", c.PreviousToken, c.PreviousTokenFile, ""); err != nil {
+		errs = append(errs, err)
+	} else if c.PreviousToken != "" && len(c.PreviousToken) < 32 {
+		errs = append(errs, errors.New("SIDECAR_AUTH_TOKEN_PREVIOUS must be at least 32 characters"))
+	}
+	switch {
+	case c.TLSSelfSigned && (c.TLSCertFile != "" || c.TLSKeyFile != ""):
+		errs = append(errs, errors.New("SIDECAR_TLS_SELF_SIGNED and SIDECAR_TLS_CERT_FILE/KEY_FILE exclude each other"))
+	case !c.TLSSelfSigned && (c.TLSCertFile == "" || c.TLSKeyFile == ""):
+		errs = append(errs, errors.New("TLS is required: set SIDECAR_TLS_CERT_FILE and SIDECAR_TLS_KEY_FILE, or SIDECAR_TLS_SELF_SIGNED=true for development (there is no plain-HTTP mode)"))
+	}
+	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		errs = append(errs, fmt.Errorf("SIDECAR_LISTEN_ADDR: %v", err))
+	}
+	if c.Isolation != "strict" && c.Isolation != "none" {
+		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
+	}
+	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
+		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
+	}
+	if c.MaxLeases < 1 {
+		errs = append(errs, errors.New("SIDECAR_MAX_LEASES must be at least 1"))
+	}
+	if c.LeaseTTL <= 0 || c.LeaseMaxTTL < c.LeaseTTL {
+		errs = append(errs, errors.New("SIDECAR_LEASE_TTL must be positive and at most SIDECAR_LEASE_MAX_TTL"))
+	}
+	def, max := c.DefaultLimits.lease(), c.MaxLimits.lease()
+	for _, l := range []struct {
+		name      string
+		def, max_ int64
+	}{
+		{"MEMORY_BYTES", def.MemoryBytes, max.MemoryBytes},
+		{"CPU_MILLICORES", def.CPUMillicores, max.CPUMillicores},
+		{"PIDS", def.Pids, max.Pids},
+		{"DISK_BYTES", def.DiskBytes, max.DiskBytes},
+	} {
+		if l.def <= 0 || l.def > l.max_ {
+			errs = append(errs, fmt.Errorf("SIDECAR_DEFAULT_LIMITS_%s must be positive and at most SIDECAR_MAX_LIMITS_%s", l.name, l.name))
+		}
+	}
+	if c.MaxOutputBytes < 1024 || c.OutputBufferBytes < 1024 {
+		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES and SIDECAR_OUTPUT_BUFFER_BYTES must be at least 1024"))
+	}
+	if _, err := logLevel(c.LogLevel); err != nil {
+		errs = append(errs, err)
+	}
+	if c.LogFormat != "text" && c.LogFormat != "json" {
+		errs = append(errs, fmt.Errorf("SIDECAR_LOG_FORMAT must be text or json, not %q", c.LogFormat))
+	}
+	if c.StateDir == "" {
+		c.StateDir = defaultStateDir()
+	}
+	if c.WorkRoot == "" {
+		c.WorkRoot = filepath.Join(c.StateDir, "leases")
+	}
+	return c, errors.Join(errs...)
+}
+
+// secret reads a secret from its variable, its _FILE variant or, under systemd, the
+// credential LoadCredential= put in $CREDENTIALS_DIRECTORY. Errors never echo a value.
+func secret(name, value, file, credential string) (string, error) {
+	if value != "" && file != "" {
+		return "", fmt.Errorf("%s and %s_FILE exclude each other", name, name)
+	}
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("%s_FILE: %v", name, err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	if value == "" && credential != "" {
+		v, ok, err := systemd.Credential(credential)
+		if err != nil {
+			return "", fmt.Errorf("%s from systemd credential %q: %v", name, credential, err)
+		}
+		if ok {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return value, nil
+}
+
+func parseUIDRange(s string) (first, last int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		return 0, 0, fmt.Errorf("want FIRST-LAST, got %q", s)
+	}
+	first, err1 := strconv.Atoi(strings.TrimSpace(a))
+	last, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if err1 != nil || err2 != nil || first < 1000 || last < first || last > 1<<31-2 {
+		return 0, 0, fmt.Errorf("want FIRST-LAST with 1000 <= FIRST <= LAST, got %q", s)
+	}
+	return first, last, nil
+}
+
+func logLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("SIDECAR_LOG_LEVEL must be debug, info, warn or error, not %q", s)
+	}
+	return l, nil
+}
+
+func defaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/sidecar"
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "sidecar")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "state", "sidecar")
+}
+
+func environMap() map[string]string {
+	m := map[string]string{}
+	for _, kv := range os.Environ() {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func newLogger(c serveConfig) *slog.Logger {
+	lvl, _ := logLevel(c.LogLevel)
+	opts := &slog.HandlerOptions{Level: lvl}
+	if c.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+}
+
+func runServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: sidecar serve\n\nThe daemon is configured by environment variables; see README.md and docs/operations.md.")
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c, err := loadServeConfig(environMap())
+	if err != nil {
+		return fmt.Errorf("configuration:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
+	}
+	log := newLogger(c)
+	uidFirst, uidLast, _ := parseUIDRange(c.UIDRange)
+	if os.Geteuid() != 0 {
+		uidFirst, uidLast = 0, 0 // only root can switch uids
+	}
+
+	certFile, keyFile := c.TLSCertFile, c.TLSKeyFile
+	if c.TLSSelfSigned {
+		var created bool
+		certFile, keyFile, created, err = certgen.EnsureSelfSigned(filepath.Join(c.StateDir, "tls"), selfSignedHosts(c))
+		if err != nil {
+			return fmt.Errorf("self-signed TLS: %w", err)
+		}
+		pem, _ := os.ReadFile(certFile)
+		fp, _ := certgen.Fingerprint(pem)
+		log.Info("self-signed TLS certificate", "created", created, "file", certFile, "sha256", fp)
+	}
+	reloader, err := tlsconfig.NewReloader(certFile, keyFile, log.With("component", "tls"))
+	if err != nil {
+		return err
+	}
+	tlsCfg, err := tlsconfig.Server(reloader, c.TLSClientCAFile)
+	if err != nil {
+		return err
+	}
+
+	d, err := sidecar.Start(ctx, sidecar.Config{
+		Version:           version,
+		SharedToken:       c.AuthToken,
+		PreviousToken:     c.PreviousToken,
+		ListenAddr:        c.ListenAddr,
+		TLS:               tlsCfg,
+		CertNotAfter:      reloader.NotAfter,
+		StateDir:          c.StateDir,
+		WorkRoot:          c.WorkRoot,
+		MaxLeases:         c.MaxLeases,
+		DefaultTTL:        c.LeaseTTL,
+		MaxTTL:            c.LeaseMaxTTL,
+		DefaultLimits:     c.DefaultLimits.lease(),
+		MaxLimits:         c.MaxLimits.lease(),
+		UIDFirst:          uidFirst,
+		UIDLast:           uidLast,
+		CgroupParent:      c.CgroupParent,
+		Isolation:         c.Isolation,
+		AllowedOrigins:    c.AllowedOrigins,
+		MaxOutputBytes:    c.MaxOutputBytes,
+		OutputBufferBytes: c.OutputBufferBytes,
+		MaxProcesses:      c.MaxProcesses,
+		ScriptEnabled:     c.ScriptEnabled,
+		ScriptWorkers:     c.ScriptWorkers,
+		HTTP:              sidecar.HTTPLimits{MaxHeaderBytes: c.MaxHeaderBytes, MaxJSONBytes: c.MaxBodyBytes},
+		Logger:            log,
+	})
+	if err != nil {
+		return err
+	}
+	printClientLines(c, d.Addr(), certFile)
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go reloader.Watch(runCtx, 30*time.Second)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_, _ = systemd.Reloading()
+				if err := reloader.Reload(); err != nil {
+					log.Error("TLS reload failed: keeping the previous certificate", "err", err)
+				}
+				_, _ = systemd.Ready()
+			case <-runCtx.Done():
+				return
+			}
+		}
+	}()
+	_, _ = systemd.Ready()
+	go systemd.RunWatchdog(runCtx, d.Healthy, log.With("component", "watchdog"))
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	case err := <-d.Done():
+		if err != nil {
+			log.Error("serve failed", "err", err)
+		}
+	}
+	_, _ = systemd.Stopping()
+	return d.Close(context.Background())
+}
+
+func selfSignedHosts(c serveConfig) []string {
+	hosts := append([]string{"localhost", "127.0.0.1", "::1"}, c.TLSHosts...)
+	if h, _, err := net.SplitHostPort(c.ListenAddr); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+		hosts = append(hosts, h)
+	}
+	return hosts
+}
+
+// printClientLines tells the operator how to point a client at this daemon. The token
+// itself is never printed here.
+func printClientLines(c serveConfig, addr net.Addr, certFile string) {
+	host := c.ListenAddr
+	if h, _, _ := net.SplitHostPort(c.ListenAddr); h == "" || h == "0.0.0.0" || h == "::" {
+		host = net.JoinHostPort("127.0.0.1", strconv.Itoa(addr.(*net.TCPAddr).Port))
+	} else {
+		host = net.JoinHostPort(h, strconv.Itoa(addr.(*net.TCPAddr).Port))
+	}
+	fmt.Fprintln(os.Stderr, "\n# client environment (app, worker, `sidecar` CLI):")
+	fmt.Fprintln(os.Stderr, "export SANDBOX_PROVIDER=remote")
+	fmt.Fprintf(os.Stderr, "export SANDBOX_REMOTE_URL=https://%s\n", host)
+	if c.TLSSelfSigned {
+		fmt.Fprintf(os.Stderr, "export SANDBOX_REMOTE_CA_FILE=%s\n", certFile)
+	}
+	if c.AuthTokenFile != "" {
+		fmt.Fprintf(os.Stderr, "export SANDBOX_REMOTE_AUTH_TOKEN_FILE=%s\n", c.AuthTokenFile)
+	} else {
+		fmt.Fprintln(os.Stderr, "export SANDBOX_REMOTE_AUTH_TOKEN=<the value of SIDECAR_AUTH_TOKEN>")
+	}
+	fmt.Fprintln(os.Stderr)
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func validEnv() map[string]string {
+	return map[string]string{
+		"SIDECAR_AUTH_TOKEN":      strings.Repeat("t", 32),
+		"SIDECAR_TLS_SELF_SIGNED": "true",
+		"SIDECAR_STATE_DIR":       "/tmp/sidecar-state",
+	}
+}
+
+func TestServeConfigDefaults(t *testing.T) {
+	c, err := loadServeConfig(validEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ListenAddr != "127.0.0.1:7443" || c.Isolation != "strict" || !c.ScriptEnabled || c.MaxLeases != 64 {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if c.WorkRoot != "/tmp/sidecar-state/leases" {
+		t.Fatalf("work root %q", c.WorkRoot)
+	}
+	if c.DefaultLimits.MemoryBytes != 1<<30 || c.MaxLimits.Pids != 4096 {
+		t.Fatalf("limits: %+v %+v", c.DefaultLimits, c.MaxLimits)
+	}
+}
+
+// Every bad variable is named, all at once, and no secret value is echoed.
+func TestServeConfigReportsEveryProblem(t *testing.T) {
+	env := map[string]string{
+		"SIDECAR_AUTH_TOKEN":          "too-short-secret",
+		"SIDECAR_MAX_LEASES":          "many",
+		"SIDECAR_LEASE_TTL":           "forever",
+		"SIDECAR_ISOLATION":           "partial",
+		"SIDECAR_UID_RANGE":           "5-1",
+		"SIDECAR_LOG_FORMAT":          "xml",
+		"SIDECAR_DEFAULT_LIMITS_PIDS": "100000",
+	}
+	_, err := loadServeConfig(env)
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	msg := err.Error()
+	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error does not name %s:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "too-short-secret") {
+		t.Errorf("error echoes the token:\n%s", msg)
+	}
+}
+
+func TestServeConfigTokenSources(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "token")
+	if err := os.WriteFile(file, []byte(strings.Repeat("f", 40)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := validEnv()
+	delete(env, "SIDECAR_AUTH_TOKEN")
+	env["SIDECAR_AUTH_TOKEN_FILE"] = file
+	c, err := loadServeConfig(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.AuthToken != strings.Repeat("f", 40) {
+		t.Fatalf("token from file: %q", c.AuthToken)
+	}
+
+	env["SIDECAR_AUTH_TOKEN"] = strings.Repeat("e", 40)
+	if _, err := loadServeConfig(env); err == nil || !strings.Contains(err.Error(), "exclude each other") {
+		t.Fatalf("both token and token file: %v", err)
+	}
+
+	delete(env, "SIDECAR_AUTH_TOKEN")
+	delete(env, "SIDECAR_AUTH_TOKEN_FILE")
+	if _, err := loadServeConfig(env); err == nil || !strings.Contains(err.Error(), "SIDECAR_AUTH_TOKEN (or SIDECAR_AUTH_TOKEN_FILE) is required") {
+		t.Fatalf("no token: %v", err)
+	}
+}
+
+func TestServeConfigRefusesPlainHTTP(t *testing.T) {
+	env := validEnv()
+	delete(env, "SIDECAR_TLS_SELF_SIGNED")
+	if _, err := loadServeConfig(env); err == nil || !strings.Contains(err.Error(), "TLS is required") {
+		t.Fatalf("no TLS: %v", err)
+	}
+}

@@ -1,0 +1,328 @@
+package sidecar
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+)
+
+// Config is the daemon's whole configuration, already read and checked (cmd/sidecar
+// builds it from the environment).
+type Config struct {
+	Version       string
+	SharedToken   string // ≥ 32 characters
+	PreviousToken string // accepted during a rotation; "" when none
+	ListenAddr    string
+	TLS           *tls.Config
+	CertNotAfter  func() time.Time
+
+	StateDir, WorkRoot string
+
+	MaxLeases                int
+	DefaultTTL, MaxTTL       time.Duration
+	DefaultLimits, MaxLimits lease.Limits
+	UIDFirst, UIDLast        int
+	CgroupParent             string
+	Isolation                string // "strict" or "none"
+	AllowedOrigins           []string
+
+	MaxOutputBytes    int64 // run-to-completion output cap per stream
+	OutputBufferBytes int64 // replay buffer per background process
+	MaxProcesses      int   // background processes per lease
+
+	ScriptEnabled bool
+	ScriptWorkers int
+
+	HelperPath   string // binary that runs the sandbox and script helpers; default os.Executable()
+	HTTP         HTTPLimits
+	ReapInterval time.Duration // default 10s
+	UploadIdle   time.Duration // partial uploads idle this long are reaped; default 24h
+
+	Now    func() time.Time
+	Logger *slog.Logger
+}
+
+// Daemon is a running sidecar: every part opened, the listener bound.
+type Daemon struct {
+	Server *Server
+	log    *slog.Logger
+
+	leases  *lease.Manager
+	procs   *process.Manager
+	scripts *script.Runner
+
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	serveErr chan error
+	once     sync.Once
+}
+
+// Start opens state, sets up isolation, sweeps what a previous run left, binds the
+// listener and serves in the background. When it returns the daemon is ready.
+func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = 10 * time.Second
+	}
+	if cfg.UploadIdle <= 0 {
+		cfg.UploadIdle = 24 * time.Hour
+	}
+	if len(cfg.SharedToken) < 32 {
+		return nil, errors.New("sidecar: the shared token must be at least 32 characters")
+	}
+	log := cfg.Logger
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("state dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
+		return nil, fmt.Errorf("work root: %w", err)
+	}
+	if err := traversable(cfg.WorkRoot, cfg.StateDir); err != nil {
+		return nil, err
+	}
+
+	closers := []func(){}
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i]()
+			}
+		}
+	}()
+
+	sb, err := sandbox.New(sandbox.Config{
+		CgroupParent: cfg.CgroupParent,
+		Isolation:    cfg.Isolation,
+		HelperPath:   cfg.HelperPath,
+		Logger:       log.With("component", "sandbox"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Isolation == "none" {
+		log.Warn("ISOLATION IS OFF: lease processes run as the daemon's user, without cgroups, uid separation or Landlock; use only for development", "isolation", "none")
+	}
+	if err := sandbox.BecomeSubreaper(); err != nil {
+		log.Warn("cannot become a child subreaper: orphaned lease processes will be reparented to init", "err", err)
+	}
+
+	procs, err := process.New(process.Config{
+		Execer:         sb,
+		StateDir:       filepath.Join(cfg.StateDir, "processes"),
+		MaxOutputBytes: cfg.MaxOutputBytes,
+		BufferBytes:    cfg.OutputBufferBytes,
+		MaxProcesses:   cfg.MaxProcesses,
+		Now:            cfg.Now,
+		Logger:         log.With("component", "process"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { procs.Shutdown(context.Background()) })
+
+	rt := &Runtime{Sandbox: sb, Processes: procs, UploadIdle: cfg.UploadIdle, Logger: log}
+	secrets := [][]byte{[]byte(cfg.SharedToken)}
+	if cfg.PreviousToken != "" {
+		secrets = append(secrets, []byte(cfg.PreviousToken))
+	}
+	tokens, err := lease.NewTokens(cfg.StateDir, secrets...)
+	if err != nil {
+		return nil, err
+	}
+
+	// Lease events feed the server's metrics; the server is built after the manager.
+	var srvRef atomic.Pointer[Server]
+	leases, err := lease.Open(ctx, lease.Config{
+		StateDir:      cfg.StateDir,
+		WorkRoot:      cfg.WorkRoot,
+		DefaultTTL:    cfg.DefaultTTL,
+		MaxTTL:        cfg.MaxTTL,
+		MaxLeases:     cfg.MaxLeases,
+		DefaultLimits: cfg.DefaultLimits,
+		MaxLimits:     cfg.MaxLimits,
+		UIDFirst:      cfg.UIDFirst,
+		UIDLast:       cfg.UIDLast,
+		Provisioner:   rt,
+		Now:           cfg.Now,
+		Logger:        log.With("component", "lease"),
+		OnEvent: func(e lease.Event) {
+			if s := srvRef.Load(); s != nil {
+				s.metrics.leaseEvent(e)
+			}
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { _ = leases.Close() })
+
+	// Processes of a previous run have no pipes to us any more: they are reported lost
+	// (the process records say so) and killed, never left running unsupervised.
+	for _, l := range leases.List() {
+		if err := sb.Teardown(ctx, l.ID); err != nil {
+			log.Warn("cannot clear a lease's previous processes", "lease", l.ID, "err", err)
+		}
+		if err := rt.Provision(ctx, l); err != nil {
+			log.Warn("cannot restore a lease's sandbox", "lease", l.ID, "err", err)
+		}
+	}
+
+	// What a previous run left and the state does not account for goes now.
+	if res, err := rt.Cleanup(ctx, leases); err != nil {
+		log.Warn("startup sweep incomplete", "err", err)
+	} else if n := len(res.Leases) + len(res.Cgroups) + len(res.Workdirs) + len(res.Processes); n > 0 {
+		log.Info("startup sweep", "leases", res.Leases, "cgroups", res.Cgroups, "workdirs", res.Workdirs, "processes", res.Processes)
+	}
+
+	var scripts *script.Runner
+	if cfg.ScriptEnabled {
+		scripts, err = script.New(ctx, script.Config{
+			Enabled:    true,
+			Workers:    cfg.ScriptWorkers,
+			HelperPath: cfg.HelperPath,
+			CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
+			Logger:     log.With("component", "script"),
+		})
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, func() { _ = scripts.Close() })
+	}
+
+	srv := NewServer(ServerOptions{
+		Logger:         log,
+		Version:        cfg.Version,
+		SharedTokens:   []string{cfg.SharedToken, cfg.PreviousToken},
+		Tokens:         tokens,
+		Leases:         leases,
+		Runtime:        rt,
+		Processes:      procs,
+		Sandbox:        sb,
+		Scripts:        scripts,
+		AllowedOrigins: cfg.AllowedOrigins,
+		Limits:         cfg.HTTP,
+		CertNotAfter:   cfg.CertNotAfter,
+		Now:            cfg.Now,
+		HostPaths:      []string{cfg.WorkRoot, cfg.StateDir},
+		Info: apitype.Info{
+			Limits: apitype.ServiceLimits{
+				MaxLeases:        cfg.MaxLeases,
+				MaxTTLSeconds:    int64(cfg.MaxTTL.Seconds()),
+				MaxBodyBytes:     cfg.HTTP.MaxJSONBytes,
+				MaxOutputBytes:   cfg.MaxOutputBytes,
+				OutputBufferSize: cfg.OutputBufferBytes,
+				MaxLimits:        apiLimits(cfg.MaxLimits),
+			},
+			DefaultLimits: apiLimits(cfg.DefaultLimits),
+			DefaultTTL:    int64(cfg.DefaultTTL.Seconds()),
+		},
+	})
+	srvRef.Store(srv)
+	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
+		return nil, err
+	}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, scripts: scripts, cancel: cancel, serveErr: make(chan error, 1)}
+	d.wg.Add(2)
+	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
+	go func() { defer d.wg.Done(); leases.Run(runCtx, cfg.ReapInterval) }()
+	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups)
+	return d, nil
+}
+
+// Addr is where the daemon listens.
+func (d *Daemon) Addr() net.Addr { return d.Server.Addr() }
+
+// Done reports a fatal serve error (or nil after Close).
+func (d *Daemon) Done() <-chan error { return d.serveErr }
+
+// Close shuts down: stop accepting, give in-flight requests the shutdown deadline, stop
+// the reaper and the script workers, and persist state. Lease processes keep running:
+// leases survive a restart, and a later daemon reports processes it lost.
+func (d *Daemon) Close(ctx context.Context) error {
+	var err error
+	d.once.Do(func() {
+		sctx, cancel := context.WithTimeout(ctx, d.Server.opts.Limits.ShutdownTimeout)
+		defer cancel()
+		err = d.Server.Shutdown(sctx)
+		d.cancel()
+		d.wg.Wait()
+		d.procs.Shutdown(sctx)
+		if d.scripts != nil {
+			_ = d.scripts.Close()
+		}
+		err = errors.Join(err, d.leases.Close())
+		d.log.Info("sidecar stopped")
+	})
+	return err
+}
+
+// traversable lets lease uids walk down to their workdirs (and list nothing on the
+// way): the work root and, when it lies inside the state dir, the state dir become 0711
+// (every file in the state dir is 0600 or in a 0700 directory). Any other ancestor that
+// others cannot traverse is a configuration error, reported now rather than as a
+// baffling "permission denied" inside every lease.
+func traversable(workRoot, stateDir string) error {
+	abs, err := filepath.Abs(workRoot)
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(abs, 0o711); err != nil {
+		return fmt.Errorf("work root: %w", err)
+	}
+	stateAbs, _ := filepath.Abs(stateDir)
+	for dir := filepath.Dir(abs); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return fmt.Errorf("work root: %w", err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if dir != stateAbs {
+				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs", abs, dir, fi.Mode().Perm())
+			}
+			if err := os.Chmod(dir, fi.Mode().Perm()|0o011); err != nil {
+				return fmt.Errorf("state dir: %w", err)
+			}
+		}
+		if dir == "/" || dir == filepath.Dir(dir) {
+			return nil
+		}
+	}
+}
+
+func apiLimits(l lease.Limits) apitype.Limits {
+	return apitype.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}
+
+// Healthy is the watchdog's question: does the lease table still answer? A deadlock
+// there would hang every request, and systemd should restart us rather than wait.
+func (d *Daemon) Healthy() bool {
+	done := make(chan struct{})
+	go func() { d.leases.List(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(5 * time.Second):
+		return false
+	}
+}

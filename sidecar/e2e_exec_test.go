@@ -1,0 +1,260 @@
+package sidecar_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+func sh(script string) apitype.ExecRequest {
+	return apitype.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, TimeoutSeconds: 60}
+}
+
+func TestExecResults(t *testing.T) {
+	d := startDaemon(t)
+	l := d.acquire("exec")
+	ctx := context.Background()
+
+	res := must(l.Exec(ctx, sh(`echo out; echo err >&2; exit 7`)))(t)
+	if res.ExitCode != 7 || res.Stdout != "out\n" || res.Stderr != "err\n" || res.TimedOut || res.Signal != "" {
+		t.Fatalf("exit/out/err: %+v", res)
+	}
+	res = must(l.Exec(ctx, sh(`kill -TERM $$`)))(t)
+	if res.Signal != "TERM" {
+		t.Fatalf("signal: %+v", res)
+	}
+	stdin := "line one\nline two\n"
+	req := apitype.ExecRequest{Argv: []string{"cat"}, Stdin: &stdin}
+	if res = must(l.Exec(ctx, req))(t); res.Stdout != stdin {
+		t.Fatalf("stdin: %+v", res)
+	}
+	// No stdin given: empty, never the daemon's.
+	if res = must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"cat"}}))(t); res.Stdout != "" || res.ExitCode != 0 {
+		t.Fatalf("empty stdin: %+v", res)
+	}
+	// Output beyond the cap is cut and flagged.
+	res = must(l.Exec(ctx, sh(`head -c 3000000 /dev/zero`)))(t)
+	if !res.StdoutTruncated || int64(len(res.Stdout)) != d.cfg.MaxOutputBytes {
+		t.Fatalf("cap: truncated=%v len=%d", res.StdoutTruncated, len(res.Stdout))
+	}
+	// cwd inside the workdir.
+	must(l.Exec(ctx, sh(`mkdir -p sub/dir`)))(t)
+	if res = must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub/dir"}))(t); !strings.HasSuffix(res.Stdout, "/sub/dir\n") {
+		t.Fatalf("cwd: %+v", res)
+	}
+}
+
+func TestExecTimeoutKillsTheTree(t *testing.T) {
+	d := startDaemon(t)
+	l := d.acquire("timeout")
+	ctx := context.Background()
+	// A grandchild that would outlive its parent, and one that left the session.
+	req := sh(`sleep 1000 & echo $! > bg.pid; setsid sleep 1001 & echo started; wait`)
+	req.TimeoutSeconds = 1
+	res := must(l.Exec(ctx, req))(t)
+	if !res.TimedOut || res.Stdout != "started\n" {
+		t.Fatalf("timeout: %+v", res)
+	}
+	pidText := must(l.ReadFile(ctx, "bg.pid"))(t)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidText)))
+	eventually(t, "the grandchild to die", 10e9, func() bool { return syscall.Kill(pid, 0) != nil })
+	for _, line := range psLines(t) {
+		if strings.Contains(line, "sleep 1001") {
+			t.Fatalf("setsid grandchild survived the timeout: %s", line)
+		}
+	}
+	// Idle timeout: no output for the idle period.
+	req = sh(`echo hi; sleep 30`)
+	req.IdleTimeoutSeconds = 0.5
+	if res = must(l.Exec(ctx, req))(t); !res.TimedOut || res.Stdout != "hi\n" {
+		t.Fatalf("idle timeout: %+v", res)
+	}
+}
+
+func psLines(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil {
+			out = append(out, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
+
+func TestExecBadInput(t *testing.T) {
+	d := startDaemon(t)
+	l := d.acquire("bad-exec")
+	cases := []struct {
+		name string
+		id   string
+		body any
+		code string
+		st   int
+	}{
+		{"empty argv", l.ID(), apitype.ExecRequest{}, apitype.CodeInvalidRequest, 400},
+		{"cwd outside", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, Cwd: "../.."}, apitype.CodeInvalidRequest, 400},
+		{"negative timeout", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, TimeoutSeconds: -1}, apitype.CodeInvalidRequest, 400},
+		{"bad env", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, apitype.CodeInvalidRequest, 400},
+		{"unknown lease", "lnosuch", apitype.ExecRequest{Argv: []string{"true"}}, apitype.CodeLeaseNotFound, 404},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			status, hdr, body := d.raw("POST", "/v1/leases/"+c.id+"/exec", testToken, jsonBody(c.body), nil)
+			wantProblem(t, status, hdr, body, c.st, c.code)
+		})
+	}
+	_, err := l.Exec(context.Background(), apitype.ExecRequest{Argv: []string{"/no/such/binary"}})
+	if err == nil {
+		t.Fatal("exec of a missing binary succeeded")
+	}
+}
+
+func TestExecEnvironmentIsClean(t *testing.T) {
+	t.Setenv("SIDECAR_SECRET_PROBE", "do-not-leak")
+	d := startDaemon(t)
+	l := d.acquire("env")
+	res := must(l.Exec(context.Background(), apitype.ExecRequest{Argv: []string{"env"}, Env: map[string]string{"MINE": "yes"}}))(t)
+	if strings.Contains(res.Stdout, "do-not-leak") || strings.Contains(res.Stdout, testToken) || strings.Contains(res.Stdout, "SIDECAR_") {
+		t.Fatalf("daemon environment leaked:\n%s", res.Stdout)
+	}
+	if !strings.Contains(res.Stdout, "MINE=yes") || !strings.Contains(res.Stdout, "HOME=") {
+		t.Fatalf("env lacks the request's or the base variables:\n%s", res.Stdout)
+	}
+	res = must(l.Exec(context.Background(), sh(`ls /proc/self/fd`)))(t)
+	fds := strings.Fields(res.Stdout)
+	// 0-2 plus the descriptor ls opens to read the directory.
+	if len(fds) > 4 {
+		t.Fatalf("inherited descriptors: %v", fds)
+	}
+}
+
+// Leases on one host must not reach each other, the daemon or the host.
+func TestLeasesAreIsolated(t *testing.T) {
+	needRoot(t)
+	d := startDaemon(t)
+	a := d.acquire("iso-a")
+	b := d.acquire("iso-b")
+	ctx := context.Background()
+	must(b.Exec(ctx, sh(`echo secret-b > mine.txt; echo tmp-b > /tmp/b.txt; sleep 300 & echo $! > sleeper.pid`)))(t)
+	bWork := filepath.Join(d.cfg.WorkRoot, b.ID(), "work")
+	bPid := strings.TrimSpace(string(must(b.ReadFile(ctx, "sleeper.pid"))(t)))
+
+	probes := map[string]string{
+		"read B's workdir":          fmt.Sprintf(`cat %s/mine.txt`, bWork),
+		"list B's workdir":          fmt.Sprintf(`ls %s`, bWork),
+		"see B's /tmp":              `cat /tmp/b.txt`,
+		"signal B's process":        `kill -0 ` + bPid,
+		"signal the daemon":         fmt.Sprintf(`kill -0 %d`, os.Getpid()),
+		"read the daemon's environ": fmt.Sprintf(`cat /proc/%d/environ`, os.Getpid()),
+		"write to /etc":             `echo x > /etc/sidecar-escape`,
+		"write to /var/tmp":         `echo x > /var/tmp/sidecar-escape`,
+		"write to /dev/shm":         `echo x > /dev/shm/sidecar-escape`,
+		"write to the work root":    fmt.Sprintf(`echo x > %s/escape`, d.cfg.WorkRoot),
+		"read the state dir":        fmt.Sprintf(`ls %s`, d.cfg.StateDir),
+	}
+	for name, script := range probes {
+		t.Run(name, func(t *testing.T) {
+			res := must(a.Exec(ctx, sh(script)))(t)
+			if res.ExitCode == 0 {
+				t.Fatalf("lease A could %s: %+v", name, res)
+			}
+		})
+	}
+	for _, p := range []string{"/etc/sidecar-escape", "/var/tmp/sidecar-escape", "/dev/shm/sidecar-escape", filepath.Join(d.cfg.WorkRoot, "escape")} {
+		if _, err := os.Stat(p); err == nil {
+			os.Remove(p)
+			t.Errorf("%s was written from a lease", p)
+		}
+	}
+	// Its own workdir and /tmp work.
+	res := must(a.Exec(ctx, sh(`echo ok > here.txt && echo ok > /tmp/t.txt && cat here.txt /tmp/t.txt && id -u`)))(t)
+	if res.ExitCode != 0 || !strings.HasPrefix(res.Stdout, "ok\nok\n") {
+		t.Fatalf("own workdir and /tmp: %+v", res)
+	}
+	if uid := strings.TrimSpace(strings.TrimPrefix(res.Stdout, "ok\nok\n")); uid == "0" {
+		t.Fatal("lease runs as root")
+	}
+}
+
+// A fork bomb and a memory hog in lease A stop at A's limits; lease B keeps working.
+func TestLimitsContainOneLease(t *testing.T) {
+	needRoot(t)
+	d := startDaemon(t)
+	ctx := context.Background()
+	a, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "hog", Limits: apitype.Limits{Pids: 64, MemoryBytes: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Release(context.Background()) })
+	b := d.acquire("bystander")
+
+	bomb := sh(`bomb() { bomb | bomb & }; bomb; sleep 2; echo survived`)
+	bomb.TimeoutSeconds = 5
+	res := must(a.Exec(ctx, bomb))(t)
+	if res.ExitCode == 0 && !res.TimedOut {
+		t.Logf("fork bomb result: %+v", res)
+	}
+	info := must(d.client.Get(ctx, a.ID()))(t)
+	if info.Usage != nil && info.Usage.Pids > 64 {
+		t.Fatalf("pids over the limit: %+v", info.Usage)
+	}
+	if r := must(b.Exec(ctx, sh(`echo alive`)))(t); r.Stdout != "alive\n" {
+		t.Fatalf("bystander: %+v", r)
+	}
+
+	hog := apitype.ExecRequest{Argv: []string{"/bin/sh", "-c", `a=x; while true; do a="$a$a"; done`}, TimeoutSeconds: 60}
+	res = must(a.Exec(ctx, hog))(t)
+	if !res.OOMKilled {
+		t.Fatalf("memory hog not reported as OOM-killed: %+v", res)
+	}
+	if r := must(b.Exec(ctx, sh(`echo alive`)))(t); r.Stdout != "alive\n" {
+		t.Fatalf("bystander after OOM: %+v", r)
+	}
+}
+
+// A released lease leaves no process, cgroup or workdir.
+func TestReleaseLeavesNothing(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "leaver"})
+	must(l.Exec(ctx, sh(`(setsid sleep 1002 &) ; nohup sleep 1003 >/dev/null 2>&1 & echo x > f`)))(t)
+	dir := filepath.Join(d.cfg.WorkRoot, l.ID())
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("lease dir missing before release: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("lease dir after release: %v", err)
+	}
+	for _, line := range psLines(t) {
+		if strings.Contains(line, "sleep 1002") || strings.Contains(line, "sleep 1003") {
+			t.Fatalf("a lease process outlived the lease: %s", line)
+		}
+	}
+	if os.Geteuid() == 0 {
+		matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
+		if len(matches) != 0 {
+			t.Fatalf("cgroups left: %v", matches)
+		}
+	}
+	if _, err := l.Exec(ctx, sh("true")); !errors.Is(err, client.ErrLeaseNotFound) {
+		t.Fatalf("exec on a released lease: %v", err)
+	}
+}

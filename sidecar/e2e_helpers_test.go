@@ -1,0 +1,338 @@
+package sidecar_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+	"github.com/sidecar-sandbox/sidecar/tls/certgen"
+	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
+)
+
+// TestMain lets the test binary stand in for the daemon's binary: the sandbox and script
+// helpers re-execute os.Executable() with a hidden subcommand.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "__sandbox-init":
+			sandbox.InitMain()
+		case "__script-worker":
+			script.WorkerMain()
+		}
+	}
+	os.Exit(m.Run())
+}
+
+const testToken = "test-shared-token-0123456789abcdefghijklmnop"
+
+// fakeClock is the lease clock, moved by tests instead of sleeping.
+type fakeClock struct {
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset)
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.offset += d
+	c.mu.Unlock()
+}
+
+// testDaemon is a real daemon on a loopback port with real TLS.
+type testDaemon struct {
+	*sidecar.Daemon
+	t       *testing.T
+	cfg     sidecar.Config
+	clock   *fakeClock
+	url     string
+	caFile  string
+	keyFile string
+	client  *client.Client
+}
+
+// isolation is what the tests can have here: full isolation as root (CI), none otherwise.
+func isolation() string {
+	if os.Geteuid() == 0 {
+		return "strict"
+	}
+	return "none"
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for cgroups, uid switching and namespaces (CI runs as root)")
+	}
+}
+
+// startDaemon starts a daemon with its own state dir and TLS pair. mods adjust the config.
+func startDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
+	t.Helper()
+	state := stateDir(t)
+	certFile, keyFile, _, err := certgen.EnsureSelfSigned(filepath.Join(state, "tls"), []string{"127.0.0.1", "localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := sidecar.Config{
+		Version:           "test",
+		SharedToken:       testToken,
+		ListenAddr:        "127.0.0.1:0",
+		StateDir:          state,
+		WorkRoot:          filepath.Join(state, "leases"),
+		MaxLeases:         8,
+		DefaultTTL:        time.Minute,
+		MaxTTL:            time.Hour,
+		DefaultLimits:     lease.Limits{MemoryBytes: 256 << 20, CPUMillicores: 1000, Pids: 128, DiskBytes: 256 << 20},
+		MaxLimits:         lease.Limits{MemoryBytes: 1 << 30, CPUMillicores: 2000, Pids: 1024, DiskBytes: 4 << 30},
+		UIDFirst:          0,
+		UIDLast:           0,
+		CgroupParent:      "sidecar-test-" + strings.ToLower(sanitize(t.Name())),
+		Isolation:         isolation(),
+		MaxOutputBytes:    1 << 20,
+		OutputBufferBytes: 1 << 20,
+		MaxProcesses:      16,
+		ScriptEnabled:     false,
+		ReapInterval:      time.Hour, // tests reap explicitly
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+	if os.Geteuid() == 0 {
+		cfg.UIDFirst, cfg.UIDLast = 231000, 231999
+	}
+	if testing.Verbose() {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile}
+	d.start()
+	t.Cleanup(d.cleanup)
+	return d
+}
+
+// cleanup releases every lease the test left (killing their processes, removing their
+// cgroups and workdirs), stops the daemon, and removes the test's now-empty cgroup parent.
+func (d *testDaemon) cleanup() {
+	if d.Daemon != nil {
+		ctx := context.Background()
+		if leases, err := d.client.List(ctx); err == nil {
+			for _, l := range leases {
+				_ = d.client.Release(ctx, l.ID)
+			}
+		}
+	}
+	d.stop()
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent)
+	for _, p := range parents {
+		_ = syscall.Rmdir(p) // rmdir removes only an empty cgroup
+	}
+}
+
+// stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
+// /tmp, so a work root under it would be hidden from the lease. Mounts happen only in
+// the lease processes' own namespaces, so removing the tree cannot cross one.
+func stateDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/var/tmp", "sidecar-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' {
+			return r
+		}
+		return '-'
+	}, s)
+}
+
+func (d *testDaemon) start() {
+	t := d.t
+	t.Helper()
+	reloader, err := tlsconfig.NewReloader(d.caFile, d.keyFile, d.cfg.Logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cfg.TLS, err = tlsconfig.Server(reloader, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cfg.Now = d.clock.Now
+	dd, err := sidecar.Start(context.Background(), d.cfg)
+	if err != nil {
+		t.Fatalf("start daemon: %v", err)
+	}
+	d.Daemon = dd
+	d.url = "https://" + dd.Addr().String()
+	d.client = d.newClient(d.cfg.SharedToken)
+}
+
+func (d *testDaemon) stop() {
+	if d.Daemon != nil {
+		_ = d.Daemon.Close(context.Background())
+		d.Daemon = nil
+	}
+}
+
+// restart stops the daemon and starts a new one on the same state dir; mods change the
+// config (e.g. rotate the token).
+func (d *testDaemon) restart(mods ...func(*sidecar.Config)) {
+	d.t.Helper()
+	d.stop()
+	d.cfg.ListenAddr = "127.0.0.1:0"
+	for _, m := range mods {
+		m(&d.cfg)
+	}
+	d.start()
+}
+
+func (d *testDaemon) newClient(token string) *client.Client {
+	d.t.Helper()
+	c, err := client.New(client.Config{URL: d.url, Token: token, CAFile: d.caFile})
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return c
+}
+
+// acquire takes a lease through the client and releases it when the test ends.
+func (d *testDaemon) acquire(session string) *client.Lease {
+	d.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: session})
+	if err != nil {
+		cancel()
+		d.t.Fatalf("acquire %s: %v", session, err)
+	}
+	d.t.Cleanup(func() {
+		cancel()
+		_ = l.Release(context.Background())
+	})
+	return l
+}
+
+// acquireOnce takes a lease without background renewal (the test owns the clock) and
+// does not release it.
+func (d *testDaemon) acquireOnce(req apitype.AcquireRequest) *client.Lease {
+	d.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := d.client.Acquire(ctx, req)
+	cancel() // ends the renewer
+	if err != nil {
+		d.t.Fatalf("acquire %s: %v", req.SessionID, err)
+	}
+	return l
+}
+
+// httpClient is a raw HTTPS client trusting the daemon's certificate, for requests the
+// Go client would never send.
+func (d *testDaemon) httpClient() *http.Client {
+	pem, err := os.ReadFile(d.caFile)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+}
+
+// raw sends one request and returns status, headers and body.
+func (d *testDaemon) raw(method, path, token string, body io.Reader, hdr map[string]string) (int, http.Header, []byte) {
+	d.t.Helper()
+	req, err := http.NewRequest(method, d.url+path, body)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := d.httpClient().Do(req)
+	if err != nil {
+		d.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+// wantProblem asserts a problem+json reply with the given status and code.
+func wantProblem(t *testing.T, status int, hdr http.Header, body []byte, wantStatus int, wantCode string) {
+	t.Helper()
+	if status != wantStatus {
+		t.Fatalf("status %d, want %d; body %s", status, wantStatus, body)
+	}
+	if ct := hdr.Get("Content-Type"); ct != apitype.ProblemContentType {
+		t.Fatalf("Content-Type %q, want problem+json; body %s", ct, body)
+	}
+	var p apitype.Problem
+	if err := json.Unmarshal(body, &p); err != nil {
+		t.Fatalf("problem body: %v: %s", err, body)
+	}
+	if p.Code != wantCode || p.Status != wantStatus {
+		t.Fatalf("problem %+v, want code %s", p, wantCode)
+	}
+	if bytes.Contains(body, []byte(testToken)) {
+		t.Fatalf("error body echoes the shared token: %s", body)
+	}
+}
+
+func jsonBody(v any) io.Reader {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return bytes.NewReader(b)
+}
+
+// must turns (v, err) into v, failing the test on err: must(l.Exec(ctx, req))(t).
+func must[T any](v T, err error) func(*testing.T) T {
+	return func(t *testing.T) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// eventually polls cond until it holds or the deadline passes; never a fixed sleep.
+func eventually(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,267 @@
+package sidecar_test
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
+)
+
+func TestLeaseLifecycle(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+
+	l := d.acquire("session-a")
+	if l.ID() == "" || l.Token() == "" {
+		t.Fatalf("acquire returned id %q token set %v", l.ID(), l.Token() != "")
+	}
+	info := l.Info()
+	if info.State != apitype.LeaseActive || info.SessionID != "session-a" {
+		t.Fatalf("lease %+v", info)
+	}
+
+	// The same session gets the same lease back, with a fresh token.
+	status, _, body := d.raw("POST", "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "session-a"}), nil)
+	if status != http.StatusOK || !strings.Contains(string(body), l.ID()) {
+		t.Fatalf("re-acquire: %d %s", status, body)
+	}
+
+	before := must(d.client.Get(ctx, l.ID()))(t)
+	d.clock.Advance(10 * time.Second)
+	renewed := must(d.client.Renew(ctx, l.ID(), 30*time.Minute))(t)
+	if !renewed.ExpiresAt.After(before.ExpiresAt) || renewed.Token == "" {
+		t.Fatalf("renew: expires %v (was %v), token set %v", renewed.ExpiresAt, before.ExpiresAt, renewed.Token != "")
+	}
+
+	list := must(d.client.List(ctx))(t)
+	if len(list) != 1 || list[0].ID != l.ID() || list[0].Usage == nil {
+		t.Fatalf("list: %+v", list)
+	}
+
+	if err := d.client.Release(ctx, l.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.client.Get(ctx, l.ID()); !errors.Is(err, client.ErrLeaseNotFound) {
+		t.Fatalf("get after release: %v, want ErrLeaseNotFound", err)
+	}
+	if err := d.client.Release(ctx, l.ID()); !errors.Is(err, client.ErrLeaseNotFound) {
+		t.Fatalf("second release: %v, want ErrLeaseNotFound", err)
+	}
+}
+
+func TestLeaseExpiryWithInjectedClock(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "expiring", TTLSeconds: 60})
+	d.clock.Advance(61 * time.Second)
+
+	if _, err := d.client.Renew(ctx, l.ID(), time.Minute); !errors.Is(err, client.ErrLeaseExpired) {
+		t.Fatalf("renew of an expired lease: %v, want ErrLeaseExpired", err)
+	}
+	// Its token died with it.
+	lc := d.newClient(l.Token())
+	if _, err := lc.Get(ctx, l.ID()); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("expired lease's token: %v, want ErrUnauthorized", err)
+	}
+	res := must(d.client.Cleanup(ctx))(t)
+	if len(res.Leases) != 1 || res.Leases[0] != l.ID() {
+		t.Fatalf("cleanup reaped %+v, want [%s]", res.Leases, l.ID())
+	}
+	if _, err := d.client.Get(ctx, l.ID()); !errors.Is(err, client.ErrLeaseNotFound) {
+		t.Fatalf("get after reap: %v", err)
+	}
+	// The session can start over.
+	l2 := d.acquire("expiring")
+	if l2.ID() == l.ID() {
+		t.Fatal("a reaped lease came back")
+	}
+}
+
+func TestLeaseSurvivesRestart(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "durable"})
+	token := l.Token()
+
+	d.restart()
+	got := must(d.newClient(token).OpenLease(l.ID(), token).Get(ctx))(t)
+	if got.ID != l.ID() || got.State != apitype.LeaseActive {
+		t.Fatalf("after restart: %+v", got)
+	}
+	// Idempotent acquire still finds it.
+	again := d.acquireOnce(apitype.AcquireRequest{SessionID: "durable"})
+	if again.ID() != l.ID() {
+		t.Fatalf("re-acquire after restart gave %s, want %s", again.ID(), l.ID())
+	}
+}
+
+func TestTokenRotation(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "rotating"})
+	oldLeaseToken := l.Token()
+	const newToken = "rotated-shared-token-abcdefghijklmnopqrstuvwxyz012"
+
+	// Step 1: the daemon accepts both.
+	d.restart(func(c *sidecar.Config) { c.PreviousToken, c.SharedToken = c.SharedToken, newToken })
+	for name, tok := range map[string]string{"old shared": testToken, "new shared": newToken} {
+		if _, err := d.newClient(tok).List(ctx); err != nil {
+			t.Fatalf("%s token during rotation: %v", name, err)
+		}
+	}
+	if _, err := d.newClient(oldLeaseToken).OpenLease(l.ID(), oldLeaseToken).Get(ctx); err != nil {
+		t.Fatalf("lease token issued under the old secret, during rotation: %v", err)
+	}
+	// Step 3: the old one is removed; so are lease tokens derived from it.
+	d.restart(func(c *sidecar.Config) { c.PreviousToken = "" })
+	if _, err := d.newClient(testToken).List(ctx); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("old shared token after rotation: %v, want ErrUnauthorized", err)
+	}
+	if _, err := d.newClient(oldLeaseToken).OpenLease(l.ID(), oldLeaseToken).Get(ctx); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("old lease token after rotation: %v, want ErrUnauthorized", err)
+	}
+	fresh := must(d.newClient(newToken).Renew(ctx, l.ID(), time.Minute))(t)
+	if _, err := d.newClient(fresh.Token).OpenLease(l.ID(), fresh.Token).Get(ctx); err != nil {
+		t.Fatalf("new lease token: %v", err)
+	}
+}
+
+func TestAuthRefusals(t *testing.T) {
+	d := startDaemon(t)
+	a := d.acquire("auth-a")
+	b := d.acquire("auth-b")
+
+	tamper := func(tok string) string {
+		parts := strings.Split(tok, ".")
+		sig := []byte(parts[2])
+		sig[3] ^= 1
+		return parts[0] + "." + parts[1] + "." + string(sig)
+	}
+	algNone := func(tok string) string {
+		parts := strings.Split(tok, ".")
+		hdr := base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`))
+		return hdr + "." + parts[1] + "."
+	}
+	cases := []struct {
+		name, method, path, token string
+		status                    int
+		code                      string
+	}{
+		{"missing", "GET", "/v1/leases", "", 401, apitype.CodeUnauthorized},
+		{"wrong", "GET", "/v1/leases", strings.Repeat("x", 40), 401, apitype.CodeUnauthorized},
+		{"short", "GET", "/v1/leases", "short", 401, apitype.CodeUnauthorized},
+		{"query string", "GET", "/v1/leases?access_token=" + testToken, "", 401, apitype.CodeUnauthorized},
+		{"query string with header", "GET", "/v1/leases?token=" + testToken, testToken, 401, apitype.CodeUnauthorized},
+		{"lease token on another lease", "GET", "/v1/leases/" + b.ID(), a.Token(), 403, apitype.CodeForbidden},
+		{"lease token on a shared route", "GET", "/v1/leases", a.Token(), 403, apitype.CodeForbidden},
+		{"lease token acquiring", "POST", "/v1/leases", a.Token(), 403, apitype.CodeForbidden},
+		{"tampered JWT", "GET", "/v1/leases/" + a.ID(), tamper(a.Token()), 401, apitype.CodeUnauthorized},
+		{"alg none JWT", "GET", "/v1/leases/" + a.ID(), algNone(a.Token()), 401, apitype.CodeUnauthorized},
+		{"metrics with a lease token", "GET", "/metrics", a.Token(), 403, apitype.CodeForbidden},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			status, hdr, body := d.raw(c.method, c.path, c.token, nil, nil)
+			wantProblem(t, status, hdr, body, c.status, c.code)
+			if c.status == 401 && !strings.HasPrefix(hdr.Get("WWW-Authenticate"), "Bearer") {
+				t.Fatalf("401 without WWW-Authenticate: Bearer: %v", hdr)
+			}
+		})
+	}
+	// Its own lease works with the lease token, and so does info.
+	if status, _, body := d.raw("GET", "/v1/leases/"+a.ID(), a.Token(), nil, nil); status != 200 {
+		t.Fatalf("own lease with its token: %d %s", status, body)
+	}
+	if status, _, body := d.raw("GET", "/v1/info", a.Token(), nil, nil); status != 200 {
+		t.Fatalf("info with a lease token: %d %s", status, body)
+	}
+	if status, _, body := d.raw("GET", "/healthz", "", nil, nil); status != 200 || string(body) != "ok\n" {
+		t.Fatalf("healthz: %d %q", status, body)
+	}
+}
+
+func TestOriginPolicy(t *testing.T) {
+	d := startDaemon(t, func(c *sidecar.Config) { c.AllowedOrigins = []string{"https://console.example"} })
+	status, hdr, body := d.raw("GET", "/v1/leases", testToken, nil, map[string]string{"Origin": "https://evil.example"})
+	wantProblem(t, status, hdr, body, 403, apitype.CodeForbidden)
+	if status, _, body := d.raw("GET", "/v1/leases", testToken, nil, map[string]string{"Origin": "https://console.example"}); status != 200 {
+		t.Fatalf("allowed origin: %d %s", status, body)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	d := startDaemon(t, func(c *sidecar.Config) { c.MaxLeases = 2; c.HTTP.MaxJSONBytes = 4096 })
+	t.Run("unknown JSON field", func(t *testing.T) {
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, strings.NewReader(`{"session_id":"x","sesion_ttl":5}`), nil)
+		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
+	})
+	t.Run("missing session id", func(t *testing.T) {
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, strings.NewReader(`{}`), nil)
+		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
+	})
+	t.Run("absurd limits", func(t *testing.T) {
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "big", Limits: apitype.Limits{MemoryBytes: 1 << 50}}), nil)
+		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
+	})
+	t.Run("bad network", func(t *testing.T) {
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "net", Network: "bridge"}), nil)
+		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
+	})
+	t.Run("oversized body", func(t *testing.T) {
+		big := `{"session_id":"` + strings.Repeat("a", 8192) + `"}`
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, strings.NewReader(big), nil)
+		wantProblem(t, status, hdr, body, 413, apitype.CodePayloadTooLarge)
+	})
+	t.Run("oversized header", func(t *testing.T) {
+		status, _, _ := d.raw("GET", "/v1/leases", testToken, nil, map[string]string{"X-Junk": strings.Repeat("j", 64<<10)})
+		if status != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("status %d, want 431", status)
+		}
+	})
+	t.Run("unknown lease", func(t *testing.T) {
+		status, hdr, body := d.raw("GET", "/v1/leases/lnosuchlease", testToken, nil, nil)
+		wantProblem(t, status, hdr, body, 404, apitype.CodeLeaseNotFound)
+	})
+	t.Run("unknown route", func(t *testing.T) {
+		status, hdr, body := d.raw("GET", "/v2/everything", testToken, nil, nil)
+		wantProblem(t, status, hdr, body, 404, "not_found")
+	})
+	t.Run("too many leases", func(t *testing.T) {
+		d.acquire("limit-1")
+		d.acquire("limit-2")
+		_, err := d.client.Acquire(context.Background(), apitype.AcquireRequest{SessionID: "limit-3"})
+		if !errors.Is(err, client.ErrLeaseLimit) {
+			t.Fatalf("third lease: %v, want ErrLeaseLimit", err)
+		}
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "limit-4"}), nil)
+		wantProblem(t, status, hdr, body, 429, apitype.CodeLeaseLimit)
+	})
+}
+
+func TestMetricsAndInfo(t *testing.T) {
+	d := startDaemon(t)
+	d.acquire("metrics")
+	info := must(d.client.Info(context.Background()))(t)
+	if info.Version != "test" || !info.Capabilities.Exec || info.Capabilities.Scripts {
+		t.Fatalf("info: %+v", info)
+	}
+	if info.Capabilities.Isolation != isolation() {
+		t.Fatalf("info says isolation %q, want %q", info.Capabilities.Isolation, isolation())
+	}
+	status, _, body := d.raw("GET", "/metrics", testToken, nil, nil)
+	if status != 200 {
+		t.Fatalf("metrics: %d", status)
+	}
+	for _, want := range []string{`sidecar_leases{state="active"} 1`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}

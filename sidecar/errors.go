@@ -1,0 +1,146 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+)
+
+// Error is an error with its place on the wire. Handlers return it (or a package sentinel
+// that codeOf knows) and writeError turns it into problem+json.
+type Error struct {
+	Status int
+	Code   string
+	Detail string
+	// Err is the cause, logged but never sent: it may name host paths.
+	Err error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Detail, e.Err)
+	}
+	return e.Code + ": " + e.Detail
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// errorf makes an *Error whose detail is safe to send.
+func errorf(status int, code, format string, args ...any) *Error {
+	return &Error{Status: status, Code: code, Detail: fmt.Sprintf(format, args...)}
+}
+
+func badRequest(format string, args ...any) *Error {
+	return errorf(http.StatusBadRequest, apitype.CodeInvalidRequest, format, args...)
+}
+
+// sentinel maps the packages' sentinel errors to status and code. Order matters only
+// where one error wraps another.
+var sentinels = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{lease.ErrNotFound, http.StatusNotFound, apitype.CodeLeaseNotFound},
+	{lease.ErrExpired, http.StatusGone, apitype.CodeLeaseExpired},
+	{lease.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
+	{lease.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{process.ErrNotFound, http.StatusNotFound, apitype.CodeProcessNotFound},
+	{process.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{process.ErrLimit, http.StatusTooManyRequests, apitype.CodeInvalidRequest},
+	{sandbox.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{sandbox.ErrUnknownLease, http.StatusNotFound, apitype.CodeLeaseNotFound},
+	{fsxfer.ErrOutside, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
+	{fsxfer.ErrNotFound, http.StatusNotFound, apitype.CodeNotFound},
+	{fsxfer.ErrNotDir, http.StatusBadRequest, apitype.CodeNotADirectory},
+	{fsxfer.ErrIsDir, http.StatusBadRequest, apitype.CodeIsADirectory},
+	{fsxfer.ErrExists, http.StatusConflict, apitype.CodeExists},
+	{fsxfer.ErrNotEmpty, http.StatusConflict, apitype.CodeInvalidRequest},
+	{fsxfer.ErrQuota, http.StatusInsufficientStorage, apitype.CodeQuotaExceeded},
+	{fsxfer.ErrDigest, http.StatusBadRequest, apitype.CodeDigestMismatch},
+	{fsxfer.ErrOffsetMismatch, http.StatusConflict, apitype.CodeConflict},
+	{fsxfer.ErrNotRegular, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{fsxfer.ErrTooLarge, http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge},
+	{fsxfer.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
+}
+
+// problemOf turns any error into the problem body the client sees. Unknown errors are
+// "internal" and their text is not sent.
+func problemOf(err error) apitype.Problem {
+	p := apitype.Problem{Status: http.StatusInternalServerError, Code: apitype.CodeInternal, Detail: "internal error"}
+	var (
+		e     *Error
+		se    *script.Error
+		mbErr *http.MaxBytesError
+	)
+	switch {
+	case errors.As(err, &e):
+		p.Status, p.Code, p.Detail = e.Status, e.Code, e.Detail
+	case errors.As(err, &se):
+		p.Status, p.Code, p.Detail = http.StatusUnprocessableEntity, apitype.CodeScriptError, se.Message
+		p.Line, p.Column = se.Line, se.Column
+		if se.Kind == "timeout" {
+			p.Code = apitype.CodeScriptTimeout
+		}
+	case errors.As(err, &mbErr):
+		p.Status, p.Code = http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge
+		p.Detail = fmt.Sprintf("request body over %d bytes", mbErr.Limit)
+	case errors.Is(err, context.DeadlineExceeded):
+		p.Status, p.Code, p.Detail = http.StatusServiceUnavailable, apitype.CodeUnavailable, "deadline exceeded"
+	default:
+		for _, s := range sentinels {
+			if errors.Is(err, s.err) {
+				// Sentinel-wrapping messages carry the reason; host paths in them are
+				// redacted by the server before sending.
+				p.Status, p.Code, p.Detail = s.status, s.code, truncate(err.Error(), 300)
+				break
+			}
+		}
+	}
+	p.Title = http.StatusText(p.Status)
+	p.Type = apitype.ProblemTypePrefix + p.Code
+	return p
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// writeError writes err as problem+json and logs the cause at a level that fits it.
+// redact removes host paths from the detail.
+func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, redact func(string) string, err error) {
+	p := problemOf(err)
+	if redact != nil {
+		p.Detail = redact(p.Detail)
+	}
+	if p.Status >= 500 && p.Status != http.StatusInsufficientStorage {
+		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "status", p.Status, "err", err)
+	} else {
+		log.DebugContext(r.Context(), "request refused", "method", r.Method, "path", r.URL.Path, "status", p.Status, "code", p.Code, "err", err)
+	}
+	if p.Status == http.StatusUnauthorized {
+		w.Header().Set(apitype.HeaderWWWAuthenticate, `Bearer realm="sidecar"`)
+	}
+	h := w.Header()
+	h.Del("Content-Length")
+	h.Del("Content-Digest")
+	h.Del("ETag")
+	h.Set("Content-Type", apitype.ProblemContentType)
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(p.Status)
+	_ = json.NewEncoder(w).Encode(p)
+}

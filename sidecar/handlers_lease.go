@@ -1,0 +1,181 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
+)
+
+func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request, _ principal) error {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, err := w.Write([]byte("ok\n"))
+	return err
+}
+
+func (s *Server) handleInfo(w http.ResponseWriter, r *http.Request, _ principal) error {
+	return writeJSON(w, http.StatusOK, s.info())
+}
+
+func (s *Server) info() apitype.Info {
+	info := s.opts.Info
+	info.Version = s.opts.Version
+	info.APIVersion = apitype.APIVersion
+	caps := s.opts.Sandbox.Caps()
+	info.Capabilities = apitype.Capabilities{
+		Exec:             true,
+		PTY:              true,
+		Files:            true,
+		Scripts:          s.opts.Scripts != nil,
+		Cgroups:          caps.Cgroups,
+		UIDIsolation:     caps.UIDIsolation,
+		NetworkIsolation: caps.NetworkIsolation,
+		Landlock:         caps.LandlockABI,
+		PrivateTmp:       caps.PrivateTmp,
+		Isolation:        caps.Isolation,
+	}
+	return info
+}
+
+func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ principal) error {
+	var req apitype.AcquireRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.TTLSeconds < 0 {
+		return badRequest("ttl_seconds must not be negative")
+	}
+	l, created, err := s.opts.Leases.Acquire(r.Context(), lease.Request{
+		SessionID: req.SessionID,
+		TTL:       time.Duration(req.TTLSeconds) * time.Second,
+		Limits:    leaseLimits(req.Limits),
+		Network:   req.Network,
+		Labels:    req.Labels,
+	})
+	if err != nil {
+		return err
+	}
+	out, err := s.leaseWithToken(r.Context(), l)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/v1/leases/"+l.ID)
+	}
+	return writeJSON(w, status, out)
+}
+
+func (s *Server) handleListLeases(w http.ResponseWriter, r *http.Request, _ principal) error {
+	leases := s.opts.Leases.List()
+	out := apitype.LeaseList{Leases: make([]apitype.Lease, 0, len(leases))}
+	for _, l := range leases {
+		out.Leases = append(out.Leases, s.inspect(r.Context(), l))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGetLease(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.opts.Leases.Get(r.PathValue("id"))
+	if err != nil && !errors.Is(err, lease.ErrExpired) {
+		return err
+	}
+	// An expired lease that the reaper has not reached yet is still shown, as expired.
+	return writeJSON(w, http.StatusOK, s.inspect(r.Context(), l))
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, _ principal) error {
+	var req apitype.RenewRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.TTLSeconds < 0 {
+		return badRequest("ttl_seconds must not be negative")
+	}
+	l, err := s.opts.Leases.Renew(r.Context(), r.PathValue("id"), time.Duration(req.TTLSeconds)*time.Second)
+	if err != nil {
+		return err
+	}
+	out, err := s.leaseWithToken(r.Context(), l)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, _ principal) error {
+	if err := s.opts.Leases.Release(r.Context(), r.PathValue("id")); err != nil {
+		if errors.Is(err, lease.ErrExpired) {
+			return errorf(http.StatusNotFound, apitype.CodeLeaseNotFound, "lease already expired and released")
+		}
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request, _ principal) error {
+	res, err := s.opts.Runtime.Cleanup(r.Context(), s.opts.Leases)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, res)
+}
+
+// activeLease returns the lease named by {id} if it is active, and notes the activity.
+func (s *Server) activeLease(r *http.Request) (lease.Lease, error) {
+	id := r.PathValue("id")
+	l, err := s.opts.Leases.Get(id)
+	if err != nil {
+		return l, err
+	}
+	s.opts.Leases.Touch(id)
+	return l, nil
+}
+
+func (s *Server) leaseWithToken(ctx context.Context, l lease.Lease) (apitype.Lease, error) {
+	tok, err := s.opts.Tokens.Issue(l)
+	if err != nil {
+		return apitype.Lease{}, err
+	}
+	out := s.inspect(ctx, l)
+	out.Token = tok
+	return out, nil
+}
+
+// inspect is the lease as the inspection endpoint shows it, with live usage.
+func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
+	state := apitype.LeaseActive
+	if !l.Active(s.now()) {
+		state = apitype.LeaseExpired
+	}
+	out := apitype.Lease{
+		ID:             l.ID,
+		SessionID:      l.SessionID,
+		Labels:         l.Labels,
+		State:          state,
+		Network:        l.Network,
+		CreatedAt:      l.CreatedAt,
+		ExpiresAt:      l.ExpiresAt,
+		LastActivityAt: l.LastActivityAt,
+		Limits: apitype.Limits{
+			MemoryBytes:   l.Limits.MemoryBytes,
+			CPUMillicores: l.Limits.CPUMillicores,
+			Pids:          l.Limits.Pids,
+			DiskBytes:     l.Limits.DiskBytes,
+		},
+		UID:       l.UID,
+		Processes: s.opts.Processes.Running(l.ID),
+	}
+	out.Usage = s.opts.Runtime.Usage(ctx, l)
+	return out
+}
+
+func leaseLimits(l apitype.Limits) lease.Limits {
+	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
+}

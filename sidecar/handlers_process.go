@@ -1,0 +1,282 @@
+package sidecar
+
+import (
+	"context"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+)
+
+// maxProcessTimeout bounds timeout_seconds and idle_timeout_seconds: a lease's processes
+// never outlive a day on one request's word.
+const maxProcessTimeout = 24 * time.Hour
+
+func seconds(name string, v float64) (time.Duration, error) {
+	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) || v > maxProcessTimeout.Seconds() {
+		return 0, badRequest("%s must be between 0 and %d", name, int(maxProcessTimeout.Seconds()))
+	}
+	return time.Duration(v * float64(time.Second)), nil
+}
+
+func validArgv(argv []string) error {
+	if len(argv) == 0 || argv[0] == "" {
+		return badRequest("argv must name a command")
+	}
+	for _, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return badRequest("argv must not contain NUL bytes")
+		}
+	}
+	return nil
+}
+
+func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	var req apitype.ExecRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := validArgv(req.Argv); err != nil {
+		return err
+	}
+	timeout, err := seconds("timeout_seconds", req.TimeoutSeconds)
+	if err != nil {
+		return err
+	}
+	idle, err := seconds("idle_timeout_seconds", req.IdleTimeoutSeconds)
+	if err != nil {
+		return err
+	}
+	var stdin io.Reader
+	if req.Stdin != nil {
+		stdin = strings.NewReader(*req.Stdin)
+	}
+	res, err := s.opts.Processes.Exec(r.Context(), l.ID, process.ExecRequest{
+		Spec:        process.Spec{Argv: req.Argv, Env: req.Env, Dir: req.Cwd},
+		Stdin:       stdin,
+		Timeout:     timeout,
+		IdleTimeout: idle,
+	})
+	s.metrics.procStart("exec", err)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) handleStart(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	var req apitype.StartRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	sr, err := startRequest(req)
+	if err != nil {
+		return err
+	}
+	// The process belongs to the lease, not to this request.
+	p, created, err := s.opts.Processes.Start(context.WithoutCancel(r.Context()), l.ID, sr)
+	if created || err != nil {
+		s.metrics.procStart("background", err)
+	}
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	return writeJSON(w, status, p.Status())
+}
+
+func startRequest(req apitype.StartRequest) (process.StartRequest, error) {
+	if err := validArgv(req.Argv); err != nil {
+		return process.StartRequest{}, err
+	}
+	timeout, err := seconds("timeout_seconds", req.TimeoutSeconds)
+	if err != nil {
+		return process.StartRequest{}, err
+	}
+	idle, err := seconds("idle_timeout_seconds", req.IdleTimeoutSeconds)
+	if err != nil {
+		return process.StartRequest{}, err
+	}
+	if req.Rows > maxTermSize || req.Cols > maxTermSize {
+		return process.StartRequest{}, badRequest("rows and cols must be at most %d", maxTermSize)
+	}
+	return process.StartRequest{
+		ID:          req.ID,
+		Spec:        process.Spec{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, TTY: req.TTY},
+		Rows:        req.Rows,
+		Cols:        req.Cols,
+		Timeout:     timeout,
+		IdleTimeout: idle,
+		Stdin:       req.Stdin || req.TTY,
+	}, nil
+}
+
+func (s *Server) handleListProcesses(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	procs := s.opts.Processes.List(l.ID)
+	out := apitype.ProcessList{Processes: make([]apitype.Process, 0, len(procs))}
+	for _, p := range procs {
+		out.Processes = append(out.Processes, p.Status())
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGetProcess(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	p, err := s.opts.Processes.Get(l.ID, r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, p.Status())
+}
+
+func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	var req apitype.SignalRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.opts.Processes.Signal(l.ID, r.PathValue("pid"), req.Signal); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// handleAttach streams a running or finished process's output from ?since=N and feeds
+// its stdin, over a v5.channel.k8s.io websocket.
+func (s *Server) handleAttach(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	p, err := s.opts.Processes.Get(l.ID, r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	since := int64(0)
+	if v := r.URL.Query().Get("since"); v != "" {
+		since, err = strconv.ParseInt(v, 10, 64)
+		if err != nil || since < -1 {
+			return badRequest("since must be an output offset (or -1 for live output only)")
+		}
+	}
+	proto, err := streamProtocol(r)
+	if err != nil {
+		return err
+	}
+	sub, err := p.Subscribe(since)
+	if err != nil {
+		return err
+	}
+	h := http.Header{}
+	h.Set(apitype.HeaderOutputOffset, strconv.FormatInt(sub.Offset(), 10))
+	h.Set(apitype.HeaderBytesLost, strconv.FormatInt(sub.Lost(), 10))
+	return s.stream(w, r, proto, h, p, sub, false)
+}
+
+// handleExecStream starts a process and attaches to it in one round trip (what `sidecar
+// shell` uses). Closing the websocket kills the process unless ?detach=1.
+func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	req := apitype.StartRequest{
+		Argv:  q["command"],
+		Cwd:   q.Get("cwd"),
+		TTY:   queryBool(q.Get("tty")),
+		Stdin: queryBool(q.Get("stdin")),
+	}
+	for _, kv := range q["env"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return badRequest("env must be KEY=VALUE")
+		}
+		if req.Env == nil {
+			req.Env = map[string]string{}
+		}
+		req.Env[k] = v
+	}
+	for name, dst := range map[string]*uint16{"rows": &req.Rows, "cols": &req.Cols} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.ParseUint(v, 10, 16)
+			if err != nil {
+				return badRequest("%s must be a small positive integer", name)
+			}
+			*dst = uint16(n)
+		}
+	}
+	if v := q.Get("timeout_seconds"); v != "" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return badRequest("timeout_seconds must be a number")
+		}
+		req.TimeoutSeconds = f
+	}
+	detach := queryBool(q.Get("detach"))
+	sr, err := startRequest(req)
+	if err != nil {
+		return err
+	}
+	// Everything that can be refused is checked before anything is started.
+	proto, err := streamProtocol(r)
+	if err != nil {
+		return err
+	}
+	p, _, err := s.opts.Processes.Start(context.WithoutCancel(r.Context()), l.ID, sr)
+	s.metrics.procStart("background", err)
+	if err != nil {
+		return err
+	}
+	sub, err := p.Subscribe(0)
+	if err != nil {
+		_ = p.Kill()
+		return err
+	}
+	h := http.Header{}
+	h.Set(apitype.HeaderProcessID, p.ID())
+	h.Set(apitype.HeaderOutputOffset, "0")
+	h.Set(apitype.HeaderBytesLost, "0")
+	return s.stream(w, r, proto, h, p, sub, !detach)
+}
+
+func queryBool(v string) bool {
+	b, _ := strconv.ParseBool(v)
+	return b || v == "yes"
+}
+
+// procStart counts process starts by kind and result.
+func (m *metrics) procStart(kind string, err error) {
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	m.procStarts.WithLabelValues(kind, result).Inc()
+}

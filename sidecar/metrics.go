@@ -1,0 +1,152 @@
+package sidecar
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sidecar-sandbox/sidecar/lease"
+)
+
+// metrics are the daemon's Prometheus series, on a registry of its own (no globals, so
+// tests can run several servers in one process).
+type metrics struct {
+	reg          *prometheus.Registry
+	requests     *prometheus.CounterVec
+	latency      *prometheus.HistogramVec
+	authFailures prometheus.Counter
+	leaseEvents  *prometheus.CounterVec
+	leaseLife    prometheus.Histogram
+	procStarts   *prometheus.CounterVec
+	bytes        *prometheus.CounterVec
+	handler      http.Handler
+}
+
+func newMetrics(s *Server) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_http_requests_total", Help: "HTTP requests by route pattern, method and status code.",
+		}, []string{"route", "method", "code"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "sidecar_http_request_duration_seconds", Help: "HTTP request latency by route pattern (websockets: until the upgrade).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"route", "method"}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sidecar_auth_failures_total", Help: "Requests refused for a missing, wrong or out-of-scope credential.",
+		}),
+		leaseEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_lease_events_total", Help: "Lease lifecycle events: created, renewed, released, expired.",
+		}, []string{"event"}),
+		leaseLife: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sidecar_lease_lifetime_seconds", Help: "How long leases lived, observed when released or expired.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+		procStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_process_starts_total", Help: "Lease processes started, by kind (exec, background) and result (ok, failed).",
+		}, []string{"kind", "result"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_transfer_bytes_total", Help: "File bytes moved, by direction (in, out).",
+		}, []string{"direction"}),
+	}
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.leaseEvents, m.leaseLife, m.procStarts, m.bytes,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.reg.MustRegister(newStateCollector(s))
+	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	return m
+}
+
+// leaseEvent feeds lease.Config.OnEvent.
+func (m *metrics) leaseEvent(e lease.Event) {
+	m.leaseEvents.WithLabelValues(e.Kind).Inc()
+	if e.Kind == "released" || e.Kind == "expired" {
+		m.leaseLife.Observe(time.Since(e.Lease.CreatedAt).Seconds())
+	}
+}
+
+func (m *metrics) instrument(route string, h func(w *responseWriter, r *http.Request)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rw := &responseWriter{ResponseWriter: w, status: http.StatusOK}
+		h(rw, r)
+		m.latency.WithLabelValues(route, r.Method).Observe(time.Since(start).Seconds())
+		m.requests.WithLabelValues(route, r.Method, strconv.Itoa(rw.status)).Inc()
+	})
+}
+
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request, _ principal) error {
+	s.metrics.handler.ServeHTTP(w, r)
+	return nil
+}
+
+// stateCollector reads gauges at scrape time: leases by state, their cgroup usage, OOM
+// kills, running processes and the certificate's expiry.
+type stateCollector struct {
+	s                                                    *Server
+	leases, memory, cpu, pids, disk, ooms, procs, expiry *prometheus.Desc
+}
+
+func newStateCollector(s *Server) *stateCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &stateCollector{
+		s:      s,
+		leases: d("sidecar_leases", "Leases by state.", "state"),
+		memory: d("sidecar_lease_memory_bytes_total", "Memory charged to all lease cgroups."),
+		cpu:    d("sidecar_lease_cpu_seconds_total", "CPU time used by all lease cgroups."),
+		pids:   d("sidecar_lease_pids", "Tasks in all lease cgroups."),
+		disk:   d("sidecar_lease_disk_bytes", "Disk used by all leases (workdir, /tmp, partial uploads)."),
+		ooms:   d("sidecar_lease_oom_kills_total", "OOM kills in lease cgroups (live leases)."),
+		procs:  d("sidecar_processes_running", "Background processes running."),
+		expiry: d("sidecar_tls_cert_not_after_seconds", "Unix time at which the serving certificate expires."),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.leases, c.memory, c.cpu, c.pids, c.disk, c.ooms, c.procs, c.expiry} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.s
+	var active, expired float64
+	var mem, cpu, pids, disk, ooms, procs float64
+	now := s.now()
+	for _, l := range s.opts.Leases.List() {
+		if l.Active(now) {
+			active++
+		} else {
+			expired++
+		}
+		if u, err := s.opts.Sandbox.Usage(l.ID); err == nil {
+			mem += float64(u.MemoryBytes)
+			cpu += u.CPUSeconds
+			pids += float64(u.Pids)
+			ooms += float64(u.OOMKills)
+		}
+		if f, err := s.opts.Runtime.FS(l); err == nil {
+			if n, err := f.Usage(context.Background()); err == nil {
+				disk += float64(n)
+			}
+		}
+		procs += float64(s.opts.Processes.Running(l.ID))
+	}
+	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, active, "active")
+	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, expired, "expired")
+	ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, mem)
+	ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, cpu)
+	ch <- prometheus.MustNewConstMetric(c.pids, prometheus.GaugeValue, pids)
+	ch <- prometheus.MustNewConstMetric(c.disk, prometheus.GaugeValue, disk)
+	ch <- prometheus.MustNewConstMetric(c.ooms, prometheus.CounterValue, ooms)
+	ch <- prometheus.MustNewConstMetric(c.procs, prometheus.GaugeValue, procs)
+	if s.opts.CertNotAfter != nil {
+		ch <- prometheus.MustNewConstMetric(c.expiry, prometheus.GaugeValue, float64(s.opts.CertNotAfter().Unix()))
+	}
+}

@@ -1,0 +1,41 @@
+package sidecar
+
+import "net/http"
+
+// routes is the whole API surface in one place (see docs/api.md).
+func (s *Server) routes() {
+	s.route("GET /healthz", public, s.handleHealthz)
+	s.route("GET /v1/info", anyCred, s.handleInfo)
+	s.route("GET /metrics", sharedOnly, s.handleMetrics)
+
+	s.route("POST /v1/leases", sharedOnly, s.handleAcquire)
+	s.route("GET /v1/leases", sharedOnly, s.handleListLeases)
+	s.route("GET /v1/leases/{id}", leaseScope, s.handleGetLease)
+	s.route("POST /v1/leases/{id}/renew", leaseScope, s.handleRenew)
+	s.route("DELETE /v1/leases/{id}", leaseScope, s.handleRelease)
+	s.route("POST /v1/cleanup", sharedOnly, s.handleCleanup)
+
+	s.route("POST /v1/leases/{id}/exec", leaseScope, s.handleExec)
+	s.route("GET /v1/leases/{id}/exec", leaseScope, s.handleExecStream)
+	s.route("POST /v1/leases/{id}/processes", leaseScope, s.handleStart)
+	s.route("GET /v1/leases/{id}/processes", leaseScope, s.handleListProcesses)
+	s.route("GET /v1/leases/{id}/processes/{pid}", leaseScope, s.handleGetProcess)
+	s.route("POST /v1/leases/{id}/processes/{pid}/signal", leaseScope, s.handleSignal)
+	s.route("GET /v1/leases/{id}/processes/{pid}/attach", leaseScope, s.handleAttach)
+
+	s.route("PUT /v1/leases/{id}/files/{path...}", leaseScope, s.handlePutFile)
+	s.route("PATCH /v1/leases/{id}/files/{path...}", leaseScope, s.handlePatchFile)
+	s.route("GET /v1/leases/{id}/files/{path...}", leaseScope, s.handleGetFile)
+	s.route("HEAD /v1/leases/{id}/files/{path...}", leaseScope, s.handleHeadFile)
+	s.route("DELETE /v1/leases/{id}/files/{path...}", leaseScope, s.handleDeleteFile)
+	s.route("POST /v1/leases/{id}/files/{path...}", leaseScope, s.handleFileOp)
+	s.route("PUT /v1/leases/{id}/archive/{path...}", leaseScope, s.handlePutArchive)
+	s.route("GET /v1/leases/{id}/archive/{path...}", leaseScope, s.handleGetArchive)
+
+	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
+
+	// Everything else is a problem+json 404, not the mux's plain text.
+	s.route("/", public, func(w http.ResponseWriter, r *http.Request, _ principal) error {
+		return errorf(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path)
+	})
+}

@@ -1,0 +1,145 @@
+package sidecar
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+)
+
+// Runtime is what a lease has beyond its record: the sandbox (cgroup, uid, netns), its
+// processes and its open filesystem. It is the lease manager's Provisioner, so that
+// release, expiry and the reaper all take the same path down.
+type Runtime struct {
+	Sandbox    *sandbox.Sandbox
+	Processes  *process.Manager
+	UploadIdle time.Duration
+	Logger     *slog.Logger
+
+	mu  sync.Mutex
+	fss map[string]*fsxfer.FS
+}
+
+var _ lease.Provisioner = (*Runtime)(nil)
+
+func sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
+	return sandbox.LeaseSpec{
+		ID:            l.ID,
+		UID:           l.UID,
+		GID:           l.GID,
+		Workdir:       l.Workdir(),
+		TmpDir:        l.TmpDir(),
+		MemoryBytes:   l.Limits.MemoryBytes,
+		CPUMillicores: l.Limits.CPUMillicores,
+		Pids:          l.Limits.Pids,
+		Network:       l.Network,
+	}
+}
+
+// Provision sets the lease's sandbox up (idempotent: called again after a restart).
+func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
+	return rt.Sandbox.Provision(ctx, sandboxSpec(l))
+}
+
+// Teardown kills every process of the lease, closes its filesystem and removes its
+// cgroup; the lease manager removes the directories afterwards.
+func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
+	rt.Processes.ReleaseLease(l.ID)
+	rt.mu.Lock()
+	f := rt.fss[l.ID]
+	delete(rt.fss, l.ID)
+	rt.mu.Unlock()
+	if f != nil {
+		_ = f.Close()
+	}
+	return rt.Sandbox.Teardown(ctx, l.ID)
+}
+
+// FS returns the lease's confined filesystem, opened on first use.
+func (rt *Runtime) FS(l lease.Lease) (*fsxfer.FS, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if f, ok := rt.fss[l.ID]; ok {
+		return f, nil
+	}
+	uid, gid := -1, -1
+	if l.UID != 0 {
+		uid, gid = l.UID, l.GID
+	}
+	f, err := fsxfer.Open(fsxfer.Config{
+		Workdir:    l.Workdir(),
+		UploadsDir: l.UploadsDir(),
+		UsageRoot:  l.Dir,
+		UID:        uid,
+		GID:        gid,
+		QuotaBytes: l.Limits.DiskBytes,
+		UploadIdle: rt.UploadIdle,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rt.fss == nil {
+		rt.fss = map[string]*fsxfer.FS{}
+	}
+	rt.fss[l.ID] = f
+	return f, nil
+}
+
+// Usage is the lease's live consumption; parts that cannot be read are left zero.
+func (rt *Runtime) Usage(ctx context.Context, l lease.Lease) *apitype.Usage {
+	var u apitype.Usage
+	if su, err := rt.Sandbox.Usage(l.ID); err == nil {
+		u.MemoryBytes, u.CPUSeconds, u.Pids, u.OOMKills = su.MemoryBytes, su.CPUSeconds, su.Pids, su.OOMKills
+	}
+	if f, err := rt.FS(l); err == nil {
+		if n, err := f.Usage(ctx); err == nil {
+			u.DiskBytes = n
+		}
+	}
+	return &u
+}
+
+// Cleanup reaps expired leases and anything a previous run left behind that no lease
+// accounts for: cgroups (and their processes) and workdirs.
+func (rt *Runtime) Cleanup(ctx context.Context, leases *lease.Manager) (apitype.CleanupResult, error) {
+	res := apitype.CleanupResult{Leases: []string{}, Cgroups: []string{}, Workdirs: []string{}, Processes: []int{}}
+	reaped, err := leases.Reap(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, l := range reaped {
+		res.Leases = append(res.Leases, l.ID)
+	}
+	known := func(id string) bool {
+		_, err := leases.Get(id)
+		return err == nil
+	}
+	cgroups, pids, err := rt.Sandbox.Sweep(ctx, known)
+	if err != nil {
+		return res, err
+	}
+	res.Cgroups = append(res.Cgroups, cgroups...)
+	res.Processes = append(res.Processes, pids...)
+	dirs, err := leases.Orphans(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.Workdirs = append(res.Workdirs, dirs...)
+	// Idle partial uploads of live leases.
+	rt.mu.Lock()
+	fss := make([]*fsxfer.FS, 0, len(rt.fss))
+	for _, f := range rt.fss {
+		fss = append(fss, f)
+	}
+	rt.mu.Unlock()
+	for _, f := range fss {
+		_, _ = f.ReapUploads(time.Now())
+	}
+	return res, nil
+}

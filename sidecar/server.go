@@ -1,0 +1,319 @@
+// Package sidecar is the daemon's HTTP server: routes in one place, the auth middleware,
+// thin handlers (decode, call a package that knows nothing of HTTP, encode), websocket
+// streams and metrics. Wiring of all the parts lives in daemon.go.
+package sidecar
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+)
+
+// HTTPLimits bounds what one connection or request may cost.
+type HTTPLimits struct {
+	MaxHeaderBytes    int           // default 32 KiB: over it, 431
+	MaxJSONBytes      int64         // default 8 MiB: JSON bodies (exec stdin, script input)
+	ReadHeaderTimeout time.Duration // default 10s: slowloris
+	IdleTimeout       time.Duration // default 120s: idle keep-alives
+	ShutdownTimeout   time.Duration // default 15s: in-flight requests get this long
+	WSReadLimit       int64         // default 1 MiB: one websocket message from a client
+	WSPingInterval    time.Duration // default 20s
+	WSWriteTimeout    time.Duration // default 30s: a client that stops reading is cut off
+}
+
+func (l *HTTPLimits) setDefaults() {
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	if l.MaxHeaderBytes <= 0 {
+		l.MaxHeaderBytes = 32 << 10
+	}
+	if l.MaxJSONBytes <= 0 {
+		l.MaxJSONBytes = 8 << 20
+	}
+	if l.WSReadLimit <= 0 {
+		l.WSReadLimit = 1 << 20
+	}
+	def(&l.ReadHeaderTimeout, 10*time.Second)
+	def(&l.IdleTimeout, 120*time.Second)
+	def(&l.ShutdownTimeout, 15*time.Second)
+	def(&l.WSPingInterval, 20*time.Second)
+	def(&l.WSWriteTimeout, 30*time.Second)
+}
+
+// ServerOptions is what the HTTP server is built from.
+type ServerOptions struct {
+	Logger         *slog.Logger
+	Version        string
+	SharedTokens   []string // the current shared token first, then a previous one
+	Tokens         *lease.Tokens
+	Leases         *lease.Manager
+	Runtime        *Runtime
+	Processes      *process.Manager
+	Sandbox        *sandbox.Sandbox
+	Scripts        *script.Runner // nil: scripts disabled
+	AllowedOrigins []string
+	Limits         HTTPLimits
+	Info           apitype.Info // static parts of GET /v1/info
+	CertNotAfter   func() time.Time
+	Now            func() time.Time // the lease clock; default time.Now
+	// HostPaths are redacted from error details (work root, state dir).
+	HostPaths []string
+}
+
+// Server serves the v1 API over TLS.
+type Server struct {
+	opts    ServerOptions
+	log     *slog.Logger
+	auth    *authenticator
+	mux     *http.ServeMux
+	metrics *metrics
+	http    *http.Server
+	ln      net.Listener
+
+	streams streamSet // hijacked websocket connections, closed on shutdown
+}
+
+// NewServer builds the server and its routes; Listen and Serve start it.
+func NewServer(opts ServerOptions) *Server {
+	opts.Limits.setDefaults()
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Server{
+		opts: opts,
+		log:  opts.Logger,
+		auth: newAuthenticator(opts.SharedTokens, opts.Tokens, opts.Leases),
+		mux:  http.NewServeMux(),
+	}
+	s.metrics = newMetrics(s)
+	s.routes()
+	s.http = &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: opts.Limits.ReadHeaderTimeout,
+		IdleTimeout:       opts.Limits.IdleTimeout,
+		MaxHeaderBytes:    opts.Limits.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
+	}
+	return s
+}
+
+func (s *Server) now() time.Time { return s.opts.Now() }
+
+// ServeHTTP lets tests drive the server without a listener.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Listen opens the TLS listener; Serve serves on it. They are separate so that a caller
+// knows the address (port 0 in tests) and that the port is bound before it says READY.
+func (s *Server) Listen(addr string, cfg *tls.Config) error {
+	if cfg == nil {
+		return errors.New("sidecar: TLS configuration required: there is no plain-HTTP mode")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	s.http.TLSConfig = cfg
+	s.ln = ln
+	return nil
+}
+
+// Addr is the listening address, once Listen has returned.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Serve serves until Shutdown; it returns nil after a clean shutdown.
+func (s *Server) Serve() error {
+	// ServeTLS (not Serve on a tls listener) so that HTTP/2 is configured.
+	err := s.http.ServeTLS(s.ln, "", "")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting, lets in-flight requests finish within the deadline, cuts
+// websocket streams (their background processes keep running) and returns.
+func (s *Server) Shutdown(ctx context.Context) error {
+	err := s.http.Shutdown(ctx)
+	s.streams.closeAll()
+	if errors.Is(err, context.DeadlineExceeded) {
+		_ = s.http.Close()
+	}
+	return err
+}
+
+// handlerFunc is a handler that returns its error; route writes it as problem+json.
+type handlerFunc func(w http.ResponseWriter, r *http.Request, p principal) error
+
+// route registers one route: origin policy, authentication, metrics and error writing
+// happen here and nowhere else.
+func (s *Server) route(pattern string, need access, h handlerFunc) {
+	_, path, _ := strings.Cut(pattern, " ")
+	s.mux.Handle(pattern, s.metrics.instrument(path, func(w *responseWriter, r *http.Request) {
+		if !originAllowed(r, s.opts.AllowedOrigins) {
+			s.writeError(w, r, forbidden("origin not allowed"))
+			return
+		}
+		p, err := s.auth.authenticate(r, need)
+		if err != nil {
+			s.metrics.authFailures.Inc()
+			s.log.WarnContext(r.Context(), "auth failed", "audit", true, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "reason", err.Error())
+			s.writeError(w, r, err)
+			return
+		}
+		if err := h(w, r, p); err != nil {
+			if w.wroteHeader {
+				// Too late for a problem body: the status line went out. Abort the
+				// response so the client sees a cut stream, never a short one that
+				// looks complete.
+				s.log.WarnContext(r.Context(), "request failed after response started", "path", r.URL.Path, "err", err)
+				panic(http.ErrAbortHandler)
+			}
+			s.writeError(w, r, err)
+		}
+	}))
+}
+
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, r, s.log, s.redact, err)
+}
+
+// redact hides host paths in error details: a client learns the reason, not the layout.
+func (s *Server) redact(detail string) string {
+	for _, p := range s.opts.HostPaths {
+		if p != "" && p != "/" {
+			detail = strings.ReplaceAll(detail, p, "…")
+		}
+	}
+	return detail
+}
+
+// decodeJSON reads a bounded JSON body into v, refusing unknown fields and trailing data.
+func (s *Server) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return badRequest("Content-Type must be application/json")
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, s.opts.Limits.MaxJSONBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return err
+		}
+		if errors.Is(err, io.EOF) && r.ContentLength <= 0 {
+			return nil // an empty body is an empty object
+		}
+		return badRequest("invalid JSON body: %v", err)
+	}
+	if dec.More() {
+		return badRequest("invalid JSON body: trailing data")
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	return json.NewEncoder(w).Encode(v)
+}
+
+// responseWriter records the status for metrics and whether the header went out, and
+// keeps Hijack and Flush reachable for websockets and streaming.
+type responseWriter struct {
+	http.ResponseWriter
+	status      int
+	bytes       int64
+	wroteHeader bool
+}
+
+func (w *responseWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *responseWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *responseWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *responseWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, fmt.Errorf("connection cannot be hijacked (HTTP/2?)")
+	}
+	w.status, w.wroteHeader = http.StatusSwitchingProtocols, true
+	return h.Hijack()
+}
+
+func (w *responseWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// streamSet tracks hijacked connections so Shutdown can close them.
+type streamSet struct {
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+func (ss *streamSet) add(c net.Conn) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return false
+	}
+	if ss.conns == nil {
+		ss.conns = map[net.Conn]struct{}{}
+	}
+	ss.conns[c] = struct{}{}
+	return true
+}
+
+func (ss *streamSet) remove(c net.Conn) {
+	ss.mu.Lock()
+	delete(ss.conns, c)
+	ss.mu.Unlock()
+}
+
+func (ss *streamSet) closeAll() {
+	ss.mu.Lock()
+	ss.closed = true
+	conns := ss.conns
+	ss.conns = nil
+	ss.mu.Unlock()
+	for c := range conns {
+		_ = c.Close()
+	}
+}
