@@ -50,7 +50,7 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	began := m.cfg.Now()
 	run, err := startRun(m.cfg.Execer, leaseID, runOptions{
 		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: r.Stdin,
-	}, out, m.logger.With("lease", leaseID))
+	}, out, nil, m.logger.With("lease", leaseID))
 	if err != nil {
 		return ExecResult{}, err
 	}
@@ -92,7 +92,7 @@ type capture struct {
 	truncated [2]bool
 }
 
-func (c *capture) write(channel byte, p []byte) {
+func (c *capture) write(channel byte, p []byte) bool {
 	i := int(channel - apitype.ChannelStdout)
 	room := c.limit - int64(c.streams[i].Len())
 	if int64(len(p)) > room {
@@ -100,4 +100,5 @@ func (c *capture) write(channel byte, p []byte) {
 		c.truncated[i] = true
 	}
 	c.streams[i].Write(p)
+	return false
 }

@@ -185,7 +185,8 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 	m.mu.Unlock()
 
 	logger := m.logger.With("lease", leaseID, "pid", id)
-	run, err := startRun(m.cfg.Execer, leaseID, runOptions{spec: r.Spec, rows: rows, cols: cols, stdinPipe: r.Stdin}, p.log, logger)
+	run, err := startRun(m.cfg.Execer, leaseID, runOptions{spec: r.Spec, rows: rows, cols: cols, stdinPipe: r.Stdin},
+		p.log, func() { m.finish(p, logger) }, logger)
 	if err != nil {
 		m.mu.Lock()
 		if lp.procs[id] == p {
@@ -206,17 +207,16 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 		defer m.watchers.Done()
 		run.supervise(r.Timeout, r.IdleTimeout, nil, m.stop)
 	}()
-	go m.finish(p, logger)
 	logger.Info("process started", "argv0", r.Spec.Argv[0], "tty", r.Spec.TTY)
 	return p, true, nil
 }
 
-// finish waits for a background process to end, then fixes its status, ends its
+// finish runs once a background process has ended: it fixes its status, ends its
 // output, persists the record and forgets the oldest finished processes of the lease
 // beyond MaxExited.
 func (m *Manager) finish(p *Process, logger *slog.Logger) {
+	<-p.ready // p.run is set
 	r := p.run
-	<-r.done
 	ended := m.cfg.Now()
 	code := r.status.code
 	p.mu.Lock()

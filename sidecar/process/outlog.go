@@ -35,10 +35,11 @@ type outLog struct {
 
 func newOutLog(limit int64) *outLog { return &outLog{limit: limit} }
 
-// write appends p (which the caller may reuse afterwards) on channel ch.
-func (l *outLog) write(ch byte, p []byte) {
+// write appends p (which the caller may reuse afterwards) on channel ch. It reports
+// whether a waiting reader was woken.
+func (l *outLog) write(ch byte, p []byte) (woke bool) {
 	if len(p) == 0 {
-		return
+		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -57,7 +58,7 @@ func (l *outLog) write(ch byte, p []byte) {
 	}
 	l.end += int64(len(p))
 	l.trim()
-	l.signal()
+	return l.signal()
 }
 
 // trim drops whole oldest chunks until the log fits its bound; the newest chunk always
@@ -88,11 +89,13 @@ func (l *outLog) close() {
 }
 
 // signal wakes every waiting reader. Called with mu held.
-func (l *outLog) signal() {
-	if l.wake != nil {
-		close(l.wake)
-		l.wake = nil
+func (l *outLog) signal() (woke bool) {
+	if l.wake == nil {
+		return false
 	}
+	close(l.wake)
+	l.wake = nil
+	return true
 }
 
 // offsets reports the oldest kept and the next offset.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,7 +20,8 @@ import (
 // output receives what a command writes, one read at a time. Each stream is pumped by
 // its own goroutine, so write is called concurrently for different channels.
 type output interface {
-	write(channel byte, p []byte)
+	// write reports whether it woke a reader.
+	write(channel byte, p []byte) (woke bool)
 }
 
 // readBufs are the pooled buffers output is read with; output copies what it keeps.
@@ -64,8 +66,9 @@ type exitStatus struct {
 }
 
 // startRun makes the command through the Execer, wires it up and starts it. Output goes
-// to out on apitype.ChannelStdout (1) and ChannelStderr (2).
-func startRun(execer Execer, leaseID string, o runOptions, out output, logger *slog.Logger) (*run, error) {
+// to out on apitype.ChannelStdout (1) and ChannelStderr (2). then, if not nil, runs once
+// the run is done (on the goroutine that waited for it, saving one per process).
+func startRun(execer Execer, leaseID string, o runOptions, out output, then func(), logger *slog.Logger) (*run, error) {
 	cmd, tree, err := execer.Command(leaseID, o.spec)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrStart, err)
@@ -144,7 +147,7 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, logger *s
 	if o.stdinFrom != nil {
 		go r.feed(o.stdinFrom)
 	}
-	go r.wait()
+	go r.wait(then)
 	return r, nil
 }
 
@@ -196,13 +199,23 @@ func setSize(f *os.File, rows, cols uint16) error {
 // slave descriptor is closed: the end of output, not an error.
 func (r *run) pump(f *os.File, channel byte, out output) {
 	defer r.pumps.Done()
-	bp := readBufs.Get().(*[]byte)
-	defer readBufs.Put(bp)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		r.logger.Warn("reading process output", "err", err)
+		return
+	}
 	for {
-		n, err := f.Read(*bp)
-		if n > 0 {
+		n, err := readPooled(rc, func(p []byte) {
 			r.lastOutput.Store(int64(time.Since(r.started)))
-			out.write(channel, (*bp)[:n])
+			if out.write(channel, p) {
+				// Let the woken reader run now. Reads from a full pipe never park this
+				// goroutine, so otherwise the reader waits for preemption (10 ms)
+				// while the ring overwrites what it was about to read.
+				runtime.Gosched()
+			}
+		})
+		if n == 0 && err == nil {
+			err = io.EOF
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) &&
@@ -212,6 +225,37 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 			return
 		}
 	}
+}
+
+// readPooled does one read from a non-blocking file into a pooled buffer and hands
+// what it read to use. The buffer is taken only once data is there, so an idle
+// process holds no read buffers while it waits. n == 0 with no error is end of file.
+func readPooled(rc syscall.RawConn, use func([]byte)) (n int, err error) {
+	var bp *[]byte
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		bp = readBufs.Get().(*[]byte)
+		n, rerr = unix.Read(int(fd), *bp)
+		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			readBufs.Put(bp)
+			bp = nil
+			return false // wait until readable
+		}
+		return true
+	})
+	if bp != nil {
+		if n > 0 {
+			use((*bp)[:n])
+		}
+		readBufs.Put(bp)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if rerr != nil {
+		return 0, rerr
+	}
+	return max(n, 0), nil
 }
 
 // feed copies an Exec's stdin in and closes it. It is not waited for: a reader that
@@ -224,7 +268,7 @@ func (r *run) feed(from io.Reader) {
 
 // wait waits for the main process, then for its output for at most outputGrace (a
 // grandchild may hold a pipe), then closes the tree, which kills what is left.
-func (r *run) wait() {
+func (r *run) wait(then func()) {
 	err := r.cmd.Wait() // our own pipes: Wait does not wait for them
 	r.status = exitStatusOf(r.cmd.ProcessState, err)
 	close(r.exited)
@@ -258,6 +302,9 @@ func (r *run) wait() {
 		_ = r.stdin.Close()
 	}
 	close(r.done)
+	if then != nil {
+		then()
+	}
 }
 
 // supervise kills the tree (marking timedOut) when timeout passes or no output came for
