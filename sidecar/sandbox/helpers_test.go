@@ -5,23 +5,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
-// The test binary is its own helper: `<test binary> __sandbox-init`.
+// The test binary is its own helper (`<test binary> __sandbox-init`) and, like the
+// daemon, the subreaper of orphaned lease processes.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == HelperArg {
 		InitMain()
 	}
-	os.Exit(m.Run())
+	ctx, stop := context.WithCancel(context.Background())
+	if os.Geteuid() == 0 {
+		if err := BecomeSubreaper(); err != nil {
+			panic(err)
+		}
+		go RunReaper(ctx, slog.New(slog.DiscardHandler))
+	}
+	code := m.Run()
+	stop()
+	for _, ctrl := range v1Controllers { // the shared test parent, empty by now
+		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent))
+	}
+	os.Exit(code)
 }
 
 const testCgroupParent = "sidecar-test"
@@ -46,9 +61,22 @@ func newTestSandbox(t testing.TB) *Sandbox {
 
 var nonID = regexp.MustCompile(`[^A-Za-z0-9]+`)
 
+func mustExecutable(t testing.TB) string {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return self
+}
+
 // newTestLease provisions a lease with a unique id and uid; t.Cleanup tears it down and
 // removes its directories.
 func newTestLease(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
+	t.Helper()
+	return newTestLeaseAs(t, s, mod)
+}
+
+func newTestLeaseAs(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
 	t.Helper()
 	base, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-") // not /tmp: the lease's own /tmp hides it
 	if err != nil {

@@ -1,0 +1,244 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if err := pollUntil(context.Background(), 10*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// A fork bomb stops at the lease's pids limit, and another lease keeps working.
+func TestForkBombStopsAtPidsLimit(t *testing.T) {
+	s := newTestSandbox(t)
+	a := newTestLease(t, s, func(l *LeaseSpec) { l.Pids = 40 })
+	b := newTestLease(t, s, nil)
+	cmd, tr, err := s.Command(a.ID, sh(`bomb() { bomb | bomb & }; bomb 2>/dev/null; sleep 100`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// v1 counts refused forks in the forking cgroup: the command's child.
+	events := filepath.Join("/sys/fs/cgroup/pids", testCgroupParent, a.ID, tr.(*tree).child, "pids.events")
+	waitFor(t, "a fork refused by pids.max", func() bool {
+		n, _ := readKey(events, "max")
+		return n > 0
+	})
+	if u, err := s.Usage(a.ID); err != nil || u.Pids > 40 {
+		t.Errorf("Usage = %+v, %v; want pids <= 40", u, err)
+	}
+	if r := run(t, s, b.ID, sh("echo ok")); strings.TrimSpace(r.stdout) != "ok" {
+		t.Errorf("lease B during A's fork bomb: %+v", r)
+	}
+	if err := tr.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	cmd.Wait()
+	// Killed orphans are zombies until the reaper (this process is a subreaper) gets them.
+	waitFor(t, "lease A's pids to drop to 0", func() bool {
+		u, _ := s.Usage(a.ID)
+		return u.Pids == 0
+	})
+}
+
+func TestMemoryHogIsOOMKilled(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.MemoryBytes = 32 << 20 })
+	r := run(t, s, l.ID, process.Spec{Argv: []string{"/usr/bin/python3", "-c", "b = bytearray(512 << 20); print('survived')"}})
+	if !r.signaled || !r.oom || strings.Contains(r.stdout, "survived") {
+		t.Fatalf("memory hog: %+v, want OOM-killed", r)
+	}
+	if r := run(t, s, l.ID, sh("true")); r.oom {
+		t.Errorf("a later command is reported OOM-killed too")
+	}
+	if u, err := s.Usage(l.ID); err != nil || u.OOMKills < 1 {
+		t.Errorf("Usage = %+v, %v; want OOMKills >= 1", u, err)
+	}
+}
+
+// Tree.Kill takes children, grandchildren, setsid'd and double-forked descendants.
+func TestTreeKillTakesEverything(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	cmd, tr, err := s.Command(l.ID, sh(`sleep 100 & setsid sleep 100 & (sh -c 'sleep 100 &' &) ; sh -c 'sleep 100' & echo ready; wait`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("got %q", line)
+	}
+	child := tr.(*tree).child
+	dir := filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID, child)
+	var pids []int
+	waitFor(t, "five processes", func() bool {
+		pids, _ = readPids(dir)
+		return len(pids) >= 6
+	})
+	if err := tr.Kill(); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	if left, _ := readPids(dir); len(left) != 0 {
+		t.Errorf("after Kill: %v left", left)
+	}
+	if err := cmd.Wait(); err == nil {
+		t.Error("Wait: want killed")
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Errorf("pid %d alive after Kill", pid)
+		}
+	}
+}
+
+// alive: exists and is not a zombie (an orphan may wait for its reaper).
+func alive(pid int) bool {
+	return syscall.Kill(pid, 0) == nil && !isZombie(pid)
+}
+
+func TestNetworkNone(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+	r := run(t, s, l.ID, sh(`tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; /usr/bin/python3 -c "
+import socket
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
+socket.create_connection(s.getsockname()); print('lo up')"; readlink /proc/self/ns/net`))
+	out := lines(r.stdout)
+	if len(out) != 3 || out[0] != "lo" || out[1] != "lo up" {
+		t.Fatalf("want only lo, up: %q %s", out, r.stderr)
+	}
+	own, _ := os.Readlink("/proc/self/ns/net")
+	if out[2] == own {
+		t.Errorf("lease shares the daemon's network namespace %s", own)
+	}
+	// One namespace per lease: a second process is in the same one, so a server and an
+	// exec of the same lease can talk over loopback.
+	if r2 := run(t, s, l.ID, process.Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r2.stdout) != out[2] {
+		t.Errorf("second process in %q, first in %q", r2.stdout, out[2])
+	}
+	host := newTestLease(t, s, nil)
+	if r := run(t, s, host.ID, process.Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r.stdout) != own {
+		t.Errorf("network host lease in %q, want the host's %q", r.stdout, own)
+	}
+}
+
+// Teardown leaves no process, cgroup or network namespace.
+func TestTeardownLeavesNothing(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+	cmd, tr, err := s.Command(l.ID, sh(`(setsid sh -c 'sleep 100 & sleep 100' &); echo ready; sleep 100`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	bufio.NewReader(out).ReadString('\n')
+	freezer := filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID)
+	var pids []int
+	waitFor(t, "the lease's processes", func() bool {
+		pids, _ = readPids(freezer)
+		return len(pids) >= 4
+	})
+	s.mu.Lock()
+	var st syscall.Stat_t
+	syscall.Fstat(int(s.leases[l.ID].netns.Fd()), &st)
+	s.mu.Unlock()
+	netns := "net:[" + strconv.FormatUint(st.Ino, 10) + "]"
+
+	if err := s.Teardown(context.Background(), l.ID); err != nil {
+		t.Fatalf("Teardown: %v", err)
+	}
+	cmd.Wait()
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Errorf("pid %d alive after Teardown", pid)
+		}
+	}
+	for _, ctrl := range v1Controllers {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent, l.ID)); !os.IsNotExist(err) {
+			t.Errorf("%s cgroup of the lease still there (%v)", ctrl, err)
+		}
+	}
+	links, _ := filepath.Glob("/proc/[0-9]*/ns/net")
+	fds, _ := filepath.Glob("/proc/self/fd/*")
+	for _, p := range append(links, fds...) {
+		if target, _ := os.Readlink(p); target == netns {
+			t.Errorf("%s still holds the lease's network namespace", p)
+		}
+	}
+	if _, err := s.Usage(l.ID); err == nil {
+		t.Error("Usage after Teardown: want ErrUnknownLease")
+	}
+}
+
+// Sweep, in a new daemon run, removes a lease cgroup the state does not know.
+func TestSweepRemovesOrphans(t *testing.T) {
+	s := newTestSandbox(t)
+	parent := testCgroupParent + "/sweep-" + strconv.Itoa(os.Getpid())
+	self, _ := os.Executable()
+	old, err := New(Config{CgroupParent: parent, HelperPath: self})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, ctrl := range []string{"memory", "cpu", "cpuacct", "pids", "freezer"} {
+			syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, parent))
+		}
+	})
+	kept := newTestLease(t, old, nil)
+	orphan := newTestLease(t, old, nil)
+	cmd, tr, err := old.Command(orphan.ID, process.Spec{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.(*tree).Started(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	go cmd.Wait()
+	_ = s
+
+	restarted, err := New(Config{CgroupParent: parent, HelperPath: self})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, pids, err := restarted.Sweep(context.Background(), func(id string) bool { return id == kept.ID })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != orphan.ID || len(pids) != 1 || pids[0] != cmd.Process.Pid {
+		t.Errorf("Sweep = %v, %v; want [%s], [%d]", ids, pids, orphan.ID, cmd.Process.Pid)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", parent, orphan.ID)); !os.IsNotExist(err) {
+		t.Errorf("orphan cgroup still there")
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", parent, kept.ID)); err != nil {
+		t.Errorf("known lease's cgroup removed: %v", err)
+	}
+}
