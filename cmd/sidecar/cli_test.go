@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+func TestParseExec(t *testing.T) {
+	tests := []struct {
+		args    []string
+		want    execArgs
+		wantErr bool
+	}{
+		{args: []string{"L1", "--", "ls", "-l"}, want: execArgs{lease: "L1", argv: []string{"ls", "-l"}}},
+		{args: []string{"L1", "ls", "-l"}, want: execArgs{lease: "L1", argv: []string{"ls", "-l"}}},
+		{args: []string{"-i", "-t", "--cwd", "src", "--env", "A=1", "--env", "B=x=y", "--timeout", "5s", "L1", "--", "sh", "-c", "echo --"},
+			want: execArgs{interactive: true, tty: true, cwd: "src", env: map[string]string{"A": "1", "B": "x=y"},
+				timeout: 5 * time.Second, lease: "L1", argv: []string{"sh", "-c", "echo --"}}},
+		{args: []string{"L1"}, wantErr: true},
+		{args: []string{"L1", "--"}, wantErr: true},
+		{args: []string{"--env", "NOEQUALS", "L1", "true"}, wantErr: true},
+		{args: []string{"--timeout", "-1s", "L1", "true"}, wantErr: true},
+		{args: []string{"--bogus", "L1", "true"}, wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := parseExec(tt.args)
+		if (err != nil) != tt.wantErr {
+			t.Errorf("%q: err = %v", tt.args, err)
+			continue
+		}
+		if !tt.wantErr && !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%q:\n got %+v\nwant %+v", tt.args, got, tt.want)
+		}
+	}
+}
+
+func TestParseNewLease(t *testing.T) {
+	got, err := parseNewLease([]string{"sess-1", "--ttl", "1h", "--network", "none", "--label", "team=ml", "--label", "env=dev", "-o", "json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := newLeaseArgs{output: "json", req: apitype.AcquireRequest{SessionID: "sess-1", TTLSeconds: 3600,
+		Network: "none", Labels: map[string]string{"team": "ml", "env": "dev"}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v", got)
+	}
+	for _, bad := range [][]string{
+		{}, {"a", "b"}, {"s", "--ttl", "1.5s"}, {"s", "--network", "bridge"}, {"s", "--label", "x"}, {"s", "-o", "yaml"},
+	} {
+		if _, err := parseNewLease(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestRemoteArg(t *testing.T) {
+	tests := []struct {
+		arg, lease, path string
+		ok               bool
+	}{
+		{"L1:src/main.go", "L1", "src/main.go", true},
+		{"L1:", "L1", ".", true},
+		{"L1:/abs", "L1", "/abs", true},
+		{"./a:b", "", "", false},
+		{"dir/a:b", "", "", false},
+		{":x", "", "", false},
+		{"plain.txt", "", "", false},
+	}
+	for _, tt := range tests {
+		lease, p, ok := remoteArg(tt.arg)
+		if lease != tt.lease || p != tt.path || ok != tt.ok {
+			t.Errorf("remoteArg(%q) = %q, %q, %v", tt.arg, lease, p, ok)
+		}
+	}
+}
+
+func TestParseCp(t *testing.T) {
+	up, err := parseCp([]string{"-z", "./build", "L1:out/"})
+	if err != nil || !up.upload || up.lease != "L1" || up.remote != "out/" || up.local != "./build" || !up.compress {
+		t.Fatalf("upload: %+v %v", up, err)
+	}
+	down, err := parseCp([]string{"L1:logs", "."})
+	if err != nil || down.upload || down.remote != "logs" || down.local != "." {
+		t.Fatalf("download: %+v %v", down, err)
+	}
+	for _, bad := range [][]string{{"a", "b"}, {"L1:a", "L2:b"}, {"only"}} {
+		if _, err := parseCp(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestParseScript(t *testing.T) {
+	a, err := parseScript([]string{"run", "f.js", "--input", "in.json", "--lease-token", "tok", "--timeout", "2s"})
+	if err != nil || a.file != "f.js" || a.input != "in.json" || a.leaseToken != "tok" || a.timeout != 2*time.Second {
+		t.Fatalf("%+v %v", a, err)
+	}
+	for _, bad := range [][]string{{}, {"f.js"}, {"run"}, {"run", "a.js", "b.js"}} {
+		if _, err := parseScript(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func TestParseInterspersedStopsAtDoubleDash(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	v := fs.Bool("v", false, "")
+	pos, err := parseInterspersed(fs, []string{"a", "-v", "b", "--", "-c", "d"})
+	if err != nil || !*v || !reflect.DeepEqual(pos, []string{"a", "b", "-c", "d"}) {
+		t.Fatalf("pos %q v %v err %v", pos, *v, err)
+	}
+}
+
+func TestLeaseTable(t *testing.T) {
+	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
+	leases := []apitype.Lease{
+		{ID: "L1", SessionID: "sess-a", State: "active", ExpiresAt: now.Add(14*time.Minute + 3*time.Second), Processes: 2,
+			Limits: apitype.Limits{MemoryBytes: 512 << 20, DiskBytes: 1 << 30},
+			Usage:  &apitype.Usage{MemoryBytes: 12 << 20, CPUSeconds: 1.25, DiskBytes: 3 << 10}},
+		{ID: "L2", SessionID: "sess-b", State: "expired", ExpiresAt: now.Add(-5 * time.Second)},
+	}
+	var buf bytes.Buffer
+	if err := writeLeaseTable(&buf, leases, now); err != nil {
+		t.Fatal(err)
+	}
+	want := `ID  SESSION  STATE    EXPIRES   PROCS  MEM               CPU   DISK
+L1  sess-a   active   in 14m3s  2      12.0MiB/512.0MiB  1.2s  3.0KiB/1.0GiB
+L2  sess-b   expired  5s ago    0      -                 -     -
+`
+	if got := buf.String(); got != want {
+		t.Fatalf("table:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestExitFor(t *testing.T) {
+	tests := []struct {
+		code     int
+		sig      string
+		timedOut bool
+		want     int
+	}{
+		{0, "", false, 0},
+		{3, "", false, 3},
+		{-1, "KILL", false, 137},
+		{-1, "SIGTERM", false, 143},
+		{-1, "", true, 124},
+	}
+	for _, tt := range tests {
+		err := exitFor(tt.code, tt.sig, tt.timedOut)
+		var ee exitError
+		got := 0
+		if errors.As(err, &ee) {
+			got = ee.code
+		}
+		if got != tt.want {
+			t.Errorf("exitFor(%d, %q, %v) = %d, want %d", tt.code, tt.sig, tt.timedOut, got, tt.want)
+		}
+	}
+}
+
+func TestTokenAndBytes(t *testing.T) {
+	a, b := newToken(), newToken()
+	if len(a) != 43 || a == b || strings.ContainsAny(a, "+/=") {
+		t.Fatalf("tokens %q %q", a, b)
+	}
+	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1.0KiB", 1536 << 20: "1.5GiB"} {
+		if got := humanBytes(n); got != want {
+			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestStreamEnv(t *testing.T) {
+	got := streamEnv(map[string]string{"A": "1"}, []string{"ls"})
+	if !reflect.DeepEqual(got, []string{"env", "A=1", "ls"}) {
+		t.Fatalf("%q", got)
+	}
+}

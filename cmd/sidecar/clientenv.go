@@ -1,0 +1,101 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"golang.org/x/term"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+)
+
+// newClient builds a client from the SANDBOX_REMOTE_* variables, as the app and worker
+// do. A lease token, when given, replaces the shared token (it opens that lease only).
+func newClient(leaseToken string) (*client.Client, error) {
+	if leaseToken != "" {
+		// The CLI process is ours alone: overriding its environment is the simplest way
+		// to let ConfigFromEnv validate everything else unchanged.
+		os.Setenv(client.EnvToken, leaseToken)
+		os.Unsetenv(client.EnvTokenFile)
+	}
+	cfg, err := client.ConfigFromEnv()
+	if err != nil {
+		return nil, err
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	return client.New(cfg)
+}
+
+// parseInterspersed parses flags that may come before, between or after positional
+// arguments ("leases new SESSION --ttl 1h"); "--" ends flag parsing.
+func parseInterspersed(fs interface {
+	Parse([]string) error
+	Args() []string
+}, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		// fs.Parse consumed a "--" if the argument before rest is one.
+		if consumed := len(args) - len(rest); consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// multiFlag collects a repeatable flag such as --env K=V.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// keyValues turns K=V strings into a map.
+func keyValues(kvs []string, what string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%s %q: want KEY=VALUE", what, kv)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+// printJSON writes v indented, for `-o json` and `show`.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// isTerminal reports whether f is a terminal (progress bars and raw mode need one).
+func isTerminal(f *os.File) bool { return term.IsTerminal(int(f.Fd())) }
+
+// humanBytes prints a byte count in IEC units with one decimal.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"golang.org/x/term"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+func init() {
+	register("exec", command{summary: "run a command in a lease (-i/-t for an interactive stream)", run: runExec})
+}
+
+// Exit codes for outcomes that have no exit status of their own, as timeout(1) and
+// shells report them.
+const (
+	exitTimedOut = 124
+	exitSignal   = 128
+)
+
+// execArgs are the parsed arguments of `sidecar exec`.
+type execArgs struct {
+	interactive, tty bool
+	cwd              string
+	env              map[string]string
+	timeout          time.Duration
+	lease            string
+	argv             []string
+}
+
+const execUsage = "usage: sidecar exec [-i] [-t] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE -- COMMAND [ARGS]"
+
+// parseExec reads flags up to LEASE; everything after LEASE (and an optional "--") is
+// the command, so its own flags stay its own.
+func parseExec(args []string) (execArgs, error) {
+	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	var a execArgs
+	var env multiFlag
+	fs.BoolVar(&a.interactive, "i", false, "attach stdin")
+	fs.BoolVar(&a.tty, "t", false, "allocate a terminal")
+	fs.StringVar(&a.cwd, "cwd", "", "working directory, relative to the lease workdir")
+	fs.Var(&env, "env", "environment variable K=V (repeatable)")
+	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
+	if err := fs.Parse(args); err != nil {
+		return a, err
+	}
+	rest := fs.Args()
+	if len(rest) < 2 {
+		return a, errors.New(execUsage)
+	}
+	a.lease, rest = rest[0], rest[1:]
+	if rest[0] == "--" {
+		rest = rest[1:]
+	}
+	if len(rest) == 0 {
+		return a, errors.New(execUsage)
+	}
+	a.argv = rest
+	if a.timeout < 0 {
+		return a, fmt.Errorf("--timeout %v: must not be negative", a.timeout)
+	}
+	var err error
+	a.env, err = keyValues(env, "--env")
+	return a, err
+}
+
+func runExec(ctx context.Context, args []string) error {
+	a, err := parseExec(args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	l := c.OpenLease(a.lease, "")
+	if a.interactive || a.tty {
+		return runStream(ctx, l, a)
+	}
+	res, err := l.Exec(ctx, apitype.ExecRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TimeoutSeconds: a.timeout.Seconds()})
+	if err != nil {
+		return err
+	}
+	_, _ = io.WriteString(os.Stdout, res.Stdout)
+	_, _ = io.WriteString(os.Stderr, res.Stderr)
+	if res.StdoutTruncated || res.StderrTruncated {
+		fmt.Fprintln(os.Stderr, "sidecar: output truncated at the daemon's limit")
+	}
+	return exitFor(res.ExitCode, res.Signal, res.TimedOut)
+}
+
+// exitFor passes a remote outcome on as this process's exit code.
+func exitFor(code int, sig string, timedOut bool) error {
+	switch {
+	case timedOut:
+		fmt.Fprintln(os.Stderr, "sidecar: command timed out")
+		return exitError{exitTimedOut}
+	case sig != "":
+		n := unix.SignalNum("SIG" + strings.TrimPrefix(strings.ToUpper(sig), "SIG"))
+		if n == 0 {
+			return exitError{exitSignal + int(unix.SIGKILL)}
+		}
+		return exitError{exitSignal + int(n)}
+	case code != 0:
+		return exitError{code}
+	}
+	return nil
+}
+
+// streamEnv prefixes argv with env(1) so that variables reach a websocket exec, whose
+// query has no environment.
+func streamEnv(env map[string]string, argv []string) []string {
+	if len(env) == 0 {
+		return argv
+	}
+	out := []string{"env"}
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	return append(out, argv...)
+}
+
+// runStream runs a over the exec websocket: stdin forwarded with -i, a raw local terminal
+// and SIGWINCH resizes with -t.
+func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
+	if a.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+	}
+	req := client.ExecStreamRequest{Argv: streamEnv(a.env, a.argv), Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive}
+	stdinFd, stdoutFd := int(os.Stdin.Fd()), int(os.Stdout.Fd())
+	localTTY := a.tty && term.IsTerminal(stdinFd)
+	if a.tty && term.IsTerminal(stdoutFd) {
+		if cols, rows, err := term.GetSize(stdoutFd); err == nil {
+			req.Rows, req.Cols = uint16(rows), uint16(cols)
+		}
+	}
+	p, err := l.ExecStream(ctx, req)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	if localTTY {
+		old, err := term.MakeRaw(stdinFd)
+		if err != nil {
+			return fmt.Errorf("raw terminal: %w", err)
+		}
+		defer term.Restore(stdinFd, old)
+		winch := make(chan os.Signal, 1)
+		signal.Notify(winch, syscall.SIGWINCH)
+		defer signal.Stop(winch)
+		go func() {
+			for range winch {
+				if cols, rows, err := term.GetSize(stdoutFd); err == nil {
+					_ = p.Resize(uint16(rows), uint16(cols))
+				}
+			}
+		}()
+	}
+	if a.interactive {
+		go func() {
+			_, _ = io.Copy(p.Stdin, os.Stdin)
+			_ = p.Stdin.Close()
+		}()
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = io.Copy(os.Stdout, p.Stdout) })
+	wg.Go(func() { _, _ = io.Copy(os.Stderr, p.Stderr) })
+	st, err := p.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	wg.Wait()
+	return exitFor(st.ExitCode, st.Signal, st.TimedOut)
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+func init() {
+	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID)", run: runLeases})
+}
+
+const leasesUsage = `usage: sidecar leases ls
+       sidecar leases show ID
+       sidecar leases rm ID
+       sidecar leases new SESSION_ID [--ttl 1h] [--network none|host] [--label k=v]... [-o json]`
+
+func runLeases(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, leasesUsage)
+		return flag.ErrHelp
+	}
+	switch args[0] {
+	case "ls", "list":
+		return leasesList(ctx, args[1:])
+	case "show", "get":
+		return leasesShow(ctx, args[1:])
+	case "rm", "release":
+		return leasesRemove(ctx, args[1:])
+	case "new", "acquire":
+		return leasesNew(ctx, args[1:])
+	default:
+		fmt.Fprintln(os.Stderr, leasesUsage)
+		return fmt.Errorf("leases: unknown subcommand %q", args[0])
+	}
+}
+
+func leasesList(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("leases ls", flag.ContinueOnError)
+	output := fs.String("o", "table", "output format: table or json")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	leases, err := c.List(ctx)
+	if err != nil {
+		return err
+	}
+	if *output == "json" {
+		return printJSON(os.Stdout, apitype.LeaseList{Leases: leases})
+	}
+	return writeLeaseTable(os.Stdout, leases, time.Now())
+}
+
+// oneID parses a subcommand that takes exactly one lease id.
+func oneID(name string, args []string) (string, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return "", err
+	}
+	if len(pos) != 1 {
+		return "", fmt.Errorf("usage: sidecar %s ID", name)
+	}
+	return pos[0], nil
+}
+
+func leasesShow(ctx context.Context, args []string) error {
+	id, err := oneID("leases show", args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	l, err := c.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	return printJSON(os.Stdout, l)
+}
+
+func leasesRemove(ctx context.Context, args []string) error {
+	id, err := oneID("leases rm", args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	return c.Release(ctx, id)
+}
+
+// newLeaseArgs are the parsed arguments of `leases new`.
+type newLeaseArgs struct {
+	req    apitype.AcquireRequest
+	output string
+}
+
+func parseNewLease(args []string) (newLeaseArgs, error) {
+	fs := flag.NewFlagSet("leases new", flag.ContinueOnError)
+	ttl := fs.Duration("ttl", 0, "lease TTL (0: the daemon's default)")
+	network := fs.String("network", "", "network mode: none or host (empty: the daemon's default)")
+	output := fs.String("o", "text", "output format: text or json")
+	var labels multiFlag
+	fs.Var(&labels, "label", "label k=v (repeatable)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return newLeaseArgs{}, err
+	}
+	if len(pos) != 1 || pos[0] == "" {
+		return newLeaseArgs{}, errors.New("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none] [--label k=v] [-o json]")
+	}
+	if *ttl < 0 || *ttl%time.Second != 0 {
+		return newLeaseArgs{}, fmt.Errorf("--ttl %v: want a positive whole number of seconds", *ttl)
+	}
+	switch *network {
+	case "", apitype.NetworkNone, apitype.NetworkHost:
+	default:
+		return newLeaseArgs{}, fmt.Errorf("--network %q: want none or host", *network)
+	}
+	if *output != "text" && *output != "json" {
+		return newLeaseArgs{}, fmt.Errorf("-o %q: want text or json", *output)
+	}
+	lbl, err := keyValues(labels, "--label")
+	if err != nil {
+		return newLeaseArgs{}, err
+	}
+	return newLeaseArgs{
+		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: *network, Labels: lbl},
+		output: *output,
+	}, nil
+}
+
+func leasesNew(ctx context.Context, args []string) error {
+	a, err := parseNewLease(args)
+	if err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	// The handle's background renewal ends with this command; the lease lives on
+	// until its TTL.
+	l, err := c.Acquire(ctx, a.req)
+	if err != nil {
+		return err
+	}
+	info := l.Info()
+	if a.output == "json" {
+		return printJSON(os.Stdout, info)
+	}
+	fmt.Printf("id:      %s\ntoken:   %s\nexpires: %s\n", info.ID, info.Token, info.ExpiresAt.Format(time.RFC3339))
+	return nil
+}
+
+// writeLeaseTable renders the lease inspection list for a terminal.
+func writeLeaseTable(w io.Writer, leases []apitype.Lease, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSESSION\tSTATE\tEXPIRES\tPROCS\tMEM\tCPU\tDISK")
+	for _, l := range leases {
+		mem, cpu, disk := "-", "-", "-"
+		if u := l.Usage; u != nil {
+			mem = usageOf(u.MemoryBytes, l.Limits.MemoryBytes)
+			cpu = fmt.Sprintf("%.1fs", u.CPUSeconds)
+			disk = usageOf(u.DiskBytes, l.Limits.DiskBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
+			l.ID, l.SessionID, l.State, expiresIn(l.ExpiresAt, now), l.Processes, mem, cpu, disk)
+	}
+	return tw.Flush()
+}
+
+// usageOf is "used/limit", or just "used" without a limit.
+func usageOf(used, limit int64) string {
+	if limit <= 0 {
+		return humanBytes(used)
+	}
+	return humanBytes(used) + "/" + humanBytes(limit)
+}
+
+// expiresIn is a short relative time: "in 14m3s", or "3s ago" once past.
+func expiresIn(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := t.Sub(now).Round(time.Second)
+	if d < 0 {
+		return strings.TrimPrefix((-d).String(), "-") + " ago"
+	}
+	return "in " + d.String()
+}

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+)
+
+func init() {
+	register("shell", command{summary: "open an interactive login shell in a lease", run: runShell})
+}
+
+// shellScript prefers bash and falls back to sh; the lease's PATH decides which exist.
+const shellScript = `if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi`
+
+func runShell(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("shell", flag.ContinueOnError)
+	cwd := fs.String("cwd", "", "working directory, relative to the lease workdir")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return errors.New("usage: sidecar shell [--cwd DIR] LEASE")
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	return runStream(ctx, c.OpenLease(pos[0], ""), execArgs{
+		interactive: true, tty: true, cwd: *cwd, lease: pos[0],
+		argv: []string{"sh", "-c", shellScript},
+	})
+}
