@@ -17,7 +17,7 @@ const testToken = "test-shared-token-0123456789abcdefghijkl"
 var fastRetry = retryPolicy{attempts: 3, base: time.Millisecond, max: 5 * time.Millisecond}
 
 // newTestClient serves h over TLS on loopback and returns a client trusting it.
-func newTestClient(t *testing.T, h http.Handler) (*Client, *httptest.Server) {
+func newTestClient(t testing.TB, h http.Handler) (*Client, *httptest.Server) {
 	t.Helper()
 	srv := httptest.NewTLSServer(h)
 	t.Cleanup(srv.Close)

@@ -1,0 +1,76 @@
+package client
+
+import (
+	"context"
+	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// With only a CA file (the production path through tlsconfig.Client), requests speak
+// HTTP/2 when the server offers it, and websockets still upgrade over HTTP/1.1.
+func TestCAFileHTTP2AndWebsocket(t *testing.T) {
+	protos := make(chan int, 4)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		protos <- r.ProtoMajor
+		if websocket.IsWebSocketUpgrade(r) {
+			up := websocket.Upgrader{Subprotocols: []string{apitype.StreamProtocolV5}}
+			conn, err := up.Upgrade(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_ = conn.WriteMessage(websocket.BinaryMessage, append([]byte{apitype.ChannelStdout}, "hi"...))
+			_ = conn.WriteMessage(websocket.BinaryMessage, append([]byte{apitype.ChannelStatus}, `{"status":"Success"}`...))
+			return
+		}
+		writeJSON(w, 200, apitype.Info{Version: "test"})
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil || info.Version != "test" {
+		t.Fatalf("info %+v err %v", info, err)
+	}
+	if p := <-protos; p != 2 {
+		t.Fatalf("request used HTTP/%d, want 2", p)
+	}
+	p, err := c.OpenLease("L1", "tok").Attach(context.Background(), "p1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	out, _ := readAll(t, p)
+	if st, err := p.Wait(context.Background()); err != nil || st.Status != apitype.StatusSuccess || string(out) != "hi" {
+		t.Fatalf("status %+v err %v out %q", st, err, out)
+	}
+	if p := <-protos; p != 1 {
+		t.Fatalf("websocket used HTTP/%d, want 1.1", p)
+	}
+
+	// Without the CA, the daemon's certificate is refused, and not retried as if the
+	// connection had dropped.
+	c2, err := New(Config{URL: srv.URL, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Info(context.Background()); err == nil {
+		t.Fatal("untrusted certificate accepted")
+	}
+}
