@@ -243,9 +243,12 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, scripts: scripts, cancel: cancel, serveErr: make(chan error, 1)}
-	d.wg.Add(2)
+	d.wg.Add(3)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
 	go func() { defer d.wg.Done(); leases.Run(runCtx, cfg.ReapInterval) }()
+	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
+	// they never count against a lease's pids limit.
+	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
 	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups)
 	return d, nil
 }

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -326,10 +327,23 @@ func (s *Server) handlePutArchive(w http.ResponseWriter, r *http.Request, _ prin
 	default:
 		return badRequest("Content-Encoding must be gzip, zstd or none")
 	}
+	// Like `docker cp`, a missing target directory is created; if the archive is then
+	// refused, the directory goes too (it is empty: extraction stages elsewhere).
+	dir := r.PathValue("path")
+	created := false
+	if _, err := f.Stat(dir); errors.Is(err, fsxfer.ErrNotFound) {
+		if err := f.Mkdir(dir); err != nil {
+			return err
+		}
+		created = true
+	}
 	body := &countingReader{r: r.Body}
-	stats, err := f.ExtractTar(r.Context(), r.PathValue("path"), body, enc)
+	stats, err := f.ExtractTar(r.Context(), dir, body, enc)
 	s.metrics.bytes.WithLabelValues("in").Add(float64(body.n))
 	if err != nil {
+		if created {
+			_ = f.Remove(dir, false)
+		}
 		return err
 	}
 	return writeJSON(w, http.StatusOK, stats)
