@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
@@ -18,9 +19,24 @@ func BenchmarkExec(b *testing.B) {
 			}
 		}
 	})
-	b.Run("sandbox", func(b *testing.B) {
-		s := newTestSandbox(b)
-		l := newTestLease(b, s, nil)
+	b.Run("sandbox", func(b *testing.B) { benchSandbox(b, "") })
+	// The helper as its own small binary (sidecar-init), as deployed next to the daemon.
+	b.Run("sandbox-tiny-helper", func(b *testing.B) {
+		helper := filepath.Join(b.TempDir(), "sidecar-init")
+		if out, err := exec.Command("go", "build", "-o", helper, "./sidecar-init").CombinedOutput(); err != nil {
+			b.Skipf("cannot build sidecar-init: %v\n%s", err, out)
+		}
+		benchSandbox(b, helper)
+	})
+}
+
+func benchSandbox(b *testing.B, helper string) {
+	s := newTestSandbox(b)
+	if helper != "" {
+		s.helper = helper
+	}
+	l := newTestLease(b, s, nil)
+	{
 		for b.Loop() {
 			cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"/bin/true"}})
 			if err != nil {
@@ -39,5 +55,5 @@ func BenchmarkExec(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-	})
+	}
 }

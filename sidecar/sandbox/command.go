@@ -184,3 +184,4 @@ func (s *Sandbox) landlockPolicy(l LeaseSpec) *initproc.Landlock {
 	}
 	return p
 }
+
