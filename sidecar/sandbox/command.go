@@ -184,4 +184,3 @@ func (s *Sandbox) landlockPolicy(l LeaseSpec) *initproc.Landlock {
 	}
 	return p
 }
-
