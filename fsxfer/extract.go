@@ -116,6 +116,10 @@ type staging struct {
 	relDir string   // the target directory, relative to the workdir
 	res    *reservation
 	dirs   []stagedDir
+	size   int64 // logical bytes extracted: holes cost no disk, but a bomb of them still stops at the quota
+	// What this archive has created so far, to save system calls on the common case of
+	// new names in known directories (a tar of 10,000 small files is syscall bound).
+	made map[string]bool // name → is a directory
 }
 
 type stagedDir struct {
@@ -131,7 +135,7 @@ func (f *FS) newStaging(d *os.File, rel string) (*staging, error) {
 	if err := unix.Mkdirat(fd(d), name, 0o700); err != nil {
 		return nil, err
 	}
-	s := &staging{f: f, parent: fd(d), name: name, fd: -1, relDir: rel}
+	s := &staging{f: f, parent: fd(d), name: name, fd: -1, relDir: rel, made: map[string]bool{".": true}}
 	var err error
 	if s.fd, err = openDirAt(fd(d), name, mustMnt(fd(d))); err != nil {
 		_ = unix.Unlinkat(fd(d), name, unix.AT_REMOVEDIR)
@@ -293,11 +297,17 @@ func (s *staging) checkLinkTarget(name, target string) error {
 
 // mkdirs creates name and its parents in the staging directory.
 func (s *staging) mkdirs(name string) error {
+	if s.made[name] {
+		return nil
+	}
 	if err := s.root.MkdirAll(name, 0o700); err != nil {
 		if errors.Is(err, unix.ENOTDIR) || errors.Is(err, os.ErrExist) {
 			return fmt.Errorf("%w: %q is not a directory", ErrNotDir, shorten(name))
 		}
 		return err
+	}
+	for p := name; p != "."; p = path.Dir(p) {
+		s.made[p] = true
 	}
 	return s.res.grow(4096)
 }
@@ -309,6 +319,10 @@ func (s *staging) prepare(name string) error {
 		if err := s.mkdirs(dir); err != nil {
 			return err
 		}
+	}
+	if _, seen := s.made[name]; !seen {
+		s.made[name] = false
+		return nil
 	}
 	st, err := s.root.Lstat(name)
 	if errors.Is(err, os.ErrNotExist) {
@@ -324,6 +338,10 @@ func (s *staging) prepare(name string) error {
 }
 
 func (s *staging) file(ctx context.Context, name string, hdr *tar.Header, tr *tar.Reader) error {
+	s.size += hdr.Size
+	if q := s.f.cfg.QuotaBytes; q > 0 && s.size > q {
+		return fmt.Errorf("%w: archive holds more than the quota", ErrQuota)
+	}
 	h, err := s.root.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
