@@ -1,0 +1,430 @@
+package script
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Runner runs scripts on a pool of worker processes. It is safe for concurrent use;
+// callers beyond the pool size queue in arrival order.
+type Runner struct {
+	cfg      Config
+	log      *slog.Logger
+	asRoot   bool
+	root     string // empty read-only WASI root shared by all workers
+	cacheDir string
+	ownCache bool
+	cg       *memCgroup // pool cgroup; nil when bounded by RLIMIT_DATA
+
+	idle   chan *proc // FIFO: Go wakes blocked receivers in order
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	seq    atomic.Int64
+	queued atomic.Int64  // callers waiting for a worker
+	warm   chan struct{} // closed once the first worker is ready and the cache sealed
+	mu     sync.Mutex
+	live   map[*proc]struct{}
+	closed bool
+}
+
+// New validates cfg, fills in defaults and starts warming the worker pool in the
+// background; Run waits for a warm worker. A disabled Runner only answers ErrDisabled.
+func New(ctx context.Context, cfg Config) (*Runner, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	r := &Runner{cfg: cfg, log: cfg.Logger}
+	if !cfg.Enabled {
+		return r, nil
+	}
+	r.asRoot = os.Geteuid() == 0
+	if _, err := os.Stat(cfg.HelperPath); err != nil {
+		return nil, fmt.Errorf("script: helper: %w", err)
+	}
+	if err := r.makeDirs(); err != nil {
+		r.removeDirs()
+		return nil, err
+	}
+	if r.asRoot {
+		rel := filepath.Join(cfg.CgroupParent, cfg.CgroupName)
+		cg, err := newMemCgroup(rel, int64(cfg.Workers)*workerBudget(cfg.MaxMemoryBytes))
+		if err != nil {
+			r.log.Warn("script workers bounded by RLIMIT_DATA only", "reason", err)
+		}
+		r.cg = cg
+	} else {
+		r.log.Warn("script workers bounded by RLIMIT_DATA only", "reason", "not root")
+	}
+	r.idle = make(chan *proc, cfg.Workers)
+	r.live = map[*proc]struct{}{}
+	r.warm = make(chan struct{})
+	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
+	for slot := range cfg.Workers {
+		r.wg.Add(1)
+		go r.keepSlot(slot)
+	}
+	return r, nil
+}
+
+func (c *Config) fill() error {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Workers <= 0 {
+		c.Workers = DefaultWorkers
+	}
+	if c.HelperPath == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("script: helper path: %w", err)
+		}
+		c.HelperPath = exe
+	}
+	if c.CgroupName == "" {
+		c.CgroupName = fmt.Sprintf("sidecar-scripts-%d", os.Getpid())
+	}
+	if c.WorkerArgs == nil {
+		c.WorkerArgs = []string{workerSubcommand}
+	}
+	def := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.DefaultTimeout, DefaultTimeout)
+	def(&c.MaxTimeout, DefaultMaxTimeout)
+	defInt := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defInt(&c.MaxSourceBytes, DefaultMaxSourceBytes)
+	defInt(&c.MaxInputBytes, DefaultMaxInputBytes)
+	defInt(&c.MaxResultBytes, DefaultMaxResultBytes)
+	defInt(&c.MaxLogBytes, DefaultMaxLogBytes)
+	defInt(&c.MaxLogLines, DefaultMaxLogLines)
+	if c.DefaultMemoryBytes <= 0 {
+		c.DefaultMemoryBytes = DefaultMemoryBytes
+	}
+	if c.MaxMemoryBytes <= 0 {
+		c.MaxMemoryBytes = DefaultMaxMemoryBytes
+	}
+	if c.WorkerUID <= 0 {
+		c.WorkerUID = DefaultWorkerUID
+	}
+	if c.WorkerGID <= 0 {
+		c.WorkerGID = DefaultWorkerUID
+	}
+	switch {
+	case c.DefaultTimeout > c.MaxTimeout:
+		return fmt.Errorf("script: default timeout %v over max %v", c.DefaultTimeout, c.MaxTimeout)
+	case c.DefaultMemoryBytes > c.MaxMemoryBytes || c.DefaultMemoryBytes < minMemoryBytes:
+		return fmt.Errorf("script: default memory %d not in [%d, %d]", c.DefaultMemoryBytes, minMemoryBytes, c.MaxMemoryBytes)
+	}
+	return nil
+}
+
+// makeDirs creates the empty WASI root (read-only for the worker: root-owned 0555, and
+// WASI has no chmod) and the compilation cache.
+func (r *Runner) makeDirs() error {
+	root, err := os.MkdirTemp("", "sidecar-script-root-")
+	if err != nil {
+		return fmt.Errorf("script: root: %w", err)
+	}
+	r.root = root
+	if err := os.Chmod(root, 0o555); err != nil {
+		return fmt.Errorf("script: root: %w", err)
+	}
+	r.cacheDir = r.cfg.CacheDir
+	if r.cacheDir == "" {
+		if r.cacheDir, err = os.MkdirTemp("", "sidecar-script-cache-"); err != nil {
+			return fmt.Errorf("script: cache: %w", err)
+		}
+		r.ownCache = true
+	} else if err := os.MkdirAll(r.cacheDir, 0o755); err != nil {
+		return fmt.Errorf("script: cache: %w", err)
+	}
+	if err := os.Chmod(r.cacheDir, 0o755); err != nil {
+		return fmt.Errorf("script: cache: %w", err)
+	}
+	if r.asRoot {
+		// Only the first worker, before it has run any script, may write the cache;
+		// sealCache takes the right back.
+		return os.Chown(r.cacheDir, r.cfg.WorkerUID, r.cfg.WorkerGID)
+	}
+	return nil
+}
+
+// sealCache makes the compilation cache root-owned, so a compromised worker cannot
+// plant code that later workers would load.
+func (r *Runner) sealCache() {
+	if !r.asRoot {
+		return
+	}
+	err := filepath.WalkDir(r.cacheDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := os.Lchown(path, 0, 0); err != nil {
+			return err
+		}
+		mode := fs.FileMode(0o644)
+		if d.IsDir() {
+			mode = 0o755
+		}
+		return os.Chmod(path, mode)
+	})
+	if err != nil {
+		r.log.Warn("seal script compilation cache", "err", err)
+	}
+}
+
+func (r *Runner) removeDirs() {
+	if r.root != "" {
+		_ = os.Remove(r.root)
+	}
+	if r.ownCache && r.cacheDir != "" {
+		_ = os.RemoveAll(r.cacheDir)
+	}
+}
+
+// keepSlot keeps one worker alive: start it, offer it, and replace it once retired.
+func (r *Runner) keepSlot(slot int) {
+	defer r.wg.Done()
+	if slot > 0 {
+		select { // later workers load what the first one compiled
+		case <-r.warm:
+		case <-r.ctx.Done():
+			return
+		}
+	}
+	backoff := 100 * time.Millisecond
+	for first := true; ; first = false {
+		start := time.Now()
+		p, err := r.spawnWorker(r.ctx, r.seq.Add(1))
+		if slot == 0 && first {
+			r.sealCache()
+			close(r.warm)
+		}
+		if err != nil {
+			if r.ctx.Err() != nil {
+				return
+			}
+			r.log.Error("script worker start failed", "err", err, "retry_in", backoff)
+			select {
+			case <-time.After(backoff):
+				backoff = min(2*backoff, 5*time.Second)
+				continue
+			case <-r.ctx.Done():
+				return
+			}
+		}
+		backoff = 100 * time.Millisecond
+		r.log.Debug("script worker ready", "worker", p.id, "pid", p.cmd.Process.Pid, "start", time.Since(start))
+		if !r.track(p) {
+			r.release(p)
+			return
+		}
+		r.idle <- p // never blocks: one slot, one worker
+		select {
+		case <-p.exited:
+		case <-r.ctx.Done():
+			return
+		}
+		r.untrack(p)
+		r.release(p)
+	}
+}
+
+func (r *Runner) track(p *proc) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.live[p] = struct{}{}
+	return true
+}
+
+func (r *Runner) untrack(p *proc) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.live, p)
+}
+
+// release kills a worker and removes its cgroup.
+func (r *Runner) release(p *proc) {
+	p.kill()
+	if p.cg != nil {
+		if err := p.cg.remove(context.Background()); err != nil {
+			r.log.Warn("remove script worker cgroup", "err", err)
+		}
+	}
+}
+
+// Run runs one script and returns its result, or an *Error for the script's own
+// failures, ErrDisabled, ErrClosed or the context's error.
+func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
+	if !r.cfg.Enabled {
+		return Result{}, ErrDisabled
+	}
+	j, timeout, err := r.validate(req)
+	if err != nil {
+		return Result{}, err
+	}
+	var p *proc
+	r.queued.Add(1)
+	select {
+	case p = <-r.idle:
+	case <-ctx.Done():
+		r.queued.Add(-1)
+		return Result{}, ctx.Err()
+	case <-r.ctx.Done():
+		r.queued.Add(-1)
+		return Result{}, ErrClosed
+	}
+	r.queued.Add(-1)
+	res, healthy, err := r.exec(ctx, p, j, timeout)
+	if healthy {
+		r.idle <- p
+	} else {
+		p.kill() // its slot sees it exit and starts a replacement
+	}
+	return res, err
+}
+
+// Queued is how many callers are waiting for a worker (a gauge for metrics).
+func (r *Runner) Queued() int { return int(r.queued.Load()) }
+
+func (r *Runner) validate(req Request) (job, time.Duration, error) {
+	c := r.cfg
+	timeout, mem := req.Timeout, req.MemoryBytes
+	if timeout == 0 {
+		timeout = c.DefaultTimeout
+	}
+	if mem == 0 {
+		mem = c.DefaultMemoryBytes
+	}
+	switch {
+	case req.Source == "":
+		return job{}, 0, invalid("source is empty")
+	case len(req.Source) > c.MaxSourceBytes:
+		return job{}, 0, invalid("source is %d bytes, over the %d byte limit", len(req.Source), c.MaxSourceBytes)
+	case len(req.Input) > c.MaxInputBytes:
+		return job{}, 0, invalid("input is %d bytes, over the %d byte limit", len(req.Input), c.MaxInputBytes)
+	case len(req.Input) > 0 && !json.Valid(req.Input):
+		return job{}, 0, invalid("input is not valid JSON")
+	case timeout < 0 || timeout > c.MaxTimeout:
+		return job{}, 0, invalid("timeout %v not in (0, %v]", timeout, c.MaxTimeout)
+	case mem < minMemoryBytes || mem > c.MaxMemoryBytes:
+		return job{}, 0, invalid("memory %d bytes not in [%d, %d]", mem, minMemoryBytes, c.MaxMemoryBytes)
+	}
+	input := req.Input
+	if len(input) == 0 {
+		input = json.RawMessage("null")
+	}
+	return job{Source: req.Source, Input: input, MemoryBytes: mem}, timeout, nil
+}
+
+// exec runs j on p. healthy reports whether p may serve another job.
+func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration) (res Result, healthy bool, err error) {
+	budget := workerBudget(j.MemoryBytes)
+	if p.cg != nil {
+		// Lowering the limit fails while the worker still holds more than that; the
+		// pool-wide limit and the watchdog below still hold then.
+		if err := p.cg.setLimit(budget); err != nil {
+			r.log.Debug("script worker limit not lowered", "worker", p.id, "err", err)
+		}
+	}
+	start := time.Now()
+	replies := make(chan error, 1)
+	var rep reply
+	go func() {
+		if err := writeFrame(p.in, j); err != nil {
+			replies <- err
+			return
+		}
+		replies <- readFrame(p.out, r.cfg.MaxResultBytes+2*r.cfg.MaxLogBytes+(64<<10), &rep)
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	watch := time.NewTicker(watchInterval)
+	defer watch.Stop()
+	oomBefore := 0
+	if p.cg != nil {
+		oomBefore = p.cg.oomKills()
+	}
+	for {
+		select {
+		case err := <-replies:
+			d := time.Since(start)
+			if err != nil {
+				p.kill()
+				return Result{}, false, r.crashError(p, oomBefore, err)
+			}
+			if rep.Error != nil {
+				return Result{}, !rep.Unusable, rep.Error
+			}
+			return Result{Result: rep.Result, Logs: rep.Logs, Duration: d}, !rep.Unusable, nil
+		case <-timer.C:
+			return Result{}, false, &Error{Kind: KindTimeout, Message: fmt.Sprintf("script ran over its %v limit", timeout)}
+		case <-ctx.Done():
+			return Result{}, false, ctx.Err()
+		case <-watch.C:
+			if rss := p.rss(); rss > budget {
+				return Result{}, false, &Error{Kind: KindMemory, Message: fmt.Sprintf("script used over %d bytes", j.MemoryBytes)}
+			}
+		}
+	}
+}
+
+// crashError explains a worker that died mid-job.
+func (r *Runner) crashError(p *proc, oomBefore int, cause error) error {
+	if p.cg != nil && p.cg.oomKills() > oomBefore {
+		return &Error{Kind: KindMemory, Message: "script ran out of memory"}
+	}
+	if errors.Is(cause, errFrameTooLarge) {
+		return invalid("script output too large")
+	}
+	r.log.Warn("script worker died", "worker", p.id, "err", cause, "stderr", p.stderr.String())
+	return &Error{Kind: KindException, Message: "script crashed its runtime"}
+}
+
+// Close kills the workers and removes the cgroups and temporary directories.
+func (r *Runner) Close() error {
+	if !r.cfg.Enabled {
+		return nil
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	live := make([]*proc, 0, len(r.live))
+	for p := range r.live {
+		live = append(live, p)
+	}
+	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
+	for _, p := range live {
+		r.release(p)
+	}
+	var err error
+	if r.cg != nil {
+		err = r.cg.remove(context.Background())
+	}
+	r.removeDirs()
+	return err
+}

@@ -1,0 +1,125 @@
+// Package script runs untrusted JavaScript transforms (QuickJS via fastschema/qjs) for
+// workflow transform.script steps, so that a runaway script can never hang, crash or bloat
+// the daemon.
+//
+// JavaScript never runs in the daemon process. A Runner keeps a small pool of warm worker
+// processes (the daemon's own binary run as a hidden subcommand that calls WorkerMain),
+// each serving one script at a time over a length-prefixed JSON protocol on its
+// stdin/stdout. A worker runs as an unprivileged uid with no_new_privs, a clean
+// environment and no inherited descriptors, inside its own memory cgroup when the daemon
+// is root (RLIMIT_DATA otherwise), and every script gets a fresh QuickJS runtime whose
+// WASI root is an empty read-only directory. A worker that overruns its time or memory, or
+// whose runtime panics, is killed and replaced.
+package script
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// Defaults and ceilings for Config.
+const (
+	DefaultWorkers            = 2
+	DefaultTimeout            = time.Second
+	DefaultMaxTimeout         = 30 * time.Second
+	DefaultMemoryBytes        = 64 << 20
+	DefaultMaxMemoryBytes     = 512 << 20
+	DefaultMaxSourceBytes     = 256 << 10
+	DefaultMaxInputBytes      = 8 << 20
+	DefaultMaxResultBytes     = 8 << 20
+	DefaultMaxLogBytes        = 64 << 10
+	DefaultMaxLogLines        = 1000
+	DefaultWorkerUID          = 65534 // nobody
+	minMemoryBytes            = 1 << 20
+	workerSubcommand          = "__script-worker"
+	workerSubcommandEnvMarker = "SIDECAR_SCRIPT_WORKER_STAGE"
+)
+
+// Config configures a Runner. Zero fields take the defaults above.
+type Config struct {
+	Enabled    bool
+	Workers    int    // pool size, default 2
+	HelperPath string // binary whose WorkerArgs start a worker; default os.Executable()
+	// WorkerArgs are the arguments that make HelperPath run WorkerMain; default
+	// ["__script-worker"].
+	WorkerArgs                         []string
+	DefaultTimeout, MaxTimeout         time.Duration // default 1s, max 30s
+	DefaultMemoryBytes, MaxMemoryBytes int64         // default 64 MiB, max 512 MiB
+	MaxSourceBytes, MaxInputBytes      int           // 256 KiB, 8 MiB
+	MaxResultBytes                     int           // 8 MiB: JSON of the returned value
+	MaxLogBytes, MaxLogLines           int           // 64 KiB, 1000 lines per run
+	// CacheDir holds wazero's compilation cache so that a new worker starts in ~0.3 s
+	// instead of ~1.4 s. Empty: a private temporary directory removed by Close.
+	CacheDir string
+	// CgroupParent is the memory cgroup (relative to the v1 memory hierarchy) under which
+	// the pool's cgroup "sidecar-scripts-<pid>" is made; default the hierarchy root.
+	CgroupParent string
+	// CgroupName names the pool's cgroup; default "sidecar-scripts-<pid>".
+	CgroupName string
+	// WorkerUID/WorkerGID run workers when the daemon is root; default 65534 (nobody).
+	WorkerUID, WorkerGID int
+	Logger               *slog.Logger
+}
+
+// Request is one script run.
+type Request struct {
+	Source      string          // defines function transform(input)
+	Input       json.RawMessage // passed to transform; empty means null
+	Timeout     time.Duration   // 0: Config.DefaultTimeout
+	MemoryBytes int64           // 0: Config.DefaultMemoryBytes
+}
+
+// Result is a successful run.
+type Result struct {
+	Result   json.RawMessage // JSON of transform's return value (null for undefined)
+	Logs     []string        // console.log lines, bounded by MaxLogBytes/MaxLogLines
+	Duration time.Duration   // time the worker spent on the script
+}
+
+// Error kinds.
+const (
+	KindSyntax    = "syntax"
+	KindException = "exception"
+	KindTimeout   = "timeout"
+	KindMemory    = "memory"
+	KindInvalid   = "invalid"
+)
+
+// Error is a script's own failure: the HTTP layer answers 422 with Code().
+type Error struct {
+	Kind    string `json:"kind"` // syntax, exception, timeout, memory, invalid
+	Message string `json:"message"`
+	Line    int    `json:"line,omitempty"`
+	Column  int    `json:"column,omitempty"`
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("script %s error at %d:%d: %s", e.Kind, e.Line, e.Column, e.Message)
+	}
+	return fmt.Sprintf("script %s error: %s", e.Kind, e.Message)
+}
+
+// Code is the stable wire code for the error: script_timeout or script_error.
+func (e *Error) Code() string {
+	if e.Kind == KindTimeout {
+		return apitype.CodeScriptTimeout
+	}
+	return apitype.CodeScriptError
+}
+
+var (
+	// ErrDisabled is returned by Run when the capability is off (404 capability_disabled).
+	ErrDisabled = errors.New("script: capability disabled")
+	// ErrClosed is returned by Run after Close (503 unavailable).
+	ErrClosed = errors.New("script: runner closed")
+)
+
+func invalid(format string, a ...any) *Error {
+	return &Error{Kind: KindInvalid, Message: fmt.Sprintf(format, a...)}
+}
