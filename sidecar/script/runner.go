@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -158,11 +159,26 @@ func (r *Runner) makeDirs() error {
 		return fmt.Errorf("script: cache: %w", err)
 	}
 	if r.asRoot {
+		r.warnUnreachable(r.cacheDir)
 		// Only the first worker, before it has run any script, may write the cache;
 		// sealCache takes the right back.
 		return os.Chown(r.cacheDir, r.cfg.WorkerUID, r.cfg.WorkerGID)
 	}
 	return nil
+}
+
+// warnUnreachable warns when the worker uid cannot traverse to dir: workers then
+// compile QuickJS themselves on every start (~1.4 s instead of ~0.3 s).
+func (r *Runner) warnUnreachable(dir string) {
+	for d := filepath.Dir(dir); ; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			r.log.Warn("script compilation cache not reachable by the worker uid; workers will start slowly", "cache_dir", dir, "blocked_at", d)
+			return
+		}
+		if d == filepath.Dir(d) {
+			return
+		}
+	}
 }
 
 // sealCache makes the compilation cache root-owned, so a compromised worker cannot
@@ -369,8 +385,15 @@ func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration
 		case err := <-replies:
 			d := time.Since(start)
 			if err != nil {
+				// Let it finish dying on its own, so its exit status says who killed it.
+				died := false
+				select {
+				case <-p.exited:
+					died = true
+				case <-time.After(time.Second):
+				}
 				p.kill()
-				return Result{}, false, r.crashError(p, oomBefore, err)
+				return Result{}, false, r.crashError(p, died, oomBefore, err)
 			}
 			if rep.Error != nil {
 				return Result{}, !rep.Unusable, rep.Error
@@ -388,15 +411,20 @@ func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration
 	}
 }
 
-// crashError explains a worker that died mid-job.
-func (r *Runner) crashError(p *proc, oomBefore int, cause error) error {
-	if p.cg != nil && p.cg.oomKills() > oomBefore {
+// crashError explains a worker that died mid-job. A SIGKILL we did not send comes from
+// the kernel's OOM killer: the cgroup limit or, without cgroups, the daemon's host.
+func (r *Runner) crashError(p *proc, died bool, oomBefore int, cause error) error {
+	killed := false
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); died && ok && ws.Signaled() {
+		killed = ws.Signal() == syscall.SIGKILL
+	}
+	if killed || (p.cg != nil && p.cg.oomKills() > oomBefore) {
 		return &Error{Kind: KindMemory, Message: "script ran out of memory"}
 	}
 	if errors.Is(cause, errFrameTooLarge) {
 		return invalid("script output too large")
 	}
-	r.log.Warn("script worker died", "worker", p.id, "err", cause, "stderr", p.stderr.String())
+	r.log.Warn("script worker died", "worker", p.id, "err", cause, "state", p.cmd.ProcessState.String(), "stderr", p.stderr.String())
 	return &Error{Kind: KindException, Message: "script crashed its runtime"}
 }
 

@@ -107,6 +107,12 @@ func (w *worker) prepare(limit int64) (err error) {
 		Stdout:      w.sink,
 		Stderr:      w.sink,
 	})
+	if err != nil && w.cfg.CacheDir != "" {
+		// An unreadable cache must not take the capability down: compile instead.
+		fmt.Fprintf(os.Stderr, "script worker: compilation cache %s unusable, compiling: %v\n", w.cfg.CacheDir, err)
+		w.cfg.CacheDir = ""
+		return w.prepare(limit)
+	}
 	if err != nil {
 		return fmt.Errorf("new runtime: %w", err)
 	}
