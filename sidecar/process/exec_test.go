@@ -186,7 +186,13 @@ func TestExecContextCancelKillsTree(t *testing.T) {
 
 func TestExecTTY(t *testing.T) {
 	m := newManager(t, Config{})
-	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: Spec{Argv: []string{"sh", "-c", "tty; stty size; echo err >&2"}, TTY: true}})
+	// Given stdin on a TTY ends with the terminal's EOF, so cat finishes.
+	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: Spec{Argv: []string{"cat"}, TTY: true}, Stdin: strings.NewReader("hi\n")})
+	if err != nil || res.Stdout != "hi\r\nhi\r\n" || res.ExitCode != 0 {
+		t.Fatalf("cat on a TTY: %+v, %v", res, err)
+	}
+
+	res, err = m.Exec(t.Context(), "lease", ExecRequest{Spec: Spec{Argv: []string{"sh", "-c", "tty; stty size; echo err >&2"}, TTY: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

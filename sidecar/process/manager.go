@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -349,14 +350,18 @@ func (m *Manager) ReleaseLease(leaseID string) {
 	m.mu.Lock()
 	lp := m.leases[leaseID]
 	delete(m.leases, leaseID)
-	m.mu.Unlock()
-	if lp == nil {
-		return
+	var execs []*run
+	var procs []*Process
+	if lp != nil {
+		// Snapshots: an Exec ending now still deletes itself from lp.execs.
+		execs = slices.Collect(maps.Keys(lp.execs))
+		procs = slices.Collect(maps.Values(lp.procs))
 	}
-	for r := range lp.execs {
+	m.mu.Unlock()
+	for _, r := range execs {
 		r.kill(false)
 	}
-	for _, p := range lp.procs {
+	for _, p := range procs {
 		<-p.ready // a Start in flight finishes first, so its process is killed too
 		if p.startErr != nil {
 			continue
@@ -365,7 +370,7 @@ func (m *Manager) ReleaseLease(leaseID string) {
 			p.run.kill(false)
 		}
 	}
-	for _, p := range lp.procs {
+	for _, p := range procs {
 		if p.startErr != nil {
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -52,6 +53,9 @@ func TestResumeIsExact(t *testing.T) {
 		}
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(c.Data) == 0 {
+			t.Fatalf("empty chunk at %d", c.Offset)
 		}
 		if c.Offset != since {
 			t.Fatalf("chunk at %d, resumed at %d", c.Offset, since)
@@ -531,6 +535,31 @@ func TestLostAfterRestart(t *testing.T) {
 	}
 	if n := len(m4.List("lease")); n != 0 {
 		t.Fatalf("%d records after release", n)
+	}
+}
+
+func TestReleaseLeaseKillsExec(t *testing.T) {
+	ex := newTestExecer(t)
+	m := newManager(t, Config{Execer: ex})
+	pidFile := ex.dir + "/pid"
+	type result struct {
+		res ExecResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := m.Exec(context.Background(), "lease", ExecRequest{Spec: sh("sleep 1000 & echo $! > pid; wait")})
+		done <- result{res, err}
+	}()
+	waitFor(t, "the pid file", func() bool { b, _ := os.ReadFile(pidFile); return strings.HasSuffix(string(b), "\n") })
+	m.ReleaseLease("lease")
+	r := <-done
+	if r.err != nil || r.res.Signal != "KILL" {
+		t.Fatalf("result %+v, %v", r.res, r.err)
+	}
+	b, _ := os.ReadFile(pidFile)
+	if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid == 0 || pidAlive(pid) {
+		t.Fatalf("grandchild %d survived the release", pid)
 	}
 }
 

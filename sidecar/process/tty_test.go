@@ -109,3 +109,37 @@ func TestResizeBounds(t *testing.T) {
 		t.Fatalf("Resize without a TTY: %v", err)
 	}
 }
+
+// A TTY attach whose range has left the buffer starts live and redraws instead of
+// replaying from the middle of the screen output.
+func TestTTYLostRangeStartsLive(t *testing.T) {
+	m := newManager(t, Config{BufferBytes: MinBufferBytes})
+	p := start(t, m, StartRequest{Spec: Spec{Argv: []string{"sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo; echo done; read x"}, TTY: true}, Stdin: true})
+	first, err := p.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	readUntil(t, first, &out, "done")
+	st := p.Status()
+	if st.OutputStart == 0 {
+		t.Fatalf("buffer never wrapped: %+v", st)
+	}
+	s, err := p.Subscribe(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Offset() != st.OutputOffset || s.Lost() != st.OutputOffset {
+		t.Fatalf("offset %d lost %d, status %+v", s.Offset(), s.Lost(), st)
+	}
+	// An exact resume inside the buffer still replays.
+	exact, err := p.Subscribe(st.OutputStart)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exact.Offset() != st.OutputStart || exact.Lost() != 0 {
+		t.Fatalf("exact resume at %d: offset %d lost %d", st.OutputStart, exact.Offset(), exact.Lost())
+	}
+	_ = p.CloseStdin()
+	waitDone(t, p)
+}
