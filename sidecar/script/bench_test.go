@@ -1,0 +1,84 @@
+package script
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+)
+
+const benchScript = `function transform(input) {
+	return {names: input.users.map(u => u.name.toUpperCase()), n: input.users.length};
+}`
+
+const benchInput = `{"users":[{"name":"ada"},{"name":"grace"},{"name":"linus"}]}`
+
+// BenchmarkWarm is one small transform on a warm pool, end to end.
+func BenchmarkWarm(b *testing.B) {
+	r := newRunner(b, nil)
+	if _, err := run(b, r, benchScript, benchInput); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := run(b, r, benchScript, benchInput); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParallel4 is four concurrent callers on the default pool of two workers.
+func BenchmarkParallel4(b *testing.B) {
+	r := newRunner(b, nil)
+	if _, err := run(b, r, benchScript, benchInput); err != nil {
+		b.Fatal(err)
+	}
+	b.SetParallelism(4)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := r.Run(context.Background(), Request{Source: benchScript, Input: []byte(benchInput)}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkColdFirstCall is New to first result with an empty compilation cache
+// (the first start of a daemon) and with a warm one (every later start).
+func BenchmarkColdFirstCall(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		cache func(b *testing.B) string
+	}{
+		{"empty-cache", func(b *testing.B) string {
+			dir, err := os.MkdirTemp("", "sidecar-script-bench-")
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { os.RemoveAll(dir) })
+			return dir
+		}},
+		{"warm-cache", func(*testing.B) string { return testCache }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			var total time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				cache := tc.cache(b)
+				b.StartTimer()
+				start := time.Now()
+				r := newRunner(b, func(c *Config) { c.CacheDir = cache; c.Workers = 1 })
+				if _, err := run(b, r, benchScript, benchInput); err != nil {
+					b.Fatal(err)
+				}
+				total += time.Since(start)
+				b.StopTimer()
+				r.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms/first-result")
+		})
+	}
+}
