@@ -53,7 +53,7 @@ func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *re
 		free <- 0
 	}
 
-	start := off
+	written := off // the file's size as far as writes made it
 	for i := 0; ; i ^= 1 {
 		if h != nil {
 			<-free // wait until the hasher is done with this buffer
@@ -64,9 +64,11 @@ func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *re
 		buf := *bufs[i]
 		n, rerr := io.ReadFull(src, buf)
 		if n > 0 {
-			if err := writeSparse(dst, buf[:n], off, res); err != nil {
+			end, err := writeSparse(dst, buf[:n], off, res)
+			if err != nil {
 				return off, err
 			}
+			written = end
 			off += int64(n)
 			if h != nil {
 				hashed <- buf[:n]
@@ -78,14 +80,14 @@ func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *re
 		case rerr == nil:
 			continue
 		case errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF):
-			if off > start {
+			if written < off { // a trailing hole: only the size says it is there
 				if err := dst.Truncate(off); err != nil {
 					return off, err
 				}
 			}
 			return off, nil
 		default:
-			if off > start {
+			if written < off {
 				_ = dst.Truncate(off) // keep the size honest for a resumable upload
 			}
 			return off, rerr
@@ -94,8 +96,10 @@ func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *re
 }
 
 // writeSparse writes b at off, skipping all-zero 4 KiB blocks (aligned on the file), and
-// reserves quota for what it writes.
-func writeSparse(dst *os.File, b []byte, off int64, res *reservation) error {
+// reserves quota for what it writes. end is where the last write ended (off when all of
+// b was a hole).
+func writeSparse(dst *os.File, b []byte, off int64, res *reservation) (end int64, err error) {
+	end = off
 	for len(b) > 0 {
 		// The block containing off ends at the next 4 KiB boundary.
 		n := int(min(int64(len(b)), 4096-off%4096))
@@ -113,13 +117,14 @@ func writeSparse(dst *os.File, b []byte, off int64, res *reservation) error {
 		}
 		if res != nil {
 			if err := res.grow(blockRound(int64(n))); err != nil {
-				return err
+				return end, err
 			}
 		}
 		if _, err := dst.WriteAt(b[:n], off); err != nil {
-			return err
+			return end, err
 		}
 		b, off = b[n:], off+int64(n)
+		end = off
 	}
-	return nil
+	return end, nil
 }

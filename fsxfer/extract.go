@@ -53,7 +53,7 @@ func (f *FS) ExtractTar(ctx context.Context, dir string, r io.Reader, encoding s
 		return ArchiveStats{}, wrap("extract", rel, err)
 	}
 	defer closeSrc()
-	if _, err := f.meter.usage(ctx); err != nil {
+	if err := f.quotaBase(ctx); err != nil {
 		return ArchiveStats{}, wrap("extract", rel, err)
 	}
 	d, err := f.openDir(rel)
@@ -72,9 +72,10 @@ func (f *FS) ExtractTar(ctx context.Context, dir string, r io.Reader, encoding s
 	if err != nil {
 		return ArchiveStats{}, wrap("extract", rel, err)
 	}
-	if err := unix.Syncfs(st.fd); err != nil { // one flush for all the files, before they appear
-		return ArchiveStats{}, wrap("extract", rel, err)
-	}
+	// No fsync here: the staging directory makes the tree appear whole or not at all to
+	// readers and across a daemon crash (the page cache survives a kill -9). Surviving a
+	// host crash would need a syncfs, which waits for every lease's dirty data, or an
+	// fsync per file, which costs milliseconds each; neither is worth it for a tree copy.
 	if err := f.checkMerge(ctx, st.fd, fd(d)); err != nil {
 		return ArchiveStats{}, wrap("extract", rel, err)
 	}
@@ -120,6 +121,38 @@ type staging struct {
 	// What this archive has created so far, to save system calls on the common case of
 	// new names in known directories (a tar of 10,000 small files is syscall bound).
 	made map[string]bool // name → is a directory
+	// Open directories of the staging tree by name, so that a file is created with one
+	// openat instead of a walk from the root. They stay inside the staging tree: a
+	// lease process moving one elsewhere moves it inside its own workdir.
+	dirFds map[string]*os.File
+}
+
+// maxDirFds bounds the descriptors the directory cache holds.
+const maxDirFds = 64
+
+func (s *staging) dirFd(dir string) (int, error) {
+	if d, ok := s.dirFds[dir]; ok {
+		return fd(d), nil
+	}
+	d, err := s.root.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return -1, err
+	}
+	if len(s.dirFds) >= maxDirFds {
+		s.dropDirFds()
+	}
+	if s.dirFds == nil {
+		s.dirFds = map[string]*os.File{}
+	}
+	s.dirFds[dir] = d
+	return fd(d), nil
+}
+
+func (s *staging) dropDirFds() {
+	for _, d := range s.dirFds {
+		d.Close()
+	}
+	s.dirFds = nil
 }
 
 type stagedDir struct {
@@ -168,6 +201,7 @@ func (f *FS) newStaging(d *os.File, rel string) (*staging, error) {
 // close removes what is left of the staging directory (all of it after a failure,
 // the emptied directory after a merge) and ends the quota reservation.
 func (s *staging) close(kept int64) {
+	s.dropDirFds()
 	if s.root != nil {
 		s.root.Close()
 	}
@@ -342,10 +376,15 @@ func (s *staging) file(ctx context.Context, name string, hdr *tar.Header, tr *ta
 	if q := s.f.cfg.QuotaBytes; q > 0 && s.size > q {
 		return fmt.Errorf("%w: archive holds more than the quota", ErrQuota)
 	}
-	h, err := s.root.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	dirfd, err := s.dirFd(path.Dir(name))
 	if err != nil {
 		return err
 	}
+	nfd, err := unix.Openat(dirfd, path.Base(name), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	h := os.NewFile(uintptr(nfd), name)
 	defer h.Close()
 	if _, err := copyIn(ctx, h, 0, tr, s.res, nil); err != nil {
 		return err

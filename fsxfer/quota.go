@@ -185,3 +185,13 @@ func (m *meter) forget(n int64) {
 	defer m.mu.Unlock()
 	m.scanned = max(0, m.scanned-n)
 }
+
+// quotaBase makes sure a write under a quota starts from a recent scan. Without a quota
+// there is nothing to enforce, and no scan is paid for.
+func (f *FS) quotaBase(ctx context.Context) error {
+	if f.cfg.QuotaBytes == 0 {
+		return nil
+	}
+	_, err := f.meter.usage(ctx)
+	return err
+}

@@ -70,7 +70,7 @@ func (f *FS) AppendUpload(ctx context.Context, p string, offset int64, r io.Read
 	if offset < 0 || (o.SHA256 != nil && len(o.SHA256) != sha256.Size) {
 		return 0, wrap("upload", rel, ErrInvalid)
 	}
-	if _, err := f.meter.usage(ctx); err != nil {
+	if err := f.quotaBase(ctx); err != nil {
 		return 0, wrap("upload", rel, err)
 	}
 	key := uploadKey(rel)

@@ -56,7 +56,7 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, o WriteOption
 			return false, err
 		}
 	}
-	if _, err := f.meter.usage(ctx); err != nil { // a fresh enough base for the quota
+	if err := f.quotaBase(ctx); err != nil { // a fresh enough base for the quota
 		return false, wrap("write", rel, err)
 	}
 	d, base, err := f.openParent(rel)
