@@ -12,9 +12,12 @@
 //
 // Lifetimes, precisely:
 //   - A process's exit is its main process's exit. After it, output is collected until
-//     every pipe (or the PTY) closes or outputGrace passes, whichever comes first; then
-//     Tree.Close kills whatever the process left behind. So a background job started
-//     with "cmd &" by a shell that then exits does not outlive the shell.
+//     every pipe (or the PTY) closes or outputGrace (200ms) passes, whichever comes
+//     first; then Tree.Close kills whatever the process left behind, and what it left
+//     in the pipes is still read (bounded by another outputGrace, after which reading
+//     stops even if something outside the tree holds a pipe). So a background job
+//     started with "cmd &" by a shell that then exits does not outlive the shell, and
+//     no grandchild can keep a process from ending.
 //   - Timeouts and idle timeouts kill the whole tree (Tree.Kill) and mark TimedOut.
 //   - A process killed by a signal reports ExitCode 128+signo (the shell convention)
 //     and Signal set to the name without "SIG", e.g. "KILL".

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -335,6 +336,24 @@ func TestGrandchildHoldingPipeDoesNotHang(t *testing.T) {
 	}
 	if st := p.Status(); *st.ExitCode != 0 {
 		t.Fatalf("status %+v", st)
+	}
+}
+
+// Even a holder of the pipe that escaped the tree (here: setsid, which the test
+// Execer's process-group Tree cannot see) does not keep the process from ending.
+func TestEscapedPipeHolderDoesNotHang(t *testing.T) {
+	m := newManager(t, Config{})
+	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("setsid sleep 1000 & echo $!")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(res.Stdout))
+	if err != nil {
+		t.Fatalf("output %q", res.Stdout)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if res.ExitCode != 0 || !pidAlive(pid) {
+		t.Fatalf("result %+v; escaped sleep alive: %v", res, pidAlive(pid))
 	}
 }
 

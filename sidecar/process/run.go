@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/creack/pty"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"golang.org/x/sys/unix"
 )
 
@@ -141,7 +142,7 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, then func
 	r.started = time.Now()
 	for i, f := range r.outs {
 		r.pumps.Add(1)
-		go r.pump(f, byte(i+1), out)
+		go r.pump(f, apitype.ChannelStdout+byte(i), out) // stdout, then stderr
 	}
 	r.in.atLineStart = true
 	if o.stdinFrom != nil {
@@ -159,12 +160,11 @@ func openPTY(rows, cols uint16) (master, slave *os.File, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	fd, err := unix.Dup(int(m.Fd()))
+	// F_DUPFD_CLOEXEC: the copy is never inherited by a command started meanwhile.
+	fd, err := unix.FcntlInt(m.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	_ = m.Close()
 	if err == nil {
-		unix.CloseOnExec(fd)
-		err = unix.SetNonblock(fd, true)
-		if err != nil {
+		if err = unix.SetNonblock(fd, true); err != nil {
 			_ = unix.Close(fd)
 		}
 	}
@@ -235,8 +235,13 @@ func readPooled(rc syscall.RawConn, use func([]byte)) (n int, err error) {
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
 		bp = readBufs.Get().(*[]byte)
-		n, rerr = unix.Read(int(fd), *bp)
-		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+		for {
+			n, rerr = unix.Read(int(fd), *bp)
+			if rerr != unix.EINTR {
+				break
+			}
+		}
+		if rerr == unix.EAGAIN {
 			readBufs.Put(bp)
 			bp = nil
 			return false // wait until readable
@@ -267,7 +272,8 @@ func (r *run) feed(from io.Reader) {
 }
 
 // wait waits for the main process, then for its output for at most outputGrace (a
-// grandchild may hold a pipe), then closes the tree, which kills what is left.
+// grandchild may hold a pipe), then closes the tree, which kills what is left, and
+// reads what that left in the pipes (again bounded by outputGrace).
 func (r *run) wait(then func()) {
 	err := r.cmd.Wait() // our own pipes: Wait does not wait for them
 	r.status = exitStatusOf(r.cmd.ProcessState, err)
@@ -285,16 +291,19 @@ func (r *run) wait(then func()) {
 	if err := r.tree.Close(); err != nil {
 		r.logger.Warn("closing process tree", "err", err)
 	}
+	// Everything in the tree is dead now, so the pipes close once the pumps have read
+	// what is left in them. A holder outside the tree would be an Execer bug: after
+	// one more grace, stop reading regardless.
+	grace.Reset(outputGrace)
 	select {
 	case <-drained:
-	default:
-		// Everything in the tree is dead, so the pipes should close by themselves; a
-		// holder outside the tree would be an Execer bug, so stop reading regardless.
+	case <-grace.C:
 		for _, f := range r.outs {
 			_ = f.SetReadDeadline(time.Now())
 		}
 		<-drained
 	}
+	grace.Stop()
 	for _, f := range r.outs {
 		_ = f.Close()
 	}
