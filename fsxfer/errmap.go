@@ -1,6 +1,7 @@
 package fsxfer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -68,6 +69,9 @@ func classify(err error) error {
 		if errors.Is(err, s) {
 			return err
 		}
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err // the caller went away: not the request's fault, nor the file's
 	}
 	if cause(err).Error() == errRootEscape {
 		return ErrOutside

@@ -9,9 +9,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // testLease is a lease directory as the lease package lays it out: work/ (the workdir),
@@ -318,5 +320,48 @@ func TestUsageCountsWritesAndReservations(t *testing.T) {
 	scanned, _ := g.Usage(ctx)
 	if scanned != after {
 		t.Errorf("fresh scan %d, accounted %d", scanned, after)
+	}
+}
+
+// Memory stays flat: a 64 MiB write allocates a small, fixed amount (the pooled buffers
+// at most), never the size of the transfer.
+func TestWriteFileMemoryIsFlat(t *testing.T) {
+	l := newTestLease(t)
+	f := openFS(t, l.config())
+	block := randomBytes(1<<20, 12)
+	h := sha256.New()
+	io.Copy(h, &repeatReader{block: block, left: 64 << 20})
+	sum := h.Sum(nil)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := f.WriteFile(context.Background(), "big", &repeatReader{block: block, left: 64 << 20}, WriteOptions{SHA256: sum}); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 4<<20 {
+		t.Fatalf("a 64 MiB write allocated %d bytes", alloc)
+	}
+}
+
+func TestUsageFollowsReplaceAndRemove(t *testing.T) {
+	l := newTestLease(t)
+	cfg := l.config()
+	cfg.UsageTTL = time.Hour // only the accounting moves the figure
+	f := openFS(t, cfg)
+	ctx := context.Background()
+	base, _ := f.Usage(ctx)
+	for range 3 { // replacing the same file does not add up
+		if _, err := f.WriteFile(ctx, "f", bytes.NewReader(randomBytes(1<<20, 13)), WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u, _ := f.Usage(ctx); u-base < 1<<20 || u-base > 1<<20+8192 {
+		t.Fatalf("usage grew by %d for one 1 MiB file", u-base)
+	}
+	if err := f.Remove("f", false); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := f.Usage(ctx); u-base > 8192 {
+		t.Fatalf("usage %d above base after removal", u-base)
 	}
 }

@@ -104,6 +104,7 @@ func (f *FS) Remove(p string, recursive bool) error {
 	if err := unix.Fstatat(fd(d), base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return wrap("remove", rel, err)
 	}
+	defer f.meter.invalidate() // freed space shows at the next usage call
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		return wrap("remove", rel, unix.Unlinkat(fd(d), base, 0))
 	}

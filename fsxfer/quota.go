@@ -179,6 +179,13 @@ func (f *FS) Usage(ctx context.Context) (int64, error) {
 // blockRound rounds n up to whole 4 KiB blocks, what the filesystem will allocate.
 func blockRound(n int64) int64 { return (n + 4095) &^ 4095 }
 
+// invalidate makes the next usage call scan again (after a removal of unknown size).
+func (m *meter) invalidate() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.valid = false
+}
+
 // forget takes n bytes the daemon just removed off the scanned figure.
 func (m *meter) forget(n int64) {
 	m.mu.Lock()

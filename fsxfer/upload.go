@@ -196,7 +196,8 @@ func (f *FS) completeUpload(ctx context.Context, rel, key string, part *os.File,
 		return false, err
 	}
 	defer d.Close()
-	if err := f.checkReplaceable(fd(d), base, o.Exclusive); err != nil {
+	replaced, err := f.checkReplaceable(fd(d), base, o.Exclusive)
+	if err != nil {
 		return false, err
 	}
 	if err := f.finishFile(part, o.perm()); err != nil {
@@ -222,6 +223,9 @@ func (f *FS) completeUpload(ctx context.Context, rel, key string, part *os.File,
 	}
 	if err != nil {
 		return false, err
+	}
+	if !created {
+		f.meter.forget(replaced)
 	}
 	_ = d.Sync()
 	_ = f.uploads.Remove(key + ".json")

@@ -64,7 +64,8 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, o WriteOption
 		return false, err
 	}
 	defer d.Close()
-	if err := f.checkReplaceable(fd(d), base, o.Exclusive); err != nil {
+	replaced, err := f.checkReplaceable(fd(d), base, o.Exclusive)
+	if err != nil {
 		return false, wrap("write", rel, err)
 	}
 	tmp, err := createTemp(fd(d))
@@ -105,31 +106,37 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, o WriteOption
 		return false, wrap("write", rel, err)
 	}
 	kept = allocated(tmp.f)
+	if !created {
+		f.meter.forget(replaced)
+	}
 	tmp.f.Close()
 	_ = d.Sync() // make the rename durable; the data already is
 	return created, nil
 }
 
 // checkReplaceable refuses to write over a directory, over anything with Exclusive, and
-// over a hard-linked file that is not the lease's.
-func (f *FS) checkReplaceable(dirfd int, name string, exclusive bool) error {
+// over a hard-linked file that is not the lease's. It returns the disk space replacing
+// the current file frees.
+func (f *FS) checkReplaceable(dirfd int, name string, exclusive bool) (frees int64, err error) {
 	var st unix.Stat_t
-	err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
+	err = unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) {
-		return nil
+		return 0, nil
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	switch {
 	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
-		return ErrIsDir
+		return 0, ErrIsDir
 	case exclusive:
-		return ErrExists
+		return 0, ErrExists
 	case st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink > 1 && int(st.Uid) != f.leaseUID:
-		return ErrForeignLink
+		return 0, ErrForeignLink
+	case st.Nlink > 1:
+		return 0, nil // other links keep the blocks
 	}
-	return nil
+	return st.Blocks * 512, nil
 }
 
 // beginWrite registers the open file with the quota meter.
