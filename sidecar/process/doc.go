@@ -7,8 +7,19 @@
 // signals, exit status, and a small JSON record per background process so that a
 // daemon restart reports processes that died with it as "lost", never as exit 0.
 //
-// It knows nothing of HTTP or websockets; the daemon's attach handler is a loop over
-// Subscription.Next plus Process.WriteStdin, CloseStdin and Resize.
+// It knows nothing of HTTP or websockets. An attach handler, for instance, is:
+//
+//	p, err := m.Get(lease, pid)                // ErrNotFound
+//	sub, err := p.Subscribe(since)             // -1 for live; ErrInvalid past the end
+//	defer sub.Close()
+//	// 101 headers: X-Output-Offset = sub.Offset(), X-Output-Bytes-Lost = sub.Lost()
+//	// reader goroutine: stdin → p.WriteStdin, "255 0" → p.CloseStdin, resize → p.Resize
+//	for {
+//		c, err := sub.Next(ctx)                // io.EOF once the process ended
+//		if err != nil { break }
+//		send(c.Channel, c.Data)                // Data is shared: do not modify
+//	}
+//	// on io.EOF: status frame from p.Status(), bytes_lost from sub.Lost()
 //
 // Lifetimes, precisely:
 //   - A process's exit is its main process's exit. After it, output is collected until

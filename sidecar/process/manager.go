@@ -199,10 +199,12 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 		return nil, false, err
 	}
 	p.run, p.startedAt = run, m.cfg.Now()
-	close(p.ready)
+	// Saved before ready closes: finish and ReleaseLease wait for ready, so this write
+	// can never land after the exit record or after the record's removal.
 	if err := m.store.save(p.record()); err != nil {
 		logger.Error("persisting process record; a restart will not report it lost", "err", err)
 	}
+	close(p.ready)
 	m.watchers.Add(1)
 	go func() {
 		defer m.watchers.Done()
@@ -339,6 +341,23 @@ func (m *Manager) Signal(leaseID, pid, name string) error {
 	}
 	if err := p.run.tree.Signal(sig); err != nil {
 		return fmt.Errorf("process: signal %s to %s: %w", SignalName(sig), pid, err)
+	}
+	return nil
+}
+
+// Kill kills the whole tree of a running process (Tree.Kill: descendants that left the
+// process group too), e.g. when the websocket that started it closes. ErrNotFound,
+// ErrExited once it ended.
+func (m *Manager) Kill(leaseID, pid string) error {
+	p, err := m.Get(leaseID, pid)
+	if err != nil {
+		return err
+	}
+	if !p.running() || p.run == nil {
+		return fmt.Errorf("%w: %s", ErrExited, pid)
+	}
+	if err := p.run.tree.Kill(); err != nil {
+		return fmt.Errorf("process: kill %s: %w", pid, err)
 	}
 	return nil
 }

@@ -277,6 +277,18 @@ func TestBackgroundExitAndSignals(t *testing.T) {
 		t.Fatalf("Running = %d after exit", got)
 	}
 
+	k := start(t, m, StartRequest{Spec: sh("sleep 1000 & wait")})
+	if err := m.Kill("lease", k.ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, k)
+	if st := k.Status(); st.Signal != "KILL" || st.TimedOut {
+		t.Fatalf("killed status %+v", st)
+	}
+	if err := m.Kill("lease", k.ID()); !errors.Is(err, ErrExited) {
+		t.Fatalf("kill after exit: %v", err)
+	}
+
 	q := start(t, m, StartRequest{Spec: sh("exit 7")})
 	waitDone(t, q)
 	if st := q.Status(); *st.ExitCode != 7 || st.Signal != "" {
