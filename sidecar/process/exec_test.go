@@ -84,7 +84,7 @@ func TestExecTimeoutKillsGrandchildrenAndKeepsOutput(t *testing.T) {
 	m := newManager(t, Config{})
 	res, err := m.Exec(t.Context(), "lease", ExecRequest{
 		Spec:    sh("echo started; sleep 1000 & echo $!; wait"),
-		Timeout: 300 * time.Millisecond,
+		Timeout: time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestExecTimeoutKillsGrandchildrenAndKeepsOutput(t *testing.T) {
 
 func TestExecIdleTimeout(t *testing.T) {
 	m := newManager(t, Config{})
-	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("echo a; sleep 1000"), IdleTimeout: 300 * time.Millisecond})
+	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("echo a; sleep 1000"), IdleTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -314,10 +314,11 @@ func TestBackgroundTimeouts(t *testing.T) {
 		name string
 		r    StartRequest
 	}{
-		{"hard", StartRequest{Spec: sh("echo hi; sleep 1000 & wait"), Timeout: 200 * time.Millisecond}},
-		{"idle", StartRequest{Spec: sh("echo hi; sleep 1000 & wait"), IdleTimeout: 200 * time.Millisecond}},
+		{"hard", StartRequest{Spec: sh("echo hi; sleep 1000 & wait"), Timeout: time.Second}},
+		{"idle", StartRequest{Spec: sh("echo hi; sleep 1000 & wait"), IdleTimeout: time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			p := start(t, m, tc.r)
 			waitDone(t, p)
 			st := p.Status()
