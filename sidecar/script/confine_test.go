@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const okScript = `function transform(input) { return input + 1 }`
@@ -152,10 +154,10 @@ func TestWorkerIdentity(t *testing.T) {
 	r := newRunner(t, func(c *Config) { c.Workers = 1 })
 	expectRecovered(t, r)
 	r.mu.Lock()
-	var pid int
+	var pid, ll int
 	var cg *memCgroup
 	for p := range r.live {
-		pid, cg = p.cmd.Process.Pid, p.cg
+		pid, cg, ll = p.cmd.Process.Pid, p.cg, p.landlock
 	}
 	r.mu.Unlock()
 	if pid == 0 {
@@ -168,9 +170,14 @@ func TestWorkerIdentity(t *testing.T) {
 	if !strings.Contains(string(status), "NoNewPrivs:\t1") {
 		t.Error("worker lacks no_new_privs")
 	}
+	// The second stage was started with its setup (paths and limits) and nothing else.
 	env, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
-	if len(env) != 0 {
-		t.Errorf("worker environment %q, want empty", env)
+	if vars := strings.Split(strings.TrimRight(string(env), "\x00"), "\x00"); len(vars) != 1 || !strings.HasPrefix(vars[0], setupEnv+"=") {
+		t.Errorf("worker environment %q, want only %s", env, setupEnv)
+	}
+	t.Logf("worker landlock ABI %d", ll)
+	if abi, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION); errno == 0 && int(abi) != ll {
+		t.Errorf("kernel has Landlock ABI %d, the worker applied %d", abi, ll)
 	}
 	fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
 	if err != nil {

@@ -36,14 +36,15 @@ func workerBudget(memBytes int64) int64 { return workerOverhead + heapFactor*mem
 
 // proc is one live worker process.
 type proc struct {
-	id     int64
-	cmd    *exec.Cmd
-	in     io.WriteCloser
-	out    *bufio.Reader
-	cg     *memCgroup // nil: RLIMIT_DATA is the bound
-	stderr *tailBuffer
-	exited chan struct{} // closed once the process has been reaped
-	once   sync.Once
+	id       int64
+	cmd      *exec.Cmd
+	in       io.WriteCloser
+	out      *bufio.Reader
+	cg       *memCgroup // nil: RLIMIT_DATA is the bound
+	stderr   *tailBuffer
+	exited   chan struct{} // closed once the process has been reaped
+	landlock int           // Landlock ABI the worker confined itself with, 0 none
+	once     sync.Once
 }
 
 // spawnWorker starts a worker, confines it and waits until its runtime is warm.
@@ -93,6 +94,7 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 		if err == nil && !rep.Ready {
 			err = errors.New("worker did not say ready")
 		}
+		p.landlock = rep.Landlock
 		ready <- err
 	}()
 	timer := time.NewTimer(readyTimeout)

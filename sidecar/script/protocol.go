@@ -20,7 +20,8 @@ type setup struct {
 	MaxResultBytes int    `json:"max_result_bytes"`
 	MaxLogBytes    int    `json:"max_log_bytes"`
 	MaxLogLines    int    `json:"max_log_lines"`
-	GoMemoryLimit  int64  `json:"go_memory_limit"` // debug.SetMemoryLimit for the worker
+	GoMemoryLimit  int64  `json:"go_memory_limit"`    // debug.SetMemoryLimit for the worker
+	Landlock       int    `json:"landlock,omitempty"` // set by the worker: ABI it applied
 }
 
 // job is one script to run.
@@ -33,6 +34,7 @@ type job struct {
 // reply answers setup (Ready) or a job.
 type reply struct {
 	Ready    bool            `json:"ready,omitempty"`
+	Landlock int             `json:"landlock,omitempty"` // with Ready: the Landlock ABI in force, 0 none
 	Result   json.RawMessage `json:"result,omitempty"`
 	Logs     []string        `json:"logs,omitempty"`
 	Error    *Error          `json:"error,omitempty"`

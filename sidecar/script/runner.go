@@ -246,7 +246,10 @@ func (r *Runner) keepSlot(slot int) {
 			}
 		}
 		backoff = 100 * time.Millisecond
-		r.log.Debug("script worker ready", "worker", p.id, "pid", p.cmd.Process.Pid, "start", time.Since(start))
+		r.log.Debug("script worker ready", "worker", p.id, "pid", p.cmd.Process.Pid, "landlock", p.landlock, "start", time.Since(start))
+		if p.landlock == 0 && first {
+			r.log.Warn("script workers run without Landlock (kernel lacks it)")
+		}
 		if !r.track(p) {
 			r.release(p)
 			return

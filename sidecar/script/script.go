@@ -5,10 +5,12 @@
 // JavaScript never runs in the daemon process. A Runner keeps a small pool of warm worker
 // processes (the daemon's own binary run as a hidden subcommand that calls WorkerMain),
 // each serving one script at a time over a length-prefixed JSON protocol on its
-// stdin/stdout. A worker runs as an unprivileged uid with no_new_privs, a clean
-// environment and no inherited descriptors, inside its own memory cgroup when the daemon
-// is root (RLIMIT_DATA otherwise), and every script gets a fresh QuickJS runtime whose
-// WASI root is an empty read-only directory. A worker that overruns its time or memory, or
+// stdin/stdout. A worker runs as an unprivileged uid with no_new_privs, a Landlock
+// domain (no files but its binary, libraries, the empty root and the compilation cache;
+// no TCP; no signals out), a clean environment and no inherited descriptors, inside its
+// own memory cgroup when the daemon is root (RLIMIT_DATA otherwise). Every script gets a
+// fresh QuickJS runtime, so nothing crosses from one script to the next, whose WASI root
+// is an empty read-only directory and whose std/os globals are deleted. A worker that overruns its time or memory, or
 // whose runtime panics, is killed and replaced.
 package script
 

@@ -26,7 +26,8 @@ delete globalThis.clearTimeout; delete globalThis.clearInterval;`
 // WorkerMain is the hidden `__script-worker` subcommand: it serves jobs on stdin/stdout
 // until stdin closes. It never returns.
 func WorkerMain() {
-	if err := hardenSelf(); err != nil {
+	cfg, err := startWorker()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "script worker:", err)
 		os.Exit(3)
 	}
@@ -37,8 +38,7 @@ func WorkerMain() {
 		fmt.Fprintln(os.Stderr, "script worker:", err)
 		os.Exit(3)
 	}
-	err = serve(bufio.NewReader(os.Stdin), out)
-	if err != nil {
+	if err := serve(cfg, bufio.NewReader(os.Stdin), out); err != nil {
 		fmt.Fprintln(os.Stderr, "script worker:", err)
 		os.Exit(1)
 	}
@@ -52,11 +52,7 @@ type worker struct {
 	limit int64        // MemoryLimit of spare
 }
 
-func serve(in *bufio.Reader, out *os.File) error {
-	var cfg setup
-	if err := readFrame(in, 1<<16, &cfg); err != nil {
-		return fmt.Errorf("read setup: %w", err)
-	}
+func serve(cfg setup, in *bufio.Reader, out *os.File) error {
 	if cfg.GoMemoryLimit > 0 {
 		debug.SetMemoryLimit(cfg.GoMemoryLimit)
 	}
@@ -65,7 +61,7 @@ func serve(in *bufio.Reader, out *os.File) error {
 	if err := w.prepare(cfg.MemoryBytes); err != nil {
 		return err
 	}
-	if err := writeFrame(out, reply{Ready: true}); err != nil {
+	if err := writeFrame(out, reply{Ready: true, Landlock: cfg.Landlock}); err != nil {
 		return err
 	}
 	for {
@@ -197,14 +193,20 @@ func jsError(err error) *Error {
 	return e
 }
 
+// panicError describes a trapped runtime by the first line of the trap, e.g. "wasm
+// error: out of bounds memory access" when deep recursion ran the shadow stack into
+// the heap.
 func panicError(r any) *Error {
-	text := fmt.Sprint(r)
-	e := &Error{Kind: KindException, Message: "script aborted the runtime"}
-	switch {
-	case strings.Contains(text, "stack overflow"), strings.Contains(text, "call stack exhausted"):
-		e.Message = "stack overflow"
-	case strings.Contains(text, "out of memory"), strings.Contains(text, "out of bounds memory"):
-		e.Kind, e.Message = KindMemory, "out of memory"
+	text, _, _ := strings.Cut(fmt.Sprint(r), "\n")
+	if _, after, ok := strings.Cut(text, ": wasm error: "); ok {
+		text = "wasm error: " + after
+	}
+	if strings.Contains(text, "module closed with exit_code") {
+		text = "the script called exit" // std.exit, reached through import("qjs:std")
+	}
+	e := &Error{Kind: KindException, Message: "script aborted the runtime: " + text}
+	if strings.Contains(text, "out of memory") {
+		e.Kind = KindMemory
 	}
 	return e
 }
