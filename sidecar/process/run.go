@@ -204,8 +204,11 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 		r.logger.Warn("reading process output", "err", err)
 		return
 	}
+	pr := &pooledReader{rc: rc}
+	pr.readFD = pr.read // one method value per pump, not one closure per read
 	for {
-		n, err := readPooled(rc, func(p []byte) {
+		p, err := pr.next()
+		if len(p) > 0 {
 			r.lastOutput.Store(int64(time.Since(r.started)))
 			if out.write(channel, p) {
 				// Let the woken reader run now. Reads from a full pipe never park this
@@ -213,10 +216,8 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 				// while the ring overwrites what it was about to read.
 				runtime.Gosched()
 			}
-		})
-		if n == 0 && err == nil {
-			err = io.EOF
 		}
+		pr.release()
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.EIO) &&
 				!errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, os.ErrClosed) {
@@ -227,40 +228,52 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 	}
 }
 
-// readPooled does one read from a non-blocking file into a pooled buffer and hands
-// what it read to use. The buffer is taken only once data is there, so an idle
-// process holds no read buffers while it waits. n == 0 with no error is end of file.
-func readPooled(rc syscall.RawConn, use func([]byte)) (n int, err error) {
-	var bp *[]byte
-	var rerr error
-	err = rc.Read(func(fd uintptr) bool {
-		bp = readBufs.Get().(*[]byte)
-		for {
-			n, rerr = unix.Read(int(fd), *bp)
-			if rerr != unix.EINTR {
-				break
-			}
-		}
-		if rerr == unix.EAGAIN {
-			readBufs.Put(bp)
-			bp = nil
-			return false // wait until readable
-		}
-		return true
-	})
-	if bp != nil {
-		if n > 0 {
-			use((*bp)[:n])
-		}
-		readBufs.Put(bp)
+// pooledReader reads a non-blocking file into pooled buffers, taking a buffer only once
+// data is there, so an idle process holds no read buffer while it waits.
+type pooledReader struct {
+	rc     syscall.RawConn
+	readFD func(fd uintptr) bool
+	buf    *[]byte
+	n      int
+	err    error
+}
+
+// next returns the bytes of one read, valid until release; io.EOF at the end.
+func (pr *pooledReader) next() ([]byte, error) {
+	pr.n, pr.err = 0, nil
+	if err := pr.rc.Read(pr.readFD); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return 0, err
+	switch {
+	case pr.err != nil:
+		return nil, pr.err
+	case pr.n == 0:
+		return nil, io.EOF
 	}
-	if rerr != nil {
-		return 0, rerr
+	return (*pr.buf)[:pr.n], nil
+}
+
+// read is the RawConn callback: false means "wait until readable".
+func (pr *pooledReader) read(fd uintptr) bool {
+	pr.buf = readBufs.Get().(*[]byte)
+	for {
+		pr.n, pr.err = unix.Read(int(fd), *pr.buf)
+		if pr.err != unix.EINTR {
+			break
+		}
 	}
-	return max(n, 0), nil
+	if pr.err == unix.EAGAIN {
+		pr.release()
+		return false
+	}
+	return true
+}
+
+func (pr *pooledReader) release() {
+	if pr.buf != nil {
+		readBufs.Put(pr.buf)
+		pr.buf = nil
+	}
 }
 
 // feed copies an Exec's stdin in and closes it. It is not waited for: a reader that
