@@ -205,11 +205,17 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 		logger.Error("persisting process record; a restart will not report it lost", "err", err)
 	}
 	close(p.ready)
-	m.watchers.Add(1)
-	go func() {
-		defer m.watchers.Done()
-		run.supervise(r.Timeout, r.IdleTimeout, nil, m.stop)
-	}()
+	if r.Timeout > 0 || r.IdleTimeout > 0 {
+		m.mu.Lock() // Add under the lock Shutdown closes with, so never after its Wait
+		if !m.closed {
+			m.watchers.Add(1)
+			go func() {
+				defer m.watchers.Done()
+				run.supervise(r.Timeout, r.IdleTimeout, nil, m.stop)
+			}()
+		}
+		m.mu.Unlock()
+	}
 	logger.Info("process started", "argv0", r.Spec.Argv[0], "tty", r.Spec.TTY)
 	return p, true, nil
 }

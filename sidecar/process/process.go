@@ -182,7 +182,8 @@ func (p *Process) Redraw() error {
 // subscription starts at the current end (Lost() counts the skipped range) and Redraw
 // is called, so the screen is repainted instead of replaying half an escape sequence.
 // An exact resume on a TTY replays the bytes. For a TTY that has ended nothing can
-// repaint, so a lost range replays from OutputStart like a pipe.
+// repaint, so a lost range replays from OutputStart like a pipe. A process known only
+// from a previous daemon's record has no output: any since gives io.EOF at once.
 func (p *Process) Subscribe(since int64) (*Subscription, error) {
 	if since < -1 {
 		return nil, fmt.Errorf("%w: since %d", ErrInvalid, since)
@@ -191,6 +192,12 @@ func (p *Process) Subscribe(since int64) (*Subscription, error) {
 	p.log.mu.Lock()
 	start, end := p.log.start, p.log.end
 	p.log.mu.Unlock()
+	if p.run == nil {
+		// Known only from its record (a previous daemon's): no output is left, and the
+		// client's offset cannot be checked, so it just gets the end.
+		s.pos = end
+		return s, nil
+	}
 	if since > end {
 		return nil, fmt.Errorf("%w: since %d is beyond the output offset %d", ErrInvalid, since, end)
 	}

@@ -542,6 +542,11 @@ func TestLostAfterRestart(t *testing.T) {
 	if st := lost.Status(); st.State != apitype.ProcessLost || st.ExitCode != nil || st.EndedAt != nil || st.Argv[0] != "sleep" {
 		t.Fatalf("lost status %+v", st)
 	}
+	if s, err := lost.Subscribe(12345); err != nil {
+		t.Fatalf("resume on a lost process: %v", err)
+	} else if _, err := s.Next(t.Context()); !errors.Is(err, io.EOF) {
+		t.Fatalf("Next on a lost process: %v", err)
+	}
 	if err := m2.Signal("lease", "server", "KILL"); !errors.Is(err, ErrExited) {
 		t.Fatalf("signal to a lost process: %v", err)
 	}
