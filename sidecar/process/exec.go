@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -28,7 +29,8 @@ type ExecResult = apitype.ExecResult
 // stream capped at MaxOutputBytes; beyond it output is drained, dropped and flagged).
 // A start failure is an error wrapping ErrStart. When ctx ends the tree is killed and
 // the result so far is returned with ctx's error. A TTY Spec runs on a PTY of 24x80
-// whose output is all Stdout.
+// whose output is all Stdout; its input ends with the terminal's EOF character after
+// r.Stdin (at once without it), see Process.CloseStdin.
 func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (ExecResult, error) {
 	if err := checkSpec(r.Spec); err != nil {
 		return ExecResult{}, err
@@ -46,10 +48,15 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	}
 	m.mu.Unlock()
 
+	stdin := r.Stdin
+	if stdin == nil && r.Spec.TTY {
+		// A terminal cannot be /dev/null: empty input is an immediate end of file.
+		stdin = strings.NewReader("")
+	}
 	out := &capture{limit: m.cfg.MaxOutputBytes}
 	began := m.cfg.Now()
 	run, err := startRun(m.cfg.Execer, leaseID, runOptions{
-		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: r.Stdin,
+		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: stdin,
 	}, out, nil, m.logger.With("lease", leaseID))
 	if err != nil {
 		return ExecResult{}, err

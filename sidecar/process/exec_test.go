@@ -192,6 +192,11 @@ func TestExecTTY(t *testing.T) {
 		t.Fatalf("cat on a TTY: %+v, %v", res, err)
 	}
 
+	// Without stdin the terminal's input is empty: cat ends at once.
+	res, err = m.Exec(t.Context(), "lease", ExecRequest{Spec: Spec{Argv: []string{"cat"}, TTY: true}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("cat on a TTY without stdin: %+v, %v", res, err)
+	}
 	res, err = m.Exec(t.Context(), "lease", ExecRequest{Spec: Spec{Argv: []string{"sh", "-c", "tty; stty size; echo err >&2"}, TTY: true}})
 	if err != nil {
 		t.Fatal(err)
