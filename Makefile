@@ -16,8 +16,12 @@ ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)
 
 all: build
 
+# sidecar-init is the small helper every lease process starts through (it joins the
+# cgroup, drops to the lease uid, applies Landlock, then execs); the daemon uses it when
+# it sits next to its own binary, and falls back to `sidecar __sandbox-init` otherwise.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sidecar
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/sidecar-init ./cmd/sidecar-init
 
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
 # dir, and a token generated once (printed the first time only).

@@ -38,7 +38,48 @@ func TestMain(m *testing.M) {
 			script.WorkerMain()
 		}
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if helperDir != "" {
+		os.RemoveAll(helperDir)
+	}
+	os.Exit(code)
+}
+
+var (
+	helperOnce sync.Once
+	helperDir  string
+	helperPath string
+	helperErr  error
+)
+
+// helperBinary is a copy of this test binary that unprivileged uids can execute (the
+// script workers drop to nobody; go test's build dir is private to root).
+func helperBinary(t *testing.T) string {
+	t.Helper()
+	helperOnce.Do(func() {
+		self, err := os.Executable()
+		if err != nil {
+			helperErr = err
+			return
+		}
+		if helperDir, helperErr = os.MkdirTemp("/var/tmp", "sidecar-e2e-bin-"); helperErr != nil {
+			return
+		}
+		if helperErr = os.Chmod(helperDir, 0o755); helperErr != nil {
+			return
+		}
+		data, err := os.ReadFile(self)
+		if err != nil {
+			helperErr = err
+			return
+		}
+		helperPath = filepath.Join(helperDir, "sidecar")
+		helperErr = os.WriteFile(helperPath, data, 0o755)
+	})
+	if helperErr != nil {
+		t.Fatal(helperErr)
+	}
+	return helperPath
 }
 
 const testToken = "test-shared-token-0123456789abcdefghijklmnop"
@@ -126,6 +167,9 @@ func startDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
 	}
 	for _, m := range mods {
 		m(&cfg)
+	}
+	if cfg.ScriptEnabled {
+		cfg.HelperPath = helperBinary(t)
 	}
 	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile}
 	d.start()

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
+	"os/exec"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
@@ -57,7 +59,14 @@ var sentinels = []struct {
 	{lease.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{process.ErrNotFound, http.StatusNotFound, apitype.CodeProcessNotFound},
 	{process.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
-	{process.ErrLimit, http.StatusTooManyRequests, apitype.CodeInvalidRequest},
+	{process.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
+	{process.ErrExited, http.StatusConflict, apitype.CodeConflict},
+	{process.ErrStdinClosed, http.StatusConflict, apitype.CodeConflict},
+	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
+	{exec.ErrNotFound, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{fs.ErrNotExist, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{sandbox.ErrOutsideWorkdir, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
+	{sandbox.ErrUnsupported, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{sandbox.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{sandbox.ErrUnknownLease, http.StatusNotFound, apitype.CodeLeaseNotFound},
 	{fsxfer.ErrOutside, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},

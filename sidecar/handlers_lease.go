@@ -110,10 +110,16 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, _ principal
 
 func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, _ principal) error {
 	if err := s.opts.Leases.Release(r.Context(), r.PathValue("id")); err != nil {
-		if errors.Is(err, lease.ErrExpired) {
+		switch {
+		case errors.Is(err, lease.ErrNotFound):
+			return err
+		case errors.Is(err, lease.ErrExpired):
 			return errorf(http.StatusNotFound, apitype.CodeLeaseNotFound, "lease already expired and released")
 		}
-		return err
+		// A teardown failure (a mount point in the workdir, a cgroup that will not
+		// empty) is the host's problem, not the request's; the lease stays and the
+		// next release or reap retries it.
+		return &Error{Status: http.StatusInternalServerError, Code: apitype.CodeInternal, Detail: "release failed; it will be retried", Err: err}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil

@@ -362,12 +362,11 @@ func selfSignedHosts(c serveConfig) []string {
 // printClientLines tells the operator how to point a client at this daemon. The token
 // itself is never printed here.
 func printClientLines(c serveConfig, addr net.Addr, certFile string) {
-	host := c.ListenAddr
-	if h, _, _ := net.SplitHostPort(c.ListenAddr); h == "" || h == "0.0.0.0" || h == "::" {
-		host = net.JoinHostPort("127.0.0.1", strconv.Itoa(addr.(*net.TCPAddr).Port))
-	} else {
-		host = net.JoinHostPort(h, strconv.Itoa(addr.(*net.TCPAddr).Port))
+	h, _, _ := net.SplitHostPort(c.ListenAddr)
+	if h == "" || h == "0.0.0.0" || h == "::" {
+		h = "127.0.0.1"
 	}
+	host := net.JoinHostPort(h, strconv.Itoa(addr.(*net.TCPAddr).Port))
 	fmt.Fprintln(os.Stderr, "\n# client environment (app, worker, `sidecar` CLI):")
 	fmt.Fprintln(os.Stderr, "export SANDBOX_PROVIDER=remote")
 	fmt.Fprintf(os.Stderr, "export SANDBOX_REMOTE_URL=https://%s\n", host)

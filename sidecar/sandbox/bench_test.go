@@ -23,7 +23,7 @@ func BenchmarkExec(b *testing.B) {
 	// The helper as its own small binary (sidecar-init), as deployed next to the daemon.
 	b.Run("sandbox-tiny-helper", func(b *testing.B) {
 		helper := filepath.Join(b.TempDir(), "sidecar-init")
-		if out, err := exec.Command("go", "build", "-o", helper, "./sidecar-init").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-o", helper, "../../cmd/sidecar-init").CombinedOutput(); err != nil {
 			b.Skipf("cannot build sidecar-init: %v\n%s", err, out)
 		}
 		benchSandbox(b, helper)

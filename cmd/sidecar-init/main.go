@@ -2,7 +2,7 @@
 // faster than the daemon (whose every package initialises before main). The daemon uses it
 // when it sits next to the daemon's binary; build it with
 //
-//	go build -o bin/sidecar-init ./sidecar/sandbox/sidecar-init
+//	make build  (go build -o bin/sidecar-init ./cmd/sidecar-init)
 package main
 
 import "github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
