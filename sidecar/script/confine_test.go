@@ -210,3 +210,47 @@ func TestWorkerIdentity(t *testing.T) {
 		t.Errorf("worker %d not in %s: %q", pid, cg.dir, procs)
 	}
 }
+
+// TestMemoryOverrunWithoutCgroup forces the fallback bound (RLIMIT_DATA and the RSS
+// watchdog) that a daemon gets when it is not root or has no v1 memory controller.
+func TestMemoryOverrunWithoutCgroup(t *testing.T) {
+	r := newRunner(t, func(c *Config) {
+		c.Workers = 1
+		c.CgroupParent = "sidecar-scripts-test-no-such-parent" // never created: no cgroup
+	})
+	_, err := r.Run(context.Background(), Request{
+		Source:      `function transform() { const a = []; for (;;) a.push(new Uint8Array(1 << 20)) }`,
+		MemoryBytes: 16 << 20, Timeout: 10 * time.Second,
+	})
+	var se *Error
+	if !errors.As(err, &se) || se.Kind != KindMemory {
+		t.Fatalf("err = %v, want kind memory", err)
+	}
+	if r.cg != nil {
+		t.Error("runner made a cgroup under a missing parent")
+	}
+	expectRecovered(t, r)
+}
+
+func TestCancelWhileRunning(t *testing.T) {
+	r := newRunner(t, func(c *Config) { c.Workers = 1 })
+	expectRecovered(t, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(ctx, Request{Source: `function transform() { for (;;) {} }`, Timeout: 30 * time.Second})
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(r.idle) != 0 || r.Queued() != 0 { // the script holds the worker
+		if time.Now().After(deadline) {
+			t.Fatal("the script never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	expectRecovered(t, r) // the abandoned worker was killed and replaced
+}

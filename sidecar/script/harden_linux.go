@@ -34,6 +34,12 @@ func startWorker() (setup, error) {
 	if err != nil {
 		return s, err
 	}
+	if s.DataLimit > 0 { // rlimits are per process: this holds for every thread
+		lim := uint64(s.DataLimit)
+		if err := unix.Setrlimit(unix.RLIMIT_DATA, &unix.Rlimit{Cur: lim, Max: lim}); err != nil {
+			return s, fmt.Errorf("RLIMIT_DATA: %w", err)
+		}
+	}
 	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return s, fmt.Errorf("set no_new_privs: %w", err)
@@ -131,8 +137,10 @@ const fileRights = unix.LANDLOCK_ACCESS_FS_EXECUTE | unix.LANDLOCK_ACCESS_FS_WRI
 
 func addPathRule(rulesetFD int, path string, access uint64) error {
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
-		return nil // e.g. no /lib64 on this distribution
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EACCES) {
+		// No /lib64 on this distribution, or a cache the worker uid cannot reach
+		// anyway: no rule needed.
+		return nil
 	}
 	if err != nil {
 		return err

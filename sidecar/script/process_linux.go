@@ -13,8 +13,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 const (
@@ -83,6 +81,9 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 		MaxResultBytes: r.cfg.MaxResultBytes, MaxLogBytes: r.cfg.MaxLogBytes, MaxLogLines: r.cfg.MaxLogLines,
 		GoMemoryLimit: workerBudget(r.cfg.MaxMemoryBytes),
 	}
+	if p.cg == nil {
+		s.DataLimit = workerBudget(r.cfg.MaxMemoryBytes) + rlimitSlack
+	}
 	ready := make(chan error, 1)
 	go func() {
 		if err := writeFrame(p.in, s); err != nil {
@@ -113,7 +114,9 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 	return p, nil
 }
 
-// confine puts the worker into its memory cgroup, or bounds its data segment instead.
+// confine puts the worker into its memory cgroup. Without one, setup.DataLimit bounds
+// the worker's data segment instead: the worker sets it on itself, because prlimit on
+// another process needs CAP_SYS_RESOURCE, which containers often drop.
 func (r *Runner) confine(p *proc) error {
 	pid := p.cmd.Process.Pid
 	if r.cg != nil {
@@ -124,8 +127,7 @@ func (r *Runner) confine(p *proc) error {
 		p.cg = cg
 		return cg.addProc(pid)
 	}
-	lim := uint64(workerBudget(r.cfg.MaxMemoryBytes) + rlimitSlack)
-	return unix.Prlimit(pid, unix.RLIMIT_DATA, &unix.Rlimit{Cur: lim, Max: lim}, nil)
+	return nil // the worker lowers its own RLIMIT_DATA (setup.DataLimit) before any script
 }
 
 // kill ends the worker (and anything in its process group) and reaps it.

@@ -20,8 +20,9 @@ type setup struct {
 	MaxResultBytes int    `json:"max_result_bytes"`
 	MaxLogBytes    int    `json:"max_log_bytes"`
 	MaxLogLines    int    `json:"max_log_lines"`
-	GoMemoryLimit  int64  `json:"go_memory_limit"`    // debug.SetMemoryLimit for the worker
-	Landlock       int    `json:"landlock,omitempty"` // set by the worker: ABI it applied
+	GoMemoryLimit  int64  `json:"go_memory_limit"`      // debug.SetMemoryLimit for the worker
+	DataLimit      int64  `json:"data_limit,omitempty"` // RLIMIT_DATA when there is no cgroup
+	Landlock       int    `json:"landlock,omitempty"`   // set by the worker: ABI it applied
 }
 
 // job is one script to run.
