@@ -160,6 +160,8 @@ func TestLeasesAreIsolated(t *testing.T) {
 		"write to /dev/shm":         `echo x > /dev/shm/sidecar-escape`,
 		"write to the work root":    fmt.Sprintf(`echo x > %s/escape`, d.cfg.WorkRoot),
 		"read the state dir":        fmt.Sprintf(`ls %s`, d.cfg.StateDir),
+		"see B's process in /proc":  `test -e /proc/` + bPid,
+		"see the daemon in /proc":   fmt.Sprintf(`test -e /proc/%d`, os.Getpid()),
 	}
 	for name, script := range probes {
 		t.Run(name, func(t *testing.T) {
@@ -174,6 +176,10 @@ func TestLeasesAreIsolated(t *testing.T) {
 			os.Remove(p)
 			t.Errorf("%s was written from a lease", p)
 		}
+	}
+	// Lease processes are the OOM killer's first choice, not protected like the daemon.
+	if r := must(a.Exec(ctx, sh(`cat /proc/self/oom_score_adj`)))(t); r.Stdout != "500\n" {
+		t.Fatalf("oom_score_adj in a lease: %+v", r)
 	}
 	// Its own workdir and /tmp work.
 	res := must(a.Exec(ctx, sh(`echo ok > here.txt && echo ok > /tmp/t.txt && cat here.txt /tmp/t.txt && id -u`)))(t)

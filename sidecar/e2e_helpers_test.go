@@ -368,15 +368,3 @@ func must[T any](v T, err error) func(*testing.T) T {
 		return v
 	}
 }
-
-// eventually polls cond until it holds or the deadline passes; never a fixed sleep.
-func eventually(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

@@ -69,6 +69,16 @@ func setup(cfg *Config) error {
 		if err := privateTmp(cfg); err != nil {
 			return err
 		}
+		if cfg.UID != 0 {
+			if err := privateProc(); err != nil {
+				return err
+			}
+		}
+	}
+	// The daemon protects itself from the OOM killer (OOMScoreAdjust=-900 in its unit);
+	// lease processes must not inherit that: under host memory pressure they go first.
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(LeaseOOMScoreAdj), 0); err != nil {
+		return fmt.Errorf("oom_score_adj: %w", err)
 	}
 	if cfg.UID != 0 {
 		if err := dropPrivileges(cfg.UID, cfg.GID); err != nil {
@@ -119,6 +129,20 @@ func privateTmp(cfg *Config) error {
 	}
 	return nil
 }
+
+// privateProc mounts a procfs of the lease's own over /proc with hidepid=invisible: a
+// lease sees only its own uid's processes, so it cannot read another lease's (or the
+// daemon's) command lines, environment or open files, nor learn they exist.
+func privateProc() error {
+	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := unix.Mount("proc", "/proc", "proc", flags, "hidepid=invisible"); err != nil {
+		return fmt.Errorf("mount private /proc: %w", err)
+	}
+	return nil
+}
+
+// LeaseOOMScoreAdj is the OOM score adjustment of every lease process.
+const LeaseOOMScoreAdj = "500"
 
 // dropPrivileges uses raw system calls on purpose: the syscall package's wrappers change
 // every thread (and fail in cgo binaries); only this thread will exec.
