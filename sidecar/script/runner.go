@@ -138,7 +138,7 @@ func (c *Config) fill() error {
 // makeDirs creates the empty WASI root (read-only for the worker: root-owned 0555, and
 // WASI has no chmod) and the compilation cache.
 func (r *Runner) makeDirs() error {
-	root, err := os.MkdirTemp("", "sidecar-script-root-")
+	root, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", rootDirPrefix, os.Getpid()))
 	if err != nil {
 		return fmt.Errorf("script: root: %w", err)
 	}
@@ -148,7 +148,7 @@ func (r *Runner) makeDirs() error {
 	}
 	r.cacheDir = r.cfg.CacheDir
 	if r.cacheDir == "" {
-		if r.cacheDir, err = os.MkdirTemp("", "sidecar-script-cache-"); err != nil {
+		if r.cacheDir, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", cacheDirPrefix, os.Getpid())); err != nil {
 			return fmt.Errorf("script: cache: %w", err)
 		}
 		r.ownCache = true
