@@ -90,7 +90,12 @@ type attachment struct {
 
 // Attach watches process pid from output offset since (0: everything still buffered).
 func (l *Lease) Attach(ctx context.Context, pid string, since int64) (*Process, error) {
-	p := newProcess(l, pid, false, true)
+	return l.attach(ctx, pid, since, false)
+}
+
+// attach starts the handle's reader only once everything it reads (tty) is set.
+func (l *Lease) attach(ctx context.Context, pid string, since int64, tty bool) (*Process, error) {
+	p := newProcess(l, pid, tty, true)
 	a, err := p.dialRetry(ctx, since, l.c.retry)
 	if err != nil {
 		p.cancel()
@@ -109,11 +114,10 @@ func (l *Lease) Start(ctx context.Context, req apitype.StartRequest) (*Process, 
 	if err != nil {
 		return nil, err
 	}
-	p, err := l.Attach(ctx, proc.PID, 0)
+	p, err := l.attach(ctx, proc.PID, 0, req.TTY)
 	if err != nil {
 		return nil, fmt.Errorf("client: process %s started but attach failed: %w", proc.PID, err)
 	}
-	p.tty = req.TTY
 	return p, nil
 }
 

@@ -194,6 +194,11 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 
 	var scripts *script.Runner
+	if removed, err := script.CleanupStale("", ""); err != nil {
+		log.Warn("script worker sweep incomplete", "err", err)
+	} else if len(removed) > 0 {
+		log.Info("removed script workers' leftovers", "paths", removed)
+	}
 	if cfg.ScriptEnabled {
 		scripts, err = script.New(ctx, script.Config{
 			Enabled:    true,

@@ -6,10 +6,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -52,29 +54,23 @@ var (
 	helperErr  error
 )
 
-// helperBinary is a copy of this test binary that unprivileged uids can execute (the
-// script workers drop to nobody; go test's build dir is private to root).
+// helperBinary is the real daemon binary, built once without the race detector (whose
+// memory overhead would trip the script workers' memory bound) into a directory that the
+// unprivileged script worker uid can execute from (go test's build dir is root's only).
 func helperBinary(t *testing.T) string {
 	t.Helper()
 	helperOnce.Do(func() {
-		self, err := os.Executable()
-		if err != nil {
-			helperErr = err
-			return
-		}
 		if helperDir, helperErr = os.MkdirTemp("/var/tmp", "sidecar-e2e-bin-"); helperErr != nil {
 			return
 		}
 		if helperErr = os.Chmod(helperDir, 0o755); helperErr != nil {
 			return
 		}
-		data, err := os.ReadFile(self)
-		if err != nil {
-			helperErr = err
-			return
-		}
 		helperPath = filepath.Join(helperDir, "sidecar")
-		helperErr = os.WriteFile(helperPath, data, 0o755)
+		out, err := exec.Command("go", "build", "-o", helperPath, "../cmd/sidecar").CombinedOutput()
+		if err != nil {
+			helperErr = fmt.Errorf("build the daemon for its helpers: %v\n%s", err, out)
+		}
 	})
 	if helperErr != nil {
 		t.Fatal(helperErr)

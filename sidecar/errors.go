@@ -63,8 +63,6 @@ var sentinels = []struct {
 	{process.ErrExited, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrStdinClosed, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
-	{exec.ErrNotFound, http.StatusBadRequest, apitype.CodeInvalidRequest},
-	{fs.ErrNotExist, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{sandbox.ErrOutsideWorkdir, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
 	{sandbox.ErrUnsupported, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{sandbox.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
@@ -82,6 +80,7 @@ var sentinels = []struct {
 	{fsxfer.ErrTooLarge, http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge},
 	{fsxfer.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
+	{script.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 }
 
 // problemOf turns any error into the problem body the client sees. Unknown errors are
@@ -105,6 +104,9 @@ func problemOf(err error) apitype.Problem {
 	case errors.As(err, &mbErr):
 		p.Status, p.Code = http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge
 		p.Detail = fmt.Sprintf("request body over %d bytes", mbErr.Limit)
+	case errors.Is(err, process.ErrStart) && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist)):
+		// The command is not there (or not executable) inside the lease: the request's fault.
+		p.Status, p.Code, p.Detail = http.StatusBadRequest, apitype.CodeInvalidRequest, truncate(err.Error(), 300)
 	case errors.Is(err, context.DeadlineExceeded):
 		p.Status, p.Code, p.Detail = http.StatusServiceUnavailable, apitype.CodeUnavailable, "deadline exceeded"
 	default:

@@ -1,6 +1,7 @@
 package sidecar
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -8,6 +9,9 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
 )
+
+// scriptQueueWait is how long a script may wait for a worker beyond its own run time.
+const scriptQueueWait = 5 * time.Second
 
 // scriptBody is apitype.ScriptRequest with the input kept as raw JSON: it goes to the
 // worker as it came.
@@ -35,7 +39,11 @@ func (s *Server) handleScript(w http.ResponseWriter, r *http.Request, _ principa
 	if len(req.Input) == 0 {
 		req.Input = json.RawMessage("null")
 	}
-	res, err := s.opts.Scripts.Run(r.Context(), script.Request{
+	// Run waits for a free worker as long as its context allows: bound the wait so a
+	// saturated pool answers 503 rather than holding connections forever.
+	ctx, cancel := context.WithTimeout(r.Context(), script.DefaultMaxTimeout+scriptQueueWait)
+	defer cancel()
+	res, err := s.opts.Scripts.Run(ctx, script.Request{
 		Source:      req.Source,
 		Input:       req.Input,
 		Timeout:     time.Duration(req.TimeoutMS) * time.Millisecond,
