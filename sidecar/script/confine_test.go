@@ -84,8 +84,11 @@ func TestDeepRecursion(t *testing.T) {
 		`function transform() { const o = {}; o.toJSON = () => [o]; return o }`,
 	} {
 		_, err := run(t, r, src, ``)
+		// Which limit a runaway hits first (stack, memory, or time on a loaded machine)
+		// varies; what must hold is that it comes back as a script error and the pool
+		// recovers.
 		var se *Error
-		if !errors.As(err, &se) || (se.Kind != KindException && se.Kind != KindMemory) {
+		if !errors.As(err, &se) || (se.Kind != KindException && se.Kind != KindMemory && se.Kind != KindTimeout) {
 			t.Fatalf("%s: err = %v, want a script error", src, err)
 		}
 		t.Logf("%s: %v", src, err)
