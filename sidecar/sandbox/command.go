@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -132,12 +131,9 @@ func (s *Sandbox) newChild(le *lease) (string, error) {
 // and 5 (network namespace), keeping the daemon's ends in t.
 func (t *tree) helperFiles(cfg *initproc.Config, netns *os.File) ([]*os.File, error) {
 	cfg.NetNS = netns != nil
-	b, err := json.Marshal(cfg)
+	b, err := initproc.Encode(cfg)
 	if err != nil {
-		return nil, err
-	}
-	if len(b) > initproc.MaxConfigSize {
-		return nil, fmt.Errorf("%w: command too large", ErrInvalid)
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	mfd, err := unix.MemfdCreate("sidecar-init-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {

@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 		}
 		go RunReaper(ctx, slog.New(slog.DiscardHandler))
 	}
+	cleanup := buildHelpers()
 	code := m.Run()
+	cleanup()
 	stop()
 	for _, ctrl := range v1Controllers { // the shared test parent, empty by now
 		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent))
@@ -41,18 +43,19 @@ func TestMain(m *testing.M) {
 
 const testCgroupParent = "sidecar-test"
 
-// newTestSandbox is a strict sandbox; it skips unless the test runs as root on a host with
-// cgroups and Landlock (CI does).
+// newTestSandbox is a strict sandbox with the Go helper; it skips unless the test runs as
+// root on a host with cgroups and Landlock (CI does).
 func newTestSandbox(t testing.TB) *Sandbox {
+	t.Helper()
+	return newTestSandboxWith(t, mustExecutable(t))
+}
+
+func newTestSandboxWith(t testing.TB, helper string) *Sandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: strict isolation (cgroups, uid switching, mounts); CI runs as root")
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := New(Config{CgroupParent: testCgroupParent, HelperPath: self})
+	s, err := New(Config{CgroupParent: testCgroupParent, HelperPath: helper})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -22,8 +22,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // A fork bomb stops at the lease's pids limit, and another lease keeps working.
-func TestForkBombStopsAtPidsLimit(t *testing.T) {
-	s := newTestSandbox(t)
+func TestForkBombStopsAtPidsLimit(t *testing.T) { forEachHelper(t, testForkBombStopsAtPidsLimit) }
+
+func testForkBombStopsAtPidsLimit(t *testing.T, s *Sandbox) {
 	a := newTestLease(t, s, func(l *LeaseSpec) { l.Pids = 40 })
 	b := newTestLease(t, s, nil)
 	cmd, tr, err := s.Command(a.ID, sh(`bomb() { bomb | bomb & }; bomb 2>/dev/null; sleep 100`))
@@ -57,8 +58,9 @@ func TestForkBombStopsAtPidsLimit(t *testing.T) {
 	})
 }
 
-func TestMemoryHogIsOOMKilled(t *testing.T) {
-	s := newTestSandbox(t)
+func TestMemoryHogIsOOMKilled(t *testing.T) { forEachHelper(t, testMemoryHogIsOOMKilled) }
+
+func testMemoryHogIsOOMKilled(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.MemoryBytes = 32 << 20 })
 	r := run(t, s, l.ID, process.Spec{Argv: []string{"/usr/bin/python3", "-c", "b = bytearray(512 << 20); print('survived')"}})
 	if !r.signaled || !r.oom || strings.Contains(r.stdout, "survived") {
@@ -73,8 +75,9 @@ func TestMemoryHogIsOOMKilled(t *testing.T) {
 }
 
 // Tree.Kill takes children, grandchildren, setsid'd and double-forked descendants.
-func TestTreeKillTakesEverything(t *testing.T) {
-	s := newTestSandbox(t)
+func TestTreeKillTakesEverything(t *testing.T) { forEachHelper(t, testTreeKillTakesEverything) }
+
+func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	cmd, tr, err := s.Command(l.ID, sh(`sleep 100 & setsid sleep 100 & (sh -c 'sleep 100 &' &) ; sh -c 'sleep 100' & echo ready; wait`))
 	if err != nil {
@@ -116,8 +119,9 @@ func alive(pid int) bool {
 	return syscall.Kill(pid, 0) == nil && !isZombie(pid)
 }
 
-func TestNetworkNone(t *testing.T) {
-	s := newTestSandbox(t)
+func TestNetworkNone(t *testing.T) { forEachHelper(t, testNetworkNone) }
+
+func testNetworkNone(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
 	r := run(t, s, l.ID, sh(`tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; /usr/bin/python3 -c "
 import socket
@@ -143,8 +147,9 @@ socket.create_connection(s.getsockname()); print('lo up')"; readlink /proc/self/
 }
 
 // Teardown leaves no process, cgroup or network namespace.
-func TestTeardownLeavesNothing(t *testing.T) {
-	s := newTestSandbox(t)
+func TestTeardownLeavesNothing(t *testing.T) { forEachHelper(t, testTeardownLeavesNothing) }
+
+func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
 	cmd, tr, err := s.Command(l.ID, sh(`(setsid sh -c 'sleep 100 & sleep 100' &); echo ready; sleep 100`))
 	if err != nil {

@@ -16,8 +16,9 @@ import (
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
-func TestCleanProcess(t *testing.T) {
-	s := newTestSandbox(t)
+func TestCleanProcess(t *testing.T) { forEachHelper(t, testCleanProcess) }
+
+func testCleanProcess(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	os.Setenv("SIDECAR_AUTH_TOKEN", "secret-must-not-leak")
 	defer os.Unsetenv("SIDECAR_AUTH_TOKEN")
@@ -57,8 +58,9 @@ func TestCleanProcess(t *testing.T) {
 	}
 }
 
-func TestCwdAndBadInput(t *testing.T) {
-	s := newTestSandbox(t)
+func TestCwdAndBadInput(t *testing.T) { forEachHelper(t, testCwdAndBadInput) }
+
+func testCwdAndBadInput(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	os.Mkdir(filepath.Join(l.Workdir, "sub"), 0o755)
 	os.Symlink("/etc", filepath.Join(l.Workdir, "escape"))
@@ -119,8 +121,9 @@ func TestCwdAndBadInput(t *testing.T) {
 }
 
 // The helper reports a failure after start over its pipe: Started returns it.
-func TestSetupErrorReported(t *testing.T) {
-	s := newTestSandbox(t)
+func TestSetupErrorReported(t *testing.T) { forEachHelper(t, testSetupErrorReported) }
+
+func testSetupErrorReported(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	exe := filepath.Join(l.Workdir, "gone")
 	os.WriteFile(exe, []byte("#!/bin/sh\n"), 0o755)
@@ -144,7 +147,10 @@ func TestSetupErrorReported(t *testing.T) {
 // A process that forks at once, many times, is in its command's cgroup from its first
 // instruction: every child reports the lease's child cgroup in every controller used.
 func TestInCgroupFromFirstInstruction(t *testing.T) {
-	s := newTestSandbox(t)
+	forEachHelper(t, testInCgroupFromFirstInstruction)
+}
+
+func testInCgroupFromFirstInstruction(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	for i := range 50 {
 		r := run(t, s, l.ID, sh(`for i in 1 2 3 4 5; do cat /proc/self/cgroup & done; wait`))
@@ -167,8 +173,9 @@ func TestInCgroupFromFirstInstruction(t *testing.T) {
 	}
 }
 
-func TestLeasesAreIsolated(t *testing.T) {
-	s := newTestSandbox(t)
+func TestLeasesAreIsolated(t *testing.T) { forEachHelper(t, testLeasesAreIsolated) }
+
+func testLeasesAreIsolated(t *testing.T, s *Sandbox) {
 	a := newTestLease(t, s, nil)
 	b := newTestLease(t, s, nil)
 	os.WriteFile(filepath.Join(b.Workdir, "secret"), []byte("b"), 0o644)
@@ -221,8 +228,9 @@ func TestLeasesAreIsolated(t *testing.T) {
 	}
 }
 
-func TestToolsRun(t *testing.T) {
-	s := newTestSandbox(t)
+func TestToolsRun(t *testing.T) { forEachHelper(t, testToolsRun) }
+
+func testToolsRun(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	for _, argv := range [][]string{
 		{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"},

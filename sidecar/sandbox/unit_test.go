@@ -65,7 +65,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 // Isolation "none" works for any user: no cgroup, no uid switch, process-group kill.
 func TestIsolationNone(t *testing.T) {
-	s, err := New(Config{Isolation: IsolationNone, HelperPath: mustExecutable(t)})
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) { testIsolationNone(t, h.usable(t)) })
+	}
+}
+
+func testIsolationNone(t *testing.T, helper string) {
+	s, err := New(Config{Isolation: IsolationNone, HelperPath: helper})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,8 +87,9 @@ func TestIsolationNone(t *testing.T) {
 
 // creack/pty adds Setsid and Setctty to the SysProcAttr Command set: the target gets the
 // terminal as its controlling tty.
-func TestTTY(t *testing.T) {
-	s := newTestSandbox(t)
+func TestTTY(t *testing.T) { forEachHelper(t, testTTY) }
+
+func testTTY(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"/bin/sh", "-c", `tty; test -t 0 && echo isatty; echo TERM=$TERM; ps -o tty= -p $$`}, TTY: true})
 	if err != nil {

@@ -1,7 +1,6 @@
 package initproc
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,24 +29,23 @@ func Main() {
 	fail(code, "exec", err)
 }
 
+// readConfig reads the sealed memfd on ConfigFD; a descriptor that is not one (or could
+// still change) is refused.
 func readConfig() (*Config, error) {
+	seals, err := unix.FcntlInt(ConfigFD, unix.F_GET_SEALS, 0)
+	if err != nil {
+		return nil, fmt.Errorf("config seals: %w", err)
+	}
+	if want := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK; seals&want != want {
+		return nil, errors.New("config is not sealed")
+	}
 	f := os.NewFile(ConfigFD, "config")
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(b) > MaxConfigSize {
-		return nil, errors.New("config too large")
-	}
-	var cfg Config
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return nil, err
-	}
-	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
-		return nil, errors.New("empty argv")
-	}
-	return &cfg, nil
+	return Decode(b)
 }
 
 // setup runs in the order that keeps each step possible: cgroups, namespaces and mounts

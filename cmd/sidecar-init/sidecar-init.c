@@ -1,0 +1,538 @@
+//go:build ignore
+
+// The constraint above keeps the go tool from treating this file as part of the Go
+// package in this directory (a .c file in a package without cgo is an error); the
+// Makefile compiles it with $(CC) on its own.
+
+/*
+ * sidecar-init: the sandbox helper every lease process starts as, in C so that it starts
+ * as fast as /bin/true (the Go helper pays ~2.6 ms of runtime start per exec).
+ *
+ * It does what sidecar/sandbox/initproc does, in the same order, with the same exit codes
+ * and report format, reading the same config (see initproc/codec.go):
+ *
+ *   fd 3  sealed memfd: "sidecar-init/1\0" (key "\0" value "\0")*
+ *   fd 4  report pipe: on failure "<code> <stage>: <message>", then exit <code>
+ *   fd 5  the lease's network namespace, when the config says "netns"
+ *
+ * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
+ * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
+ * oom_score_adj 500, setgroups(0)/setresgid/setresuid, no_new_privs, Landlock, chdir,
+ * close-on-exec on every fd above 2, then an execvp-like PATH search.
+ *
+ * Security rules: every system call is checked; every length is bounded; untrusted data
+ * is only ever a "%s" argument; on any doubt the helper exits 125 with a report.
+ *
+ * Build: cc -O2 -static -Wall -Wextra -Werror -o sidecar-init sidecar-init.c
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5 };
+enum { EXIT_SETUP = 125, EXIT_CANNOT_EXEC = 126, EXIT_NOT_FOUND = 127 };
+enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
+
+#define CONFIG_MAGIC "sidecar-init/1"
+#define LEASE_OOM_SCORE_ADJ "500"
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+/* System call numbers and Landlock ABI values, fixed by the kernel ABI; defined here so
+ * that the helper builds against older headers than the kernel it runs on. */
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#endif
+#ifndef SYS_landlock_add_rule
+#define SYS_landlock_add_rule 445
+#endif
+#ifndef SYS_landlock_restrict_self
+#define SYS_landlock_restrict_self 446
+#endif
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef SYS_setns
+#define SYS_setns 308
+#endif
+#ifndef CLONE_NEWNET
+#define CLONE_NEWNET 0x40000000
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef F_GET_SEALS
+#define F_GET_SEALS 1034
+#endif
+#ifndef F_SEAL_SHRINK
+#define F_SEAL_SHRINK 0x0002
+#define F_SEAL_GROW 0x0004
+#define F_SEAL_WRITE 0x0008
+#endif
+#ifndef MS_REC
+#define MS_REC 16384
+#endif
+#ifndef MS_PRIVATE
+#define MS_PRIVATE (1 << 18)
+#endif
+
+#define LL_CREATE_RULESET_VERSION (1U << 0)
+#define LL_RULE_PATH_BENEATH 1
+#define LL_FS_EXECUTE (1ULL << 0)
+#define LL_FS_WRITE_FILE (1ULL << 1)
+#define LL_FS_READ_FILE (1ULL << 2)
+#define LL_FS_READ_DIR (1ULL << 3)
+#define LL_FS_REMOVE_DIR (1ULL << 4)
+#define LL_FS_REMOVE_FILE (1ULL << 5)
+#define LL_FS_MAKE_CHAR (1ULL << 6)
+#define LL_FS_MAKE_DIR (1ULL << 7)
+#define LL_FS_MAKE_REG (1ULL << 8)
+#define LL_FS_MAKE_SOCK (1ULL << 9)
+#define LL_FS_MAKE_FIFO (1ULL << 10)
+#define LL_FS_MAKE_BLOCK (1ULL << 11)
+#define LL_FS_MAKE_SYM (1ULL << 12)
+#define LL_FS_REFER (1ULL << 13)
+#define LL_FS_TRUNCATE (1ULL << 14)
+#define LL_FS_IOCTL_DEV (1ULL << 15)
+#define LL_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0)
+#define LL_SCOPE_SIGNAL (1ULL << 1)
+
+#define LL_READ (LL_FS_READ_FILE | LL_FS_READ_DIR)
+/* What the kernel accepts in a rule on a non-directory. */
+#define LL_FILE (LL_FS_EXECUTE | LL_FS_WRITE_FILE | LL_FS_READ_FILE | LL_FS_TRUNCATE | LL_FS_IOCTL_DEV)
+#define LL_DEVICE (LL_FS_READ_FILE | LL_FS_WRITE_FILE | LL_FS_TRUNCATE | LL_FS_IOCTL_DEV)
+#define LL_NO_DEVICES (LL_FS_MAKE_CHAR | LL_FS_MAKE_BLOCK)
+
+struct ll_ruleset_attr { /* struct landlock_ruleset_attr as of ABI 6 */
+	uint64_t handled_access_fs;
+	uint64_t handled_access_net;
+	uint64_t scoped;
+};
+
+struct ll_path_beneath_attr {
+	uint64_t allowed_access;
+	int32_t parent_fd;
+} __attribute__((packed));
+
+/* A list of strings pointing into the config buffer, NULL-terminated (argv, envp). */
+struct list {
+	char **v;
+	size_t n;
+};
+
+struct config {
+	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
+	const char *dir, *tmp_dir, *host_mount_ns;
+	long uid, gid, ll_min_abi;
+	int netns, landlock, have_uid, have_gid;
+};
+
+/* fail reports "<code> <stage>: <message>" on the report pipe and stderr, then exits. The
+ * message is formatted with a constant format only; untrusted text is a %s argument. */
+__attribute__((noreturn, format(printf, 3, 4))) static void fail(int code, const char *stage, const char *fmt, ...)
+{
+	char msg[REPORT_MAX_LENGTH + 1], line[REPORT_MAX_LENGTH + 32];
+	va_list ap;
+	int n = snprintf(msg, sizeof msg, "%s: ", stage);
+	if (n < 0)
+		n = 0;
+	if ((size_t)n < sizeof msg) {
+		va_start(ap, fmt);
+		if (vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap) < 0)
+			msg[n] = '\0';
+		va_end(ap);
+	}
+	msg[REPORT_MAX_LENGTH] = '\0'; /* truncated like the Go helper's */
+	n = snprintf(line, sizeof line, "%d %s", code, msg);
+	if (n > 0) {
+		size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+		/* Nothing more to do if the daemon is gone: the exit code still says it. */
+		ssize_t w = write(REPORT_FD, line, len);
+		(void)w;
+	}
+	dprintf(STDERR_FILENO, "sidecar-init: %s\n", msg);
+	_exit(code);
+}
+
+#define FAIL_ERRNO(stage, what, arg) fail(EXIT_SETUP, stage, "%s %s: %s", what, arg, strerror(errno))
+
+/* read_config reads the sealed memfd on CONFIG_FD into a NUL-terminated buffer. */
+static char *read_config(size_t *len)
+{
+	int seals = fcntl(CONFIG_FD, F_GET_SEALS);
+	if (seals < 0)
+		fail(EXIT_SETUP, "config", "seals: %s", strerror(errno));
+	int want = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+	if ((seals & want) != want)
+		fail(EXIT_SETUP, "config", "config is not sealed");
+	struct stat st;
+	if (fstat(CONFIG_FD, &st) < 0)
+		fail(EXIT_SETUP, "config", "stat: %s", strerror(errno));
+	if (st.st_size < 0 || st.st_size > MAX_CONFIG_SIZE)
+		fail(EXIT_SETUP, "config", "bad config: too large");
+	size_t size = (size_t)st.st_size;
+	char *buf = malloc(size + 1);
+	if (buf == NULL)
+		fail(EXIT_SETUP, "config", "out of memory");
+	size_t got = 0;
+	/* Read one byte past the size: a sealed file cannot grow, so more is an error. */
+	while (got <= size) {
+		ssize_t r = read(CONFIG_FD, buf + got, size + 1 - got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			fail(EXIT_SETUP, "config", "read: %s", strerror(errno));
+		if (r == 0)
+			break;
+		got += (size_t)r;
+	}
+	if (got != size)
+		fail(EXIT_SETUP, "config", "bad config: size changed");
+	if (close(CONFIG_FD) < 0)
+		fail(EXIT_SETUP, "config", "close: %s", strerror(errno));
+	buf[size] = '\0';
+	*len = size;
+	return buf;
+}
+
+/* parse_id accepts 1 to 10 decimal digits, at most 2^31-1 (as initproc.parseID does). */
+static long parse_id(const char *key, const char *s)
+{
+	size_t n = strlen(s);
+	if (n == 0 || n > 10)
+		fail(EXIT_SETUP, "config", "bad config: %s: bad number", key);
+	long v = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			fail(EXIT_SETUP, "config", "bad config: %s: bad number", key);
+		v = v * 10 + (s[i] - '0'); /* at most 9999999999: fits a 64-bit long */
+	}
+	if (v > INT32_MAX)
+		fail(EXIT_SETUP, "config", "bad config: %s: number too large", key);
+	return v;
+}
+
+static const char *const list_keys[] = {"argv", "env", "cgroup_procs", "ll_rw", "ll_rx", "ll_ro", "ll_dev"};
+enum { NLISTS = sizeof list_keys / sizeof list_keys[0] };
+
+static struct list *list_for(struct config *c, const char *key)
+{
+	struct list *lists[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
+	for (size_t i = 0; i < NLISTS; i++)
+		if (strcmp(key, list_keys[i]) == 0)
+			return lists[i];
+	return NULL;
+}
+
+static void set_once(const char **dst, int *seen, const char *key, const char *v)
+{
+	if (*seen)
+		fail(EXIT_SETUP, "config", "bad config: %s twice", key);
+	*seen = 1;
+	*dst = v;
+}
+
+static long parse_id_once(int *seen, const char *key, const char *v)
+{
+	const char *unused;
+	set_once(&unused, seen, key, v);
+	return parse_id(key, v);
+}
+
+/* parse_config splits buf (len bytes, NUL at buf[len]) into c. Two passes: count the list
+ * entries, allocate exactly, then fill; strings stay in buf. */
+static void parse_config(char *buf, size_t len, struct config *c)
+{
+	memset(c, 0, sizeof *c);
+	if (len == 0 || buf[len - 1] != '\0')
+		fail(EXIT_SETUP, "config", "bad config: not NUL-terminated");
+	size_t mlen = sizeof CONFIG_MAGIC; /* with its NUL */
+	if (len < mlen || memcmp(buf, CONFIG_MAGIC, mlen) != 0)
+		fail(EXIT_SETUP, "config", "bad config: no magic");
+	for (int pass = 0; pass < 2; pass++) {
+		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_uid = 0, seen_gid = 0;
+		int seen_netns = 0, seen_ll = 0, seen_rules = 0;
+		size_t off = mlen;
+		while (off < len) {
+			/* Every string ends before len: buf[len-1] is NUL. */
+			char *key = buf + off;
+			off += strlen(key) + 1;
+			if (off >= len)
+				fail(EXIT_SETUP, "config", "bad config: key without value");
+			char *v = buf + off;
+			off += strlen(v) + 1;
+			struct list *l = list_for(c, key);
+			if (l != NULL) {
+				if (pass == 1)
+					l->v[l->n] = v;
+				l->n++;
+				if (strncmp(key, "ll_", 3) == 0)
+					seen_rules = 1;
+				continue;
+			}
+			if (strcmp(key, "dir") == 0) {
+				set_once(&c->dir, &seen_dir, key, v);
+			} else if (strcmp(key, "tmp_dir") == 0) {
+				set_once(&c->tmp_dir, &seen_tmp, key, v);
+			} else if (strcmp(key, "host_mount_ns") == 0) {
+				set_once(&c->host_mount_ns, &seen_mns, key, v);
+			} else if (strcmp(key, "uid") == 0) {
+				c->uid = parse_id_once(&seen_uid, key, v);
+			} else if (strcmp(key, "gid") == 0) {
+				c->gid = parse_id_once(&seen_gid, key, v);
+			} else if (strcmp(key, "landlock") == 0) {
+				c->ll_min_abi = parse_id_once(&seen_ll, key, v);
+			} else if (strcmp(key, "netns") == 0) {
+				const char *one;
+				set_once(&one, &seen_netns, key, v);
+				if (strcmp(one, "1") != 0)
+					fail(EXIT_SETUP, "config", "bad config: netns: not 1");
+				c->netns = 1;
+			} else {
+				fail(EXIT_SETUP, "config", "bad config: unknown key \"%s\"", key);
+			}
+		}
+		if (pass == 0) {
+			struct list *lists[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
+			for (size_t i = 0; i < NLISTS; i++) {
+				/* n <= len/2, so n+1 cannot overflow and calloc checks the product. */
+				lists[i]->v = calloc(lists[i]->n + 1, sizeof(char *));
+				if (lists[i]->v == NULL)
+					fail(EXIT_SETUP, "config", "out of memory");
+				lists[i]->n = 0;
+			}
+			c->dir = c->tmp_dir = c->host_mount_ns = NULL;
+			c->netns = 0;
+			continue;
+		}
+		if (c->argv.n == 0 || c->argv.v[0][0] == '\0')
+			fail(EXIT_SETUP, "config", "bad config: empty argv");
+		if (!seen_uid || !seen_gid)
+			fail(EXIT_SETUP, "config", "bad config: no uid or gid");
+		if (seen_rules && !seen_ll)
+			fail(EXIT_SETUP, "config", "bad config: landlock rules without a policy");
+		c->landlock = seen_ll;
+	}
+}
+
+static void write_file(const char *stage, const char *path, const char *value)
+{
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		FAIL_ERRNO(stage, "open", path);
+	size_t n = strlen(value);
+	ssize_t w = write(fd, value, n);
+	if (w < 0)
+		FAIL_ERRNO(stage, "write", path);
+	if ((size_t)w != n)
+		fail(EXIT_SETUP, stage, "write %s: short write", path);
+	if (close(fd) < 0)
+		FAIL_ERRNO(stage, "close", path);
+}
+
+/* private_tmp bind-mounts the lease's tmp dir on /tmp, refusing if the helper is still in
+ * the daemon's mount namespace (a caller that dropped CLONE_NEWNS). */
+static void private_tmp(const struct config *c)
+{
+	char ns[256];
+	ssize_t n = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
+	if (n < 0)
+		fail(EXIT_SETUP, "setup", "mount namespace: %s", strerror(errno));
+	if ((size_t)n >= sizeof ns - 1)
+		fail(EXIT_SETUP, "setup", "mount namespace: name too long");
+	ns[n] = '\0';
+	if (c->host_mount_ns == NULL || c->host_mount_ns[0] == '\0' || strcmp(ns, c->host_mount_ns) == 0)
+		fail(EXIT_SETUP, "setup", "refusing to mount /tmp: not in a private mount namespace");
+	if (mount("", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "make / private: %s", strerror(errno));
+	if (mount(c->tmp_dir, "/tmp", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on /tmp: %s", c->tmp_dir, strerror(errno));
+	if (mount("", "/tmp", NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "remount /tmp nosuid,nodev: %s", strerror(errno));
+}
+
+static int landlock_abi(void)
+{
+	long v = syscall(SYS_landlock_create_ruleset, NULL, 0, LL_CREATE_RULESET_VERSION);
+	return v < 0 ? 0 : (int)v;
+}
+
+/* handled_fs is every filesystem right the ABI knows, up to ABI 7 (as initproc.handledFS). */
+static uint64_t handled_fs(int abi)
+{
+	uint64_t fs = LL_FS_EXECUTE | LL_FS_WRITE_FILE | LL_FS_READ_FILE | LL_FS_READ_DIR | LL_FS_REMOVE_DIR |
+		      LL_FS_REMOVE_FILE | LL_FS_MAKE_CHAR | LL_FS_MAKE_DIR | LL_FS_MAKE_REG | LL_FS_MAKE_SOCK |
+		      LL_FS_MAKE_FIFO | LL_FS_MAKE_BLOCK | LL_FS_MAKE_SYM;
+	if (abi >= 2)
+		fs |= LL_FS_REFER;
+	if (abi >= 3)
+		fs |= LL_FS_TRUNCATE;
+	if (abi >= 5)
+		fs |= LL_FS_IOCTL_DEV;
+	return fs;
+}
+
+static void add_rule(int ruleset, const char *path, uint64_t access)
+{
+	int fd = open(path, O_PATH | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		return; /* e.g. /lib64 on a host without it */
+	if (fd < 0)
+		fail(EXIT_SETUP, "setup", "landlock rule %s: %s", path, strerror(errno));
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		fail(EXIT_SETUP, "setup", "landlock rule %s: %s", path, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		access &= LL_FILE; /* the kernel refuses directory rights on a file */
+	struct ll_path_beneath_attr rule = {.allowed_access = access, .parent_fd = fd};
+	if (syscall(SYS_landlock_add_rule, ruleset, LL_RULE_PATH_BENEATH, &rule, 0) < 0)
+		fail(EXIT_SETUP, "setup", "landlock rule %s: %s", path, strerror(errno));
+	if (close(fd) < 0)
+		fail(EXIT_SETUP, "setup", "landlock rule %s: close: %s", path, strerror(errno));
+}
+
+/* restrict_self confines this process (and what it execs) to the policy; no_new_privs is
+ * set already. */
+static void restrict_self(const struct config *c)
+{
+	int abi = landlock_abi();
+	if (abi < c->ll_min_abi)
+		fail(EXIT_SETUP, "setup", "landlock ABI %d, need %ld", abi, c->ll_min_abi);
+	if (abi == 0)
+		return; /* best effort on a kernel without Landlock */
+	uint64_t fs = handled_fs(abi);
+	struct ll_ruleset_attr attr = {.handled_access_fs = fs};
+	if (abi >= 6)
+		/* No signal to, or abstract socket of, anything outside the lease's domain. */
+		attr.scoped = LL_SCOPE_SIGNAL | LL_SCOPE_ABSTRACT_UNIX_SOCKET;
+	long rfd = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+	if (rfd < 0)
+		fail(EXIT_SETUP, "setup", "landlock_create_ruleset: %s", strerror(errno));
+	const struct {
+		const struct list *paths;
+		uint64_t access;
+	} groups[] = {
+		{&c->ll_rw, fs & ~LL_NO_DEVICES},
+		{&c->ll_rx, LL_READ | LL_FS_EXECUTE},
+		{&c->ll_ro, LL_READ},
+		{&c->ll_dev, LL_DEVICE | LL_FS_READ_DIR},
+	};
+	for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
+		for (size_t i = 0; i < groups[g].paths->n; i++)
+			add_rule((int)rfd, groups[g].paths->v[i], groups[g].access & fs);
+	if (syscall(SYS_landlock_restrict_self, rfd, 0) < 0)
+		fail(EXIT_SETUP, "setup", "landlock_restrict_self: %s", strerror(errno));
+	if (close((int)rfd) < 0)
+		fail(EXIT_SETUP, "setup", "landlock ruleset close: %s", strerror(errno));
+}
+
+/* setup runs the steps in the order that keeps each possible: cgroups, namespaces and
+ * mounts need root; then the uid drop, no_new_privs (Landlock needs it), Landlock, and the
+ * working directory, entered as the lease's uid under the policy. */
+static void setup(const struct config *c)
+{
+	char pid[32];
+	int n = snprintf(pid, sizeof pid, "%ld", (long)getpid());
+	if (n < 0 || (size_t)n >= sizeof pid)
+		fail(EXIT_SETUP, "setup", "format pid");
+	for (size_t i = 0; i < c->cgroup_procs.n; i++)
+		write_file("setup: join cgroup", c->cgroup_procs.v[i], pid);
+	if (c->netns && syscall(SYS_setns, NETNS_FD, CLONE_NEWNET) < 0)
+		fail(EXIT_SETUP, "setup", "join network namespace: %s", strerror(errno));
+	if (c->tmp_dir != NULL && c->tmp_dir[0] != '\0') {
+		private_tmp(c);
+		/* A lease sees only its own uid's processes in a /proc of its own. */
+		if (c->uid != 0 && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
+			fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
+	}
+	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
+	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
+	if (c->uid != 0) {
+		/* Raw system calls, like the Go helper: this process has one thread. */
+		if (syscall(SYS_setgroups, 0, NULL) < 0)
+			fail(EXIT_SETUP, "setup", "setgroups: %s", strerror(errno));
+		if (syscall(SYS_setresgid, c->gid, c->gid, c->gid) < 0)
+			fail(EXIT_SETUP, "setup", "setresgid %ld: %s", c->gid, strerror(errno));
+		if (syscall(SYS_setresuid, c->uid, c->uid, c->uid) < 0)
+			fail(EXIT_SETUP, "setup", "setresuid %ld: %s", c->uid, strerror(errno));
+	}
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		fail(EXIT_SETUP, "setup", "no_new_privs: %s", strerror(errno));
+	if (c->landlock)
+		restrict_self(c);
+	if (c->dir != NULL && c->dir[0] != '\0' && chdir(c->dir) < 0)
+		fail(EXIT_SETUP, "setup", "chdir %s: %s", c->dir, strerror(errno));
+	/* Everything above 2 closes at exec; the report pipe stays open until then so that an
+	 * exec failure can still be told. */
+	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+		fail(EXIT_SETUP, "setup", "close_range: %s", strerror(errno));
+}
+
+static int exec_code(int err) { return err == ENOENT || err == ENOTDIR ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC; }
+
+/* exec_target looks the program up like execvp does, inside the sandbox, and execs it; it
+ * returns only to fail with the code that says why. */
+__attribute__((noreturn)) static void exec_target(const struct config *c)
+{
+	char *const *argv = c->argv.v, *const *envp = c->env.v;
+	const char *name = argv[0];
+	if (strchr(name, '/') != NULL) {
+		execve(name, argv, envp);
+		int err = errno;
+		fail(exec_code(err), "exec", "%s: %s", name, strerror(err));
+	}
+	const char *path = DEFAULT_PATH;
+	for (size_t i = 0; i < c->env.n; i++)
+		if (strncmp(envp[i], "PATH=", 5) == 0)
+			path = envp[i] + 5;
+	int denied = 0;
+	char full[PATH_MAX];
+	for (const char *p = path;;) {
+		const char *end = strchrnul(p, ':');
+		size_t dlen = (size_t)(end - p);
+		/* Relative entries are a trap (Go's exec.ErrDot): skip them, and empty ones. */
+		if (dlen > 0 && p[0] == '/') {
+			int err;
+			size_t nlen = strlen(name);
+			if (dlen + 1 + nlen + 1 > sizeof full) {
+				err = ENAMETOOLONG;
+			} else {
+				memcpy(full, p, dlen);
+				full[dlen] = '/';
+				memcpy(full + dlen + 1, name, nlen + 1);
+				execve(full, argv, envp);
+				err = errno;
+			}
+			if (err == EACCES)
+				denied = 1;
+			else if (err != ENOENT && err != ENOTDIR)
+				fail(exec_code(err), "exec", "%s: %s", name, strerror(err));
+		}
+		if (*end == '\0')
+			break;
+		p = end + 1;
+	}
+	if (denied)
+		fail(EXIT_CANNOT_EXEC, "exec", "%s: %s", name, strerror(EACCES));
+	fail(EXIT_NOT_FOUND, "exec", "%s: executable file not found in $PATH", name);
+}
+
+int main(void)
+{
+	size_t len;
+	struct config c;
+	char *buf = read_config(&len);
+	parse_config(buf, len, &c);
+	setup(&c);
+	exec_target(&c);
+}

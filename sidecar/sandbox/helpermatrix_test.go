@@ -1,0 +1,72 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// testHelper is one helper binary the isolation tests run against.
+type testHelper struct {
+	name string
+	path string
+	skip string // why it cannot run here
+	err  string // why it failed to build: every test using it fails
+}
+
+// testHelpers is set once by TestMain before any test runs and only read afterwards: the
+// test binary itself (the Go helper, through InitMain) and the C sidecar-init.
+var testHelpers []testHelper
+
+const cHelperSource = "../../cmd/sidecar-init/sidecar-init.c"
+
+// buildHelpers compiles the C helper as `make build` does and returns what removes it.
+func buildHelpers() (cleanup func()) {
+	self, err := os.Executable()
+	if err != nil {
+		panic(err)
+	}
+	testHelpers = []testHelper{{name: "go", path: self}}
+	c := testHelper{name: "c"}
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		c.skip = "no C compiler (cc) in PATH to build cmd/sidecar-init/sidecar-init.c; CI has one"
+		testHelpers = append(testHelpers, c)
+		return func() {}
+	}
+	dir, err := os.MkdirTemp("", "sidecar-init-test-")
+	if err != nil {
+		panic(err)
+	}
+	c.path = filepath.Join(dir, "sidecar-init")
+	out, err := exec.Command(cc, "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", c.path, cHelperSource).CombinedOutput()
+	if err != nil {
+		c.err = fmt.Sprintf("cc %s: %v\n%s", cHelperSource, err, out)
+	}
+	testHelpers = append(testHelpers, c)
+	return func() { os.RemoveAll(dir) }
+}
+
+// usable is the path of helper h, or skips or fails t when h cannot run here.
+func (h testHelper) usable(t testing.TB) string {
+	t.Helper()
+	if h.skip != "" {
+		t.Skip(h.skip)
+	}
+	if h.err != "" {
+		t.Fatal(h.err)
+	}
+	return h.path
+}
+
+// forEachHelper runs test once per helper binary, each as a subtest with its own strict
+// sandbox, so that every isolation property is checked against both.
+func forEachHelper(t *testing.T, test func(t *testing.T, s *Sandbox)) {
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			test(t, newTestSandboxWith(t, h.usable(t)))
+		})
+	}
+}

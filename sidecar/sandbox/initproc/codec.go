@@ -1,0 +1,206 @@
+package initproc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// The config on ConfigFD is a flat list of NUL-terminated strings, trivial to parse safely
+// in C and Go alike: a magic line, then key/value pairs.
+//
+//	"sidecar-init/1\0" ( key "\0" value "\0" )*
+//
+// Repeated keys (argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
+// the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
+// sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
+// policy on; ll_* keys without it are an error. Unknown keys, a missing final NUL and
+// anything else unexpected are errors: the helper fails closed.
+const configMagic = "sidecar-init/1"
+
+// Config keys.
+const (
+	keyArgv        = "argv"
+	keyEnv         = "env"
+	keyDir         = "dir"
+	keyUID         = "uid"
+	keyGID         = "gid"
+	keyCgroupProcs = "cgroup_procs"
+	keyTmpDir      = "tmp_dir"
+	keyHostMountNS = "host_mount_ns"
+	keyNetNS       = "netns"
+	keyLandlock    = "landlock"
+	keyRW          = "ll_rw"
+	keyRX          = "ll_rx"
+	keyRO          = "ll_ro"
+	keyDev         = "ll_dev"
+)
+
+var errConfig = errors.New("bad config")
+
+// Encode writes cfg in the helper's format. A string holding NUL, an empty argv[0] or an
+// id outside 0..2^31-1 is an error; the result is at most MaxConfigSize bytes.
+func Encode(cfg *Config) ([]byte, error) {
+	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+		return nil, fmt.Errorf("%w: empty argv", errConfig)
+	}
+	var b bytes.Buffer
+	var err error
+	put := func(key, value string) {
+		if err == nil && strings.IndexByte(value, 0) >= 0 {
+			err = fmt.Errorf("%w: NUL in %s", errConfig, key)
+		}
+		b.WriteString(key)
+		b.WriteByte(0)
+		b.WriteString(value)
+		b.WriteByte(0)
+	}
+	putAll := func(key string, values []string) {
+		for _, v := range values {
+			put(key, v)
+		}
+	}
+	putID := func(key string, id int) {
+		if id < 0 || id > math.MaxInt32 {
+			err = fmt.Errorf("%w: %s %d", errConfig, key, id)
+		}
+		put(key, strconv.Itoa(id))
+	}
+	b.WriteString(configMagic)
+	b.WriteByte(0)
+	putAll(keyArgv, cfg.Argv)
+	putAll(keyEnv, cfg.Env)
+	if cfg.Dir != "" {
+		put(keyDir, cfg.Dir)
+	}
+	putID(keyUID, cfg.UID)
+	putID(keyGID, cfg.GID)
+	putAll(keyCgroupProcs, cfg.CgroupProcs)
+	if cfg.TmpDir != "" {
+		put(keyTmpDir, cfg.TmpDir)
+	}
+	if cfg.HostMountNS != "" {
+		put(keyHostMountNS, cfg.HostMountNS)
+	}
+	if cfg.NetNS {
+		put(keyNetNS, "1")
+	}
+	if p := cfg.Landlock; p != nil {
+		putID(keyLandlock, p.MinABI)
+		putAll(keyRW, p.RW)
+		putAll(keyRX, p.RX)
+		putAll(keyRO, p.RO)
+		putAll(keyDev, p.Dev)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if b.Len() > MaxConfigSize {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", errConfig, b.Len(), MaxConfigSize)
+	}
+	return b.Bytes(), nil
+}
+
+// Decode parses what Encode wrote, refusing anything else.
+func Decode(b []byte) (*Config, error) {
+	if len(b) > MaxConfigSize {
+		return nil, fmt.Errorf("%w: too large", errConfig)
+	}
+	if len(b) == 0 || b[len(b)-1] != 0 {
+		return nil, fmt.Errorf("%w: not NUL-terminated", errConfig)
+	}
+	fields := strings.Split(string(b[:len(b)-1]), "\x00")
+	if fields[0] != configMagic {
+		return nil, fmt.Errorf("%w: no magic", errConfig)
+	}
+	fields = fields[1:]
+	if len(fields)%2 != 0 {
+		return nil, fmt.Errorf("%w: key without value", errConfig)
+	}
+	var cfg Config
+	var ll Landlock
+	seen := map[string]bool{}
+	for i := 0; i < len(fields); i += 2 {
+		key, v := fields[i], fields[i+1]
+		switch key {
+		case keyArgv, keyEnv, keyCgroupProcs, keyRW, keyRX, keyRO, keyDev:
+		default:
+			if seen[key] {
+				return nil, fmt.Errorf("%w: %s twice", errConfig, key)
+			}
+		}
+		seen[key] = true
+		var err error
+		switch key {
+		case keyArgv:
+			cfg.Argv = append(cfg.Argv, v)
+		case keyEnv:
+			cfg.Env = append(cfg.Env, v)
+		case keyDir:
+			cfg.Dir = v
+		case keyUID:
+			cfg.UID, err = parseID(v)
+		case keyGID:
+			cfg.GID, err = parseID(v)
+		case keyCgroupProcs:
+			cfg.CgroupProcs = append(cfg.CgroupProcs, v)
+		case keyTmpDir:
+			cfg.TmpDir = v
+		case keyHostMountNS:
+			cfg.HostMountNS = v
+		case keyNetNS:
+			if v != "1" {
+				err = errors.New("not 1")
+			}
+			cfg.NetNS = true
+		case keyLandlock:
+			ll.MinABI, err = parseID(v)
+		case keyRW:
+			ll.RW = append(ll.RW, v)
+		case keyRX:
+			ll.RX = append(ll.RX, v)
+		case keyRO:
+			ll.RO = append(ll.RO, v)
+		case keyDev:
+			ll.Dev = append(ll.Dev, v)
+		default:
+			return nil, fmt.Errorf("%w: unknown key %q", errConfig, key)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %v", errConfig, key, err)
+		}
+	}
+	switch {
+	case len(cfg.Argv) == 0 || cfg.Argv[0] == "":
+		return nil, fmt.Errorf("%w: empty argv", errConfig)
+	case !seen[keyUID] || !seen[keyGID]:
+		return nil, fmt.Errorf("%w: no uid or gid", errConfig)
+	case !seen[keyLandlock] && (seen[keyRW] || seen[keyRX] || seen[keyRO] || seen[keyDev]):
+		return nil, fmt.Errorf("%w: landlock rules without a policy", errConfig)
+	}
+	if seen[keyLandlock] {
+		cfg.Landlock = &ll
+	}
+	return &cfg, nil
+}
+
+// parseID accepts what the C helper accepts: 1 to 10 decimal digits, at most 2^31-1.
+func parseID(s string) (int, error) {
+	if len(s) == 0 || len(s) > 10 {
+		return 0, errors.New("bad number")
+	}
+	n := 0
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0, errors.New("bad number")
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n > math.MaxInt32 {
+		return 0, errors.New("number too large")
+	}
+	return n, nil
+}
