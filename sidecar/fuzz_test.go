@@ -131,9 +131,9 @@ func FuzzStreamFrames(f *testing.F) {
 		mask(websocket.CloseMessage, true, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye")),
 		cat(mask(websocket.BinaryMessage, false, []byte{0, 'a'}), mask(0 /* continuation */, true, []byte("b\n"))),
 		mask(0 /* continuation */, true, []byte("orphan")),
-		{0x82, 0x05, 0, 'a', 'b', 'c', 'd'}, // unmasked: a protocol error from a client
+		{0x82, 0x05, 0, 'a', 'b', 'c', 'd'},                                      // unmasked: a protocol error from a client
 		{0x82, 0xff, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4}, // 2^63 bytes announced
-		mask(websocket.BinaryMessage, true, make([]byte, 5<<10)), // over the read limit
+		mask(websocket.BinaryMessage, true, make([]byte, 5<<10)),                 // over the read limit
 		cat(bin(apitype.ChannelStdin, 'a'), bin(apitype.ChannelStdin, 'b'), bin(apitype.ChannelResize, '{', '}')),
 		{0x8f, 0x80, 0, 0, 0, 0}, // reserved opcode
 		{0xf2, 0x80, 0, 0, 0, 0}, // reserved bits
