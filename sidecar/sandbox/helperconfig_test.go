@@ -1,0 +1,155 @@
+package sandbox
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+)
+
+// badConfigs are configs both helpers must refuse at the config stage (exit 125).
+var badConfigs = map[string]string{
+	"empty":                "",
+	"no magic":             "argv\x00true\x00uid\x000\x00gid\x000\x00",
+	"wrong magic":          "sidecar-init/2\x00argv\x00true\x00uid\x000\x00gid\x000\x00",
+	"not NUL-terminated":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000",
+	"key without value":    "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00dir\x00",
+	"unknown key":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00off\x00",
+	"uid twice":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00uid\x001\x00",
+	"dir twice":            "sidecar-init/1\x00argv\x00true\x00dir\x00/\x00dir\x00/\x00uid\x000\x00gid\x000\x00",
+	"no uid":               "sidecar-init/1\x00argv\x00true\x00gid\x000\x00",
+	"no gid":               "sidecar-init/1\x00argv\x00true\x00uid\x000\x00",
+	"negative uid":         "sidecar-init/1\x00argv\x00true\x00uid\x00-1\x00gid\x000\x00",
+	"uid with sign":        "sidecar-init/1\x00argv\x00true\x00uid\x00+1\x00gid\x000\x00",
+	"uid 2^31":             "sidecar-init/1\x00argv\x00true\x00uid\x002147483648\x00gid\x000\x00",
+	"uid 11 digits":        "sidecar-init/1\x00argv\x00true\x00uid\x0000000000001\x00gid\x000\x00",
+	"uid not a number":     "sidecar-init/1\x00argv\x00true\x00uid\x001a\x00gid\x000\x00",
+	"empty uid":            "sidecar-init/1\x00argv\x00true\x00uid\x00\x00gid\x000\x00",
+	"netns not 1":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00netns\x00yes\x00",
+	"rules without policy": "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00ll_rw\x00/\x00",
+	"landlock twice":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock\x000\x00",
+	"no argv":              "sidecar-init/1\x00uid\x000\x00gid\x000\x00",
+	"empty argv0":          "sidecar-init/1\x00argv\x00\x00uid\x000\x00gid\x000\x00",
+	"magic only":           "sidecar-init/1\x00",
+	"too large":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00env\x00" + strings.Repeat("x", initproc.MaxConfigSize) + "\x00",
+}
+
+type helperRun struct {
+	code                   int
+	report, stdout, stderr string
+}
+
+// runHelper starts helper directly with config on fd 3 (sealed when seal is set) and the
+// report pipe on fd 4, as Command does, and waits for it. It needs no root: the configs
+// here drop no privileges.
+func runHelper(t *testing.T, helper string, config []byte, seal bool) helperRun {
+	t.Helper()
+	fd, err := unix.MemfdCreate("test-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := os.NewFile(uintptr(fd), "config")
+	defer mem.Close()
+	if _, err := mem.Write(config); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if seal {
+		if _, err := unix.FcntlInt(mem.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var stdout, stderr bytes.Buffer
+	cmd := &exec.Cmd{Path: helper, Args: []string{helper, HelperArg}, Env: []string{},
+		ExtraFiles: []*os.File{mem, w}, Stdout: &stdout, Stderr: &stderr}
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	report, _ := io.ReadAll(io.LimitReader(r, 4096))
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return helperRun{cmd.ProcessState.ExitCode(), string(report), stdout.String(), stderr.String()}
+}
+
+func helperConfig(t *testing.T, cfg initproc.Config) []byte {
+	t.Helper()
+	b, err := initproc.Encode(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// Both helpers refuse the same malformed configs the same way, and agree with
+// initproc.Decode: one protocol, two interchangeable readers.
+func TestHelpersRefuseBadConfigs(t *testing.T) {
+	valid := helperConfig(t, initproc.Config{Argv: []string{"/bin/echo", "ok"}})
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			helper := h.usable(t)
+			for name, config := range badConfigs {
+				if _, err := initproc.Decode([]byte(config)); err == nil {
+					t.Errorf("%s: Decode accepted it", name)
+				}
+				r := runHelper(t, helper, []byte(config), true)
+				if r.code != initproc.ExitSetup || !strings.HasPrefix(r.report, "125 config: ") ||
+					!strings.HasPrefix(r.stderr, "sidecar-init: config: ") || r.stdout != "" {
+					t.Errorf("%s: %+v; want exit 125 with a config report", name, r)
+				}
+			}
+			if r := runHelper(t, helper, valid, false); r.code != initproc.ExitSetup || !strings.Contains(r.report, "not sealed") {
+				t.Errorf("unsealed config: %+v; want exit 125, not sealed", r)
+			}
+			if r := runHelper(t, helper, valid, true); r.code != 0 || r.stdout != "ok\n" || r.report != "" {
+				t.Errorf("valid config: %+v; want ok", r)
+			}
+		})
+	}
+}
+
+// Exec failures: the same codes and reports from both helpers (like a shell's 126/127).
+func TestHelpersExecErrors(t *testing.T) {
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			helper := h.usable(t)
+			for _, tc := range []struct {
+				argv   []string
+				env    []string
+				code   int
+				report string
+			}{
+				{[]string{"no-such-program-xyz"}, nil, 127, "127 exec: no-such-program-xyz: executable file not found in $PATH"},
+				{[]string{"/no/such/program"}, nil, 127, "127 exec: /no/such/program: "},
+				{[]string{"/etc/passwd"}, nil, 126, "126 exec: /etc/passwd: "},
+				{[]string{"passwd"}, []string{"PATH=relative:/etc"}, 126, "126 exec: passwd: "},
+				{[]string{"echo"}, []string{"PATH=.:bin:/nonexistent"}, 127, "127 exec: echo: executable file not found in $PATH"},
+				{[]string{"echo", "found"}, []string{"PATH=/nonexistent::/bin"}, 0, ""},
+				{[]string{"x"}, []string{"PATH=/" + strings.Repeat("d", 5000)}, 126, "126 exec: x: "},
+			} {
+				r := runHelper(t, helper, helperConfig(t, initproc.Config{Argv: tc.argv, Env: tc.env}), true)
+				if r.code != tc.code || !strings.HasPrefix(r.report, tc.report) || (tc.report == "") != (r.report == "") {
+					t.Errorf("%q with %q: %+v; want exit %d, report %q", tc.argv, tc.env, r, tc.code, tc.report)
+				}
+			}
+		})
+	}
+}

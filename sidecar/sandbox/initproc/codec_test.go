@@ -1,0 +1,83 @@
+package initproc
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func fullConfig() *Config {
+	return &Config{
+		Argv: []string{"/bin/sh", "-c", "echo hi", ""}, Env: []string{"PATH=/bin", "A=b=c"},
+		Dir: "/w", UID: 1000, GID: 2147483647,
+		CgroupProcs: []string{"/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"},
+		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true,
+		Landlock: &Landlock{MinABI: 6, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	for _, cfg := range []*Config{
+		fullConfig(),
+		{Argv: []string{"true"}},
+		{Argv: []string{"true"}, Landlock: &Landlock{}},
+	} {
+		b, err := Encode(cfg)
+		if err != nil {
+			t.Fatalf("Encode(%+v): %v", cfg, err)
+		}
+		got, err := Decode(b)
+		if err != nil {
+			t.Fatalf("Decode(%q): %v", b, err)
+		}
+		if !reflect.DeepEqual(got, cfg) {
+			t.Errorf("round trip:\n got %+v\nwant %+v", got, cfg)
+		}
+	}
+}
+
+func TestEncodeRefuses(t *testing.T) {
+	for name, mod := range map[string]func(*Config){
+		"empty argv":   func(c *Config) { c.Argv = nil },
+		"empty argv0":  func(c *Config) { c.Argv[0] = "" },
+		"NUL in arg":   func(c *Config) { c.Argv[1] = "a\x00b" },
+		"NUL in env":   func(c *Config) { c.Env[0] = "A=\x00" },
+		"NUL in path":  func(c *Config) { c.Landlock.RO = []string{"/etc\x00/x"} },
+		"negative uid": func(c *Config) { c.UID = -1 },
+		"huge gid":     func(c *Config) { c.GID = 1 << 31 },
+		"too large":    func(c *Config) { c.Env = append(c.Env, strings.Repeat("x", MaxConfigSize)) },
+	} {
+		cfg := fullConfig()
+		mod(cfg)
+		if b, err := Encode(cfg); !errors.Is(err, errConfig) {
+			t.Errorf("%s: Encode = %q, %v; want errConfig", name, b, err)
+		}
+	}
+}
+
+// The helpers' refusals (Decode's and the C helper's alike) are tested in package sandbox,
+// which runs both helper binaries on the same bad configs.
+
+// FuzzDecode: Decode never panics, and what it accepts encodes back to the same bytes
+// (one representation per config, so the helpers cannot disagree on a reordering).
+func FuzzDecode(f *testing.F) {
+	b, _ := Encode(fullConfig())
+	f.Add(b)
+	f.Add([]byte("sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00"))
+	f.Add([]byte("sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x006\x00ll_rw\x00/\x00"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		cfg, err := Decode(b)
+		if err != nil {
+			return
+		}
+		again, err := Encode(cfg)
+		if err != nil {
+			t.Fatalf("Encode(Decode(%q)): %v", b, err)
+		}
+		cfg2, err := Decode(again)
+		if err != nil || !reflect.DeepEqual(cfg, cfg2) {
+			t.Fatalf("Decode(Encode(Decode(%q))) = %+v, %v; want %+v", b, cfg2, err, cfg)
+		}
+	})
+}
