@@ -1,0 +1,188 @@
+// Command sidecar-bench measures the sidecar daemon side by side with OpenSSH (its peer:
+// ssh, scp, tar over ssh, rsync) and with the floor of the machine (local fork/exec, a
+// local tar pipe, raw TLS 1.3 on loopback, sha-256 in Go), all in one run so the ratios
+// hold on a noisy machine. It starts the daemon it measures and a throwaway sshd on
+// loopback, interleaves the contenders of every case (A B C A B C …) after a warm-up, and
+// prints a Markdown table of medians, spreads and ratios. It needs root (the daemon runs
+// with strict isolation, sshd as root) and cleans up what it started.
+//
+// It is not a test: `make bench` runs it, `make bench-quick` runs a reduced set.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// caseNames are the cases -only accepts, in the order they run.
+var caseNames = []string{"exec", "lease", "file", "tree", "stream", "pty", "script", "load"}
+
+func main() {
+	var (
+		quick   = flag.Bool("quick", false, "reduced sizes and repetitions (under two minutes)")
+		only    = flag.String("only", "", "comma-separated cases to run: "+strings.Join(caseNames, ","))
+		out     = flag.String("out", "", "also write the Markdown report to this file")
+		bin     = flag.String("bin", "bin/sidecar", "the daemon binary to measure (sidecar-init must sit next to it)")
+		verbose = flag.Bool("v", false, "log progress at debug level")
+	)
+	flag.Parse()
+	level := slog.LevelInfo
+	if *verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	cases, err := selectCases(*only)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sidecar-bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	sz := fullSizes
+	if *quick {
+		sz = quickSizes
+	}
+	if err := run(ctx, log, runConfig{bin: *bin, sizes: sz, cases: cases, out: *out, quick: *quick}); err != nil {
+		log.Error("benchmark failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+// selectCases parses -only; empty means every case.
+func selectCases(only string) (map[string]bool, error) {
+	sel := map[string]bool{}
+	if only == "" {
+		for _, n := range caseNames {
+			sel[n] = true
+		}
+		return sel, nil
+	}
+	for n := range strings.SplitSeq(only, ",") {
+		n = strings.TrimSpace(n)
+		known := false
+		for _, k := range caseNames {
+			known = known || k == n
+		}
+		if !known {
+			return nil, fmt.Errorf("unknown case %q (known: %s)", n, strings.Join(caseNames, ","))
+		}
+		sel[n] = true
+	}
+	return sel, nil
+}
+
+// runConfig is what the flags decided.
+type runConfig struct {
+	bin   string
+	sizes sizes
+	cases map[string]bool
+	out   string
+	quick bool
+}
+
+func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
+	if os.Geteuid() != 0 {
+		return errors.New("sidecar-bench needs root: the daemon runs with SIDECAR_ISOLATION=strict and sshd as root")
+	}
+	// /var/tmp, not /tmp: a lease's private /tmp would hide a work root under /tmp.
+	dir, err := os.MkdirTemp("/var/tmp", "sidecar-bench-")
+	if err != nil {
+		return err
+	}
+	// Lease uids must traverse it to reach their workdirs under dir/leases.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
+	}
+	defer func() {
+		if rerr := removeTree(dir); rerr != nil {
+			log.Warn("temporary directory left behind", "dir", dir, "err", rerr)
+		}
+	}()
+	b := &bench{log: log, dir: dir, sz: rc.sizes, quick: rc.quick}
+	b.machineBefore = readMachine()
+
+	log.Info("starting the daemon", "bin", rc.bin)
+	b.d, err = startDaemon(ctx, log, rc.bin, dir, rc.sizes.leases)
+	if err != nil {
+		return err
+	}
+	defer b.d.stop(log)
+	if b.c, err = b.d.client(); err != nil {
+		return err
+	}
+	log.Info("starting sshd")
+	b.ssh, err = startSSHD(ctx, log, dir)
+	if err != nil {
+		return err
+	}
+	defer b.ssh.stop(log)
+	if err := b.ssh.pickCipher(ctx, rc.sizes.cipherProbeBytes); err != nil {
+		return err
+	}
+	log.Info("cipher chosen", "cipher", b.ssh.cipher, "probe", b.ssh.cipherNote)
+
+	steps := map[string]func(context.Context) error{
+		"exec": b.caseExec, "lease": b.caseLease, "file": b.caseFile, "tree": b.caseTree,
+		"stream": b.caseStream, "pty": b.casePTY, "script": b.caseScript, "load": b.caseLoad,
+	}
+	for _, name := range caseNames {
+		if !rc.cases[name] {
+			continue
+		}
+		log.Info("case", "name", name)
+		if err := steps[name](ctx); err != nil {
+			b.failures = append(b.failures, fmt.Sprintf("%s: %v", name, err))
+			log.Error("case failed", "name", name, "err", err)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	b.daemonStatus = b.d.status()
+	report := b.report()
+	fmt.Print(report)
+	if rc.out != "" {
+		if werr := os.WriteFile(rc.out, []byte(report), 0o644); werr != nil {
+			return werr
+		}
+	}
+	if len(b.failures) > 0 {
+		return fmt.Errorf("%d case(s) failed", len(b.failures))
+	}
+	return ctx.Err()
+}
+
+// sizes scale a run: full for the table, quick for development.
+type sizes struct {
+	fileBytes        int64 // the big file up and down
+	cipherProbeBytes int64
+	treeFiles        int // 4 KiB files in treeDirs directories
+	treeDirs         int
+	streamBytes      int64
+	leases           int
+	loadFor          time.Duration
+	reps             int // small cases (exec, lease lifecycle)
+	bigReps          int // big-file and stream cases
+	treeReps         int
+	ptyRounds        int
+	scriptRuns       int
+}
+
+var fullSizes = sizes{
+	fileBytes: 1 << 30, cipherProbeBytes: 256 << 20, treeFiles: 10000, treeDirs: 200, streamBytes: 1 << 30,
+	leases: 100, loadFor: 30 * time.Second, reps: 30, bigReps: 3, treeReps: 3, ptyRounds: 300, scriptRuns: 100,
+}
+
+var quickSizes = sizes{
+	fileBytes: 64 << 20, cipherProbeBytes: 64 << 20, treeFiles: 1000, treeDirs: 20, streamBytes: 64 << 20,
+	leases: 20, loadFor: 5 * time.Second, reps: 10, bigReps: 3, treeReps: 3, ptyRounds: 100, scriptRuns: 100,
+}
