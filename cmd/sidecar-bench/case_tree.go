@@ -49,12 +49,12 @@ func (b *bench) caseTree(ctx context.Context) error {
 	}
 	shell := func(script string) func(ctx context.Context) error {
 		return func(ctx context.Context) error {
-			return runCmd(exec.CommandContext(ctx, "sh", "-c", "set -e -o pipefail 2>/dev/null || set -e; "+script))
+			return runCmd(exec.CommandContext(ctx, "bash", "-c", "set -eo pipefail; "+script))
 		}
 	}
 	floor := cleaned("tar | tar", shell(fmt.Sprintf("mkdir %s && tar -C %s -cf - . | tar -C %[1]s -xf -", q(dst), q(src))))
 
-	up, err := interleave(ctx, 1, b.sz.treeReps,
+	up, err := interleave(ctx, b.sz.treeWarmup, b.sz.treeReps,
 		contender{name: "sidecar up", run: func(ctx context.Context) (time.Duration, error) {
 			start := time.Now()
 			err := l.UploadDir(ctx, src, "up")
@@ -72,7 +72,7 @@ func (b *bench) caseTree(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	down, err := interleave(ctx, 1, b.sz.treeReps,
+	down, err := interleave(ctx, b.sz.treeWarmup, b.sz.treeReps,
 		cleaned("sidecar down", func(ctx context.Context) error { return l.DownloadDir(ctx, "tree", dst) }),
 		cleaned("ssh tar | tar", shell(fmt.Sprintf("mkdir %s && %s bench-mux %s | tar -C %[1]s -xf -", q(dst), ssh,
 			q(fmt.Sprintf("tar -C %s -cf - .", q(src)))))),

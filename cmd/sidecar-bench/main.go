@@ -129,6 +129,9 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 		return err
 	}
 	log.Info("cipher chosen", "cipher", b.ssh.cipher, "probe", b.ssh.cipherNote)
+	if err := b.ssh.startMaster(ctx); err != nil {
+		return err
+	}
 
 	steps := map[string]func(context.Context) error{
 		"exec": b.caseExec, "lease": b.caseLease, "file": b.caseFile, "tree": b.caseTree,
@@ -173,16 +176,17 @@ type sizes struct {
 	reps             int // small cases (exec, lease lifecycle)
 	bigReps          int // big-file and stream cases
 	treeReps         int
+	treeWarmup       int
 	ptyRounds        int
 	scriptRuns       int
 }
 
 var fullSizes = sizes{
 	fileBytes: 1 << 30, cipherProbeBytes: 256 << 20, treeFiles: 10000, treeDirs: 200, streamBytes: 1 << 30,
-	leases: 100, loadFor: 30 * time.Second, reps: 30, bigReps: 3, treeReps: 3, ptyRounds: 300, scriptRuns: 100,
+	leases: 100, loadFor: 30 * time.Second, reps: 30, bigReps: 3, treeReps: 3, treeWarmup: 1, ptyRounds: 300, scriptRuns: 100,
 }
 
 var quickSizes = sizes{
-	fileBytes: 64 << 20, cipherProbeBytes: 64 << 20, treeFiles: 1000, treeDirs: 20, streamBytes: 64 << 20,
-	leases: 20, loadFor: 5 * time.Second, reps: 10, bigReps: 3, treeReps: 3, ptyRounds: 100, scriptRuns: 100,
+	fileBytes: 64 << 20, cipherProbeBytes: 128 << 20, treeFiles: 1000, treeDirs: 20, streamBytes: 64 << 20,
+	leases: 20, loadFor: 5 * time.Second, reps: 10, bigReps: 3, treeReps: 2, treeWarmup: 0, ptyRounds: 100, scriptRuns: 100,
 }

@@ -127,14 +127,6 @@ Subsystem sftp internal-sftp
 		}
 		time.Sleep(50 * time.Millisecond) // a retry interval, not a wait for a state
 	}
-	// The master goes to the background and keeps its stdio; with /dev/null for all three,
-	// no later Wait waits on a pipe it holds.
-	master := exec.CommandContext(ctx, "ssh", "-F", s.clientConf, "-o", "ControlMaster=yes",
-		"-o", "ControlPersist=30m", "-f", "-N", "bench-mux")
-	if err := master.Run(); err != nil {
-		s.stop(log)
-		return nil, fmt.Errorf("ssh multiplexing master: %w", err)
-	}
 	log.Info("sshd up", "pid", s.cmd.Process.Pid, "port", port)
 	return s, nil
 }
@@ -187,6 +179,7 @@ func (s *sshd) scp(ctx context.Context, recursive bool, from, to string) *exec.C
 }
 
 // pickCipher sends n bytes through each candidate cipher twice and keeps the fastest.
+// Each try opens a connection of its own, so both pay the same handshake.
 func (s *sshd) pickCipher(ctx context.Context, n int64) error {
 	best := time.Duration(0)
 	var notes []string
@@ -211,6 +204,18 @@ func (s *sshd) pickCipher(ctx context.Context, n int64) error {
 		}
 	}
 	s.cipherNote = strings.Join(notes, ", ")
+	return nil
+}
+
+// startMaster opens the shared connection of host bench-mux with the chosen cipher (a
+// multiplexed session cannot choose its own). The master goes to the background keeping
+// its stdio; with /dev/null for all three, no later Wait waits on a pipe it holds.
+func (s *sshd) startMaster(ctx context.Context) error {
+	master := exec.CommandContext(ctx, "ssh", "-F", s.clientConf, "-c", s.cipher, "-o", "ControlMaster=yes",
+		"-o", "ControlPersist=30m", "-f", "-N", "bench-mux")
+	if err := master.Run(); err != nil {
+		return fmt.Errorf("ssh multiplexing master: %w", err)
+	}
 	return nil
 }
 
