@@ -5,55 +5,96 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
-// BenchmarkExec compares a lease command through the helper (child cgroup, namespaces,
-// uid, Landlock) with a plain fork/exec, in one run: read the ratio, not the times.
+// BenchmarkExec compares /bin/true run as a lease command (child cgroup, namespaces, uid,
+// Landlock) through each helper with a plain fork/exec, in one run: read the ratios, not
+// the times. "interleaved" runs one of each per iteration, so that the load of a shared
+// machine falls on all of them alike, and reports the ratios itself.
 func BenchmarkExec(b *testing.B) {
+	helpers := benchHelpers(b)
 	b.Run("local", func(b *testing.B) {
 		for b.Loop() {
-			if err := exec.Command("/bin/true").Run(); err != nil {
-				b.Fatal(err)
-			}
+			localTrue(b)
 		}
 	})
-	b.Run("sandbox", func(b *testing.B) { benchSandbox(b, "") })
-	// The helper as its own small binary (sidecar-init), as deployed next to the daemon.
-	b.Run("sandbox-tiny-helper", func(b *testing.B) {
-		helper := filepath.Join(b.TempDir(), "sidecar-init")
-		if out, err := exec.Command("go", "build", "-o", helper, "../../cmd/sidecar-init").CombinedOutput(); err != nil {
-			b.Skipf("cannot build sidecar-init: %v\n%s", err, out)
+	for _, h := range helpers {
+		b.Run(h.name+"-helper", func(b *testing.B) {
+			s := newTestSandboxWith(b, h.path)
+			l := newTestLease(b, s, nil)
+			for b.Loop() {
+				sandboxTrue(b, s, l.ID)
+			}
+		})
+	}
+	b.Run("interleaved", func(b *testing.B) {
+		runs := []func(){func() { localTrue(b) }}
+		for _, h := range helpers {
+			s := newTestSandboxWith(b, h.path)
+			l := newTestLease(b, s, nil)
+			runs = append(runs, func() { sandboxTrue(b, s, l.ID) })
 		}
-		benchSandbox(b, helper)
+		took := make([]time.Duration, len(runs))
+		for b.Loop() {
+			for i, run := range runs {
+				start := time.Now()
+				run()
+				took[i] += time.Since(start)
+			}
+		}
+		local := float64(took[0]) / float64(b.N)
+		b.ReportMetric(local, "local-ns/op")
+		for i, h := range helpers {
+			ns := float64(took[i+1]) / float64(b.N)
+			b.ReportMetric(ns, h.name+"-ns/op")
+			b.ReportMetric(ns/local, h.name+"/local")
+		}
 	})
 }
 
-func benchSandbox(b *testing.B, helper string) {
-	s := newTestSandbox(b)
-	if helper != "" {
-		s.helper = helper
+// benchHelpers are the deployed helpers: the Go sidecar-init built as `make build` does
+// without a C compiler, and the C one TestMain built.
+func benchHelpers(b *testing.B) []testHelper {
+	goHelper := filepath.Join(b.TempDir(), "sidecar-init")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", goHelper, "../../cmd/sidecar-init")
+	build.Env = append(build.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build the Go sidecar-init: %v\n%s", err, out)
 	}
-	l := newTestLease(b, s, nil)
-	{
-		for b.Loop() {
-			cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"/bin/true"}})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				b.Fatal(err)
-			}
-			if err := tr.(*tree).Started(context.Background()); err != nil {
-				b.Fatal(err)
-			}
-			if err := cmd.Wait(); err != nil {
-				b.Fatal(err)
-			}
-			if err := tr.Close(); err != nil {
-				b.Fatal(err)
-			}
+	helpers := []testHelper{{name: "go", path: goHelper}}
+	for _, h := range testHelpers {
+		if h.name == "c" {
+			h.usable(b)
+			helpers = append(helpers, h)
 		}
+	}
+	return helpers
+}
+
+func localTrue(b *testing.B) {
+	if err := exec.Command("/bin/true").Run(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func sandboxTrue(b *testing.B, s *Sandbox, leaseID string) {
+	cmd, tr, err := s.Command(leaseID, process.Spec{Argv: []string{"/bin/true"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	if err := tr.(*tree).Started(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	if err := tr.Close(); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -236,10 +236,17 @@ func (c *cgroupV1) leases() ([]string, error) {
 
 // killFrozenV1 empties a freezer cgroup subtree: freeze (so nothing forks while we look),
 // SIGKILL every pid, thaw (frozen tasks die only once thawed), and repeat until empty.
+//
+// An empty subtree is left alone, which skips three cgroupfs writes after every command
+// that ended cleanly: only a member can fork into it. (A helper still joining is not a
+// member yet; tree.Kill SIGKILLs it first, so it cannot fork once it is.)
 func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 	state := filepath.Join(dir, "freezer.state")
 	if _, err := os.Stat(state); errors.Is(err, os.ErrNotExist) {
 		return nil, nil // already gone
+	}
+	if pids, err := readPids(dir); err == nil && len(pids) == 0 {
+		return nil, nil
 	}
 	var killed []int
 	for range killRounds {

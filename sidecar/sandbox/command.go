@@ -77,7 +77,7 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	}
 	t := &tree{s: s, leaseID: leaseID}
 	if s.cg != nil {
-		if t.child, err = s.newChild(le); err != nil {
+		if t.child, err = s.takeChild(le); err != nil {
 			return nil, nil, fmt.Errorf("sandbox: lease %s: child cgroup: %w", leaseID, err)
 		}
 		cfg.CgroupProcs = s.cg.joinFiles(leaseID, t.child)

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,7 +61,22 @@ func newTestSandboxWith(t testing.TB, helper string) *Sandbox {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Sandbox.Close: %v", err)
+		}
+	})
 	return s
+}
+
+// settle waits for the background cgroup work (spares, removals) of s's leases.
+func (s *Sandbox) settle() {
+	s.mu.Lock()
+	les := slices.Collect(maps.Values(s.leases))
+	s.mu.Unlock()
+	for _, le := range les {
+		le.jobs.Wait()
+	}
 }
 
 var nonID = regexp.MustCompile(`[^A-Za-z0-9]+`)

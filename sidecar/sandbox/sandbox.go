@@ -79,6 +79,7 @@ type Sandbox struct {
 
 	mu     sync.Mutex
 	leases map[string]*lease
+	closed bool // Close was called: no more background work
 }
 
 // lease is what the daemon holds for a provisioned lease in this run.
@@ -87,6 +88,11 @@ type lease struct {
 	netns    *os.File // nil unless Network == "none"
 	next     int      // next child cgroup number
 	oomKills int64    // OOM kills of removed child cgroups (v1 counts are per cgroup)
+	spare    []string // empty child cgroups made ahead (childpool.go)
+	filling  int      // spares being made
+	// jobs is the background cgroup work on this lease; added to only while the lease is
+	// in Sandbox.leases and the Sandbox is not closed.
+	jobs sync.WaitGroup
 }
 
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
@@ -302,6 +308,9 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	delete(s.leases, leaseID)
 	s.mu.Unlock()
 	var errs []error
+	if le != nil {
+		le.jobs.Wait() // no spare is being made, nor a child removed, under our feet
+	}
 	if s.cg != nil {
 		if _, err := s.cg.killLease(ctx, leaseID); err != nil {
 			errs = append(errs, err)

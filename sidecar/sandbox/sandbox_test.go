@@ -92,6 +92,7 @@ func testCwdAndBadInput(t *testing.T, s *Sandbox) {
 		{"not reachable", l.ID, process.Spec{Argv: []string{os.Args[0]}}, exec.ErrNotFound},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			s.settle()
 			before, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID))
 			cmd, tr, err := s.Command(tc.lease, tc.spec)
 			if !errors.Is(err, tc.want) || cmd != nil || tr != nil {

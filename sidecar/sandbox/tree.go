@@ -139,7 +139,8 @@ func (t *tree) OOMKilled() bool {
 	return t.child != "" && t.s.cg.childOOMKills(t.leaseID, t.child) > 0
 }
 
-// Close kills what is left of the tree and removes its child cgroup.
+// Close kills what is left of the tree and removes its child cgroup (in the background:
+// nothing can enter an emptied cgroup).
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
 		t.closeParentFiles()
@@ -165,7 +166,7 @@ func (t *tree) Close() error {
 			le.oomKills += oom
 		}
 		t.s.mu.Unlock()
-		t.closeErr = t.s.cg.removeChild(t.leaseID, t.child)
+		t.closeErr = t.s.dropChild(t.leaseID, t.child)
 	})
 	return t.closeErr
 }

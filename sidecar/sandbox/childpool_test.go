@@ -1,0 +1,98 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+)
+
+// children lists the child cgroups of a lease in every v1 hierarchy, failing the test if
+// the hierarchies disagree.
+func children(t *testing.T, s *Sandbox, leaseID string) []string {
+	t.Helper()
+	var first []string
+	for i, ctrl := range v1Controllers {
+		names, err := listDirs(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent, leaseID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(names)
+		if i == 0 {
+			first = names
+		} else if !slices.Equal(names, first) {
+			t.Fatalf("%s children %q, %s children %q", v1Controllers[0], first, ctrl, names)
+		}
+	}
+	return first
+}
+
+// Commands take spare child cgroups made ahead; a finished command's child goes away in
+// the background; Close removes the spares and leaves the lease.
+func TestChildCgroupsAheadAndBehind(t *testing.T) {
+	s := newTestSandbox(t)
+	if s.cg.version() != "v1" {
+		t.Skip("checks the v1 hierarchies; CI is a cgroup v1 host")
+	}
+	l := newTestLease(t, s, nil)
+	var prev string
+	for i := range 5 {
+		s.settle()
+		spares := children(t, s, l.ID)
+		if i > 0 && (len(spares) != spareChildren || slices.Contains(spares, prev)) {
+			t.Fatalf("before command %d: children %q, want %d spares without the last command's %s", i, spares, spareChildren, prev)
+		}
+		cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"true"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		child := tr.(*tree).child
+		if i > 0 && !slices.Contains(spares, child) {
+			t.Errorf("command %d in %s, not one of the spares %q", i, child, spares)
+		}
+		if err := cmd.Run(); err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+		prev = child
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := children(t, s, l.ID); len(left) != 0 {
+		t.Errorf("after Close: children %q", left)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", testCgroupParent, l.ID)); err != nil {
+		t.Errorf("Close removed the lease's cgroup: %v", err)
+	}
+	// After Close commands still work, without spares, and clean up at once.
+	if r := run(t, s, l.ID, sh("echo ok")); r.stdout != "ok\n" {
+		t.Errorf("after Close: %+v", r)
+	}
+	if left := children(t, s, l.ID); len(left) != 0 {
+		t.Errorf("after a command past Close: children %q", left)
+	}
+}
+
+// Teardown right after a command, with spares still being made and the child still being
+// removed, leaves no cgroup and reports no error.
+func TestTeardownRacesBackgroundWork(t *testing.T) {
+	s := newTestSandbox(t)
+	for range 10 {
+		l := newTestLease(t, s, nil)
+		run(t, s, l.ID, process.Spec{Argv: []string{"true"}})
+		if err := s.Teardown(context.Background(), l.ID); err != nil {
+			t.Fatalf("Teardown: %v", err)
+		}
+		for _, ctrl := range v1Controllers {
+			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent, l.ID)); !os.IsNotExist(err) {
+				t.Fatalf("%s cgroup of the lease still there (%v)", ctrl, err)
+			}
+		}
+	}
+}
