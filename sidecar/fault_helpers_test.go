@@ -190,12 +190,6 @@ func (d *binDaemon) stop() {
 	d.running = false
 }
 
-func (d *binDaemon) restart() {
-	d.t.Helper()
-	d.stop()
-	d.start()
-}
-
 // cleanup releases every lease through the API (starting the daemon again if a test
 // left it dead), stops it, and then checks that nothing the test made is left: no
 // cgroup under its parent, no lease dir, no process with its marker.
