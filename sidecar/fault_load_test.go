@@ -1,0 +1,310 @@
+package sidecar_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
+)
+
+// The short soak: many leases acquiring, running, transferring and releasing at once in
+// the in-process daemon (under -race in CI), then a count of everything that could
+// leak. cmd/sidecar-soak is the long version against the built daemon.
+
+// loadDuration is 8 s by default; SIDECAR_LOAD_SECONDS changes it.
+func loadDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("SIDECAR_LOAD_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("SIDECAR_LOAD_SECONDS=%q", v)
+		}
+		return time.Duration(n) * time.Second
+	}
+	return 8 * time.Second
+}
+
+// resources is what a daemon holds that a leak would grow.
+type resources struct {
+	goroutines, fds, cgroups, leaseDirs, uidProcs int
+	heap                                          uint64
+}
+
+func (r resources) String() string {
+	return fmt.Sprintf("goroutines %d, fds %d, cgroups %d, lease dirs %d, processes of lease uids %d, heap %d KiB",
+		r.goroutines, r.fds, r.cgroups, r.leaseDirs, r.uidProcs, r.heap>>10)
+}
+
+func countResources(d *testDaemon) resources {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	fds, _ := os.ReadDir("/proc/self/fd")
+	dirs, _ := os.ReadDir(d.cfg.WorkRoot)
+	cg := 0
+	for _, p := range cgroupParents(d.cfg.CgroupParent) {
+		entries, _ := os.ReadDir(p)
+		for _, e := range entries {
+			if e.IsDir() {
+				cg++
+			}
+		}
+	}
+	return resources{
+		goroutines: runtime.NumGoroutine(), fds: len(fds), cgroups: cg, leaseDirs: len(dirs),
+		uidProcs: len(procsOfUIDs(d.cfg.UIDFirst, d.cfg.UIDLast)), heap: ms.HeapInuse,
+	}
+}
+
+// procsOfUIDs lists processes whose real uid lies in [first, last].
+func procsOfUIDs(first, last int) []string {
+	if first == 0 {
+		return nil
+	}
+	entries, _ := os.ReadDir("/proc")
+	var found []string
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(status), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				if uid, _ := strconv.Atoi(f[1]); uid >= first && uid <= last {
+					found = append(found, e.Name())
+				}
+			}
+		}
+	}
+	return found
+}
+
+// loadClient is a client whose idle connections the test can close, so that
+// connection counts settle.
+func (d *testDaemon) loadClient(t *testing.T) (*client.Client, *http.Transport) {
+	pem, err := os.ReadFile(d.caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 32}
+	c, err := client.New(client.Config{URL: d.url, Token: testToken, HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, tr
+}
+
+// loadRound is one lease's life: acquire, exec, write, resumable upload, read back, a
+// background process watched to its end, release. It returns each call's latency.
+func loadRound(ctx context.Context, c *client.Client, session string, payload []byte) ([]time.Duration, error) {
+	var lat []time.Duration
+	timed := func(f func() error) error {
+		start := time.Now()
+		err := f()
+		lat = append(lat, time.Since(start))
+		return err
+	}
+	var l *client.Lease
+	if err := timed(func() (err error) {
+		l, err = c.Acquire(ctx, apitype.AcquireRequest{SessionID: session, TTLSeconds: 300})
+		return err
+	}); err != nil {
+		return lat, fmt.Errorf("acquire: %w", err)
+	}
+	defer l.Release(context.WithoutCancel(ctx)) // a no-op after the release below
+	steps := []struct {
+		name string
+		f    func() error
+	}{
+		{"exec", func() error {
+			r, err := l.Exec(ctx, sh("echo hi; echo err >&2"))
+			if err == nil && (r.Stdout != "hi\n" || r.Stderr != "err\n" || r.ExitCode != 0) {
+				err = fmt.Errorf("result %+v", r)
+			}
+			return err
+		}},
+		{"write", func() error { return l.WriteFile(ctx, "a.bin", payload, 0o644) }},
+		{"upload", func() error {
+			return l.Upload(ctx, "dir/b.bin", bytes.NewReader(payload), int64(len(payload)), client.UploadOptions{MkdirAll: true})
+		}},
+		{"read", func() error {
+			for _, p := range []string{"a.bin", "dir/b.bin"} {
+				got, err := l.ReadFile(ctx, p)
+				if err != nil {
+					return err
+				}
+				if !bytes.Equal(got, payload) {
+					return fmt.Errorf("%s differs", p)
+				}
+			}
+			return nil
+		}},
+		{"process", func() error {
+			p, err := l.Start(ctx, apitype.StartRequest{ID: "bg", Argv: []string{"sh", "-c", "seq 1 2000; exit 7"}})
+			if err != nil {
+				return err
+			}
+			out, err := io.ReadAll(p.Stdout)
+			if err != nil {
+				return err
+			}
+			st, err := p.Wait(ctx)
+			if err == nil && (st.ExitCode != 7 || string(out) != counted(2000)) {
+				err = fmt.Errorf("status %+v, %d bytes", st, len(out))
+			}
+			return err
+		}},
+		{"release", func() error { return l.Release(ctx) }},
+	}
+	for _, s := range steps {
+		if err := timed(s.f); err != nil {
+			return lat, fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return lat, nil
+}
+
+func TestFaultLoadNoLeaks(t *testing.T) {
+	needRoot(t) // uids, cgroups: the things that could leak
+	const leases = 16
+	d := startDaemon(t, func(c *sidecar.Config) {
+		// Room above the workers: TestFaultConcurrentAcquireAtLimit covers the limit.
+		c.MaxLeases = 2 * leases
+		c.UIDFirst, c.UIDLast = 233000, 233999 // this test's own uids, counted in /proc
+	})
+	c, tr := d.loadClient(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	payload := randomBytes(t, 256<<10)
+
+	// A warm-up round makes the one-time things (pools, TLS sessions, cgroup parents).
+	if _, err := loadRound(ctx, c, "warm-up", payload); err != nil {
+		t.Fatal(err)
+	}
+	tr.CloseIdleConnections()
+	idle := settled(t, d, nil)
+	t.Logf("idle: %v", idle)
+
+	deadline := time.Now().Add(loadDuration(t))
+	var mu sync.Mutex
+	var lat []time.Duration
+	var errs []error
+	rounds := 0
+	var wg sync.WaitGroup
+	for w := range leases {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline); i++ {
+				l, err := loadRound(ctx, c, fmt.Sprintf("load-%d-%d", w, i), payload)
+				mu.Lock()
+				lat = append(lat, l...)
+				rounds++
+				if err != nil {
+					errs = append(errs, fmt.Errorf("worker %d round %d: %w", w, i, err))
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d errors in %d rounds: %v", len(errs), rounds, errors.Join(errs...))
+	}
+	slices.Sort(lat)
+	p99 := lat[len(lat)*99/100]
+	t.Logf("%d leases at once: %d rounds, %d operations, 0 errors, p99 %v", leases, rounds, len(lat), p99)
+
+	tr.CloseIdleConnections()
+	after := settled(t, d, &idle)
+	t.Logf("after: %v", after)
+	if left := must(c.List(ctx))(t); len(left) != 0 {
+		t.Fatalf("leases left: %d", len(left))
+	}
+}
+
+// settled waits (bounded) for the resource counts to stop falling and, when want is
+// given, to be back at it: no goroutine, descriptor, cgroup, lease dir or lease-uid
+// process more than at idle, and the heap within 16 MiB of its idle size.
+func settled(t *testing.T, d *testDaemon, want *resources) resources {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var r resources
+	for {
+		r = countResources(d)
+		if want == nil {
+			if r.cgroups == 0 && r.uidProcs == 0 && r.leaseDirs == 0 {
+				return r
+			}
+		} else if r.goroutines <= want.goroutines && r.fds <= want.fds && r.cgroups <= want.cgroups &&
+			r.leaseDirs <= want.leaseDirs && r.uidProcs == 0 && r.heap <= want.heap+16<<20 {
+			return r
+		}
+		if time.Now().After(deadline) {
+			if want != nil {
+				buf := make([]byte, 1<<20)
+				n := runtime.Stack(buf, true)
+				t.Fatalf("leaked after the load:\n  idle  %v\n  after %v\n%s", *want, r, buf[:n])
+			}
+			t.Fatalf("the daemon never became idle: %v", r)
+		}
+		time.Sleep(50 * time.Millisecond) // poll interval
+	}
+}
+
+// N leases acquired at once under a limit of N all succeed: a lease being created must
+// count once against the limit, not twice.
+func TestFaultConcurrentAcquireAtLimit(t *testing.T) {
+	const limit = 8
+	d := startDaemon(t, func(c *sidecar.Config) { c.MaxLeases = limit })
+	ctx := context.Background()
+	for round := range 4 {
+		var wg sync.WaitGroup
+		errs := make([]error, limit)
+		ids := make([]string, limit)
+		for i := range limit {
+			wg.Go(func() {
+				l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprintf("at-limit-%d-%d", round, i)})
+				if err == nil {
+					ids[i] = l.ID()
+				}
+				errs[i] = err
+			})
+		}
+		wg.Wait()
+		for _, id := range ids {
+			if id != "" {
+				if err := d.client.Release(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			t.Fatalf("BUG: round %d: %d acquires at once under a limit of %d: %v\n"+
+				"(lease.Manager.create puts the new lease in m.leases before it leaves m.creating, and Acquire "+
+				"counts len(m.leases)+len(m.creating): during the persist a lease counts twice)", round, limit, limit, err)
+		}
+	}
+}
