@@ -241,13 +241,10 @@ func (c *cgroupV1) leases() ([]string, error) {
 // that ended cleanly: only a member can fork into it. (A helper still joining is not a
 // member yet; tree.Kill SIGKILLs it first, so it cannot fork once it is.)
 func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
-	state := filepath.Join(dir, "freezer.state")
-	if _, err := os.Stat(state); errors.Is(err, os.ErrNotExist) {
-		return nil, nil // already gone
-	}
 	if pids, err := readPids(dir); err == nil && len(pids) == 0 {
-		return nil, nil
+		return nil, nil // empty, or already gone
 	}
+	state := filepath.Join(dir, "freezer.state")
 	var killed []int
 	for range killRounds {
 		if err := writeFile(state, "FROZEN"); err != nil {
