@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -96,5 +97,22 @@ func sandboxTrue(b *testing.B, s *Sandbox, leaseID string) {
 	}
 	if err := tr.Close(); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// BenchmarkExecHelperStart is the bare start cost of each helper: run with no config, it
+// fails at once (exit 125), against /bin/true run the same way. No root needed.
+func BenchmarkExecHelperStart(b *testing.B) {
+	helpers := append([]testHelper{{name: "true", path: "/bin/true"}}, benchHelpers(b)...)
+	for _, h := range helpers {
+		b.Run(h.name, func(b *testing.B) {
+			for b.Loop() {
+				err := exec.Command(h.path, HelperArg).Run()
+				var ee *exec.ExitError
+				if h.name == "true" && err != nil || h.name != "true" && (!errors.As(err, &ee) || ee.ExitCode() != 125) {
+					b.Fatalf("%s: %v, want exit 125", h.path, err)
+				}
+			}
+		})
 	}
 }
