@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// resources is what the daemon holds that a leak would grow. -1 means unknown (a
+// remote daemon's host is not ours to look at).
+type resources struct {
+	leases     int   // listed by the API
+	goroutines int   // go_goroutines from /metrics
+	fds        int   // process_open_fds from /metrics
+	cgroups    int   // under the daemon's cgroup parent
+	leaseDirs  int   // in the work root
+	uidProcs   int   // processes running as a lease uid
+	rss        int64 // resident set, bytes
+}
+
+func (r resources) String() string {
+	return fmt.Sprintf("leases %d, goroutines %d, fds %d, cgroups %d, lease dirs %d, lease-uid processes %d, RSS %s",
+		r.leases, r.goroutines, r.fds, r.cgroups, r.leaseDirs, r.uidProcs, mib(r.rss))
+}
+
+// leakedSince counts what r holds beyond idle. Goroutines and descriptors get a small
+// allowance for connections the daemon keeps alive between requests.
+func (r resources) leakedSince(idle resources) int {
+	n := 0
+	over := func(now, before, slack int) {
+		if now >= 0 && before >= 0 && now > before+slack {
+			n += now - before - slack
+		}
+	}
+	over(r.leases, 0, 0)
+	over(r.goroutines, idle.goroutines, 4)
+	over(r.fds, idle.fds, 2)
+	over(r.cgroups, idle.cgroups, 0)
+	over(r.leaseDirs, idle.leaseDirs, 0)
+	over(r.uidProcs, 0, 0)
+	return n
+}
+
+func (t *target) count(ctx context.Context) resources {
+	r := resources{leases: -1, goroutines: -1, fds: -1, cgroups: -1, leaseDirs: -1, uidProcs: -1, rss: -1}
+	if ls, err := t.client.List(ctx); err == nil {
+		r.leases = len(ls)
+	}
+	m := t.metrics(ctx)
+	if v, ok := m["go_goroutines"]; ok {
+		r.goroutines = int(v)
+	}
+	if v, ok := m["process_open_fds"]; ok {
+		r.fds = int(v)
+	}
+	if v, ok := m["process_resident_memory_bytes"]; ok {
+		r.rss = int64(v)
+	}
+	if !t.local() {
+		return r
+	}
+	r.rss = t.rss()
+	r.cgroups = 0
+	for _, p := range cgroupParents(t.parent) {
+		entries, _ := os.ReadDir(p)
+		for _, e := range entries {
+			if e.IsDir() {
+				r.cgroups++
+			}
+		}
+	}
+	dirs, _ := os.ReadDir(filepath.Join(t.state, "leases"))
+	r.leaseDirs = len(dirs)
+	r.uidProcs = procsOfUIDs(t.uidFirst, t.uidLast)
+	return r
+}
+
+// settle counts resources until they stop falling (bounded: 30 s), or, with want, until
+// nothing is held beyond it.
+func settle(ctx context.Context, t *target, want *resources) resources {
+	deadline := time.Now().Add(30 * time.Second)
+	var last resources
+	for {
+		r := t.count(ctx)
+		done := false
+		if want != nil {
+			done = r.leakedSince(*want) == 0
+		} else {
+			done = r == last
+		}
+		if done || time.Now().After(deadline) || ctx.Err() != nil {
+			return r
+		}
+		last = r
+		time.Sleep(500 * time.Millisecond) // poll interval
+	}
+}
+
+// rss reads the daemon's resident set from /proc (local) or /metrics (remote).
+func (t *target) rss() int64 {
+	if !t.local() {
+		if v, ok := t.metrics(context.Background())["process_resident_memory_bytes"]; ok {
+			return int64(v)
+		}
+		return -1
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", t.pid()))
+	if err != nil {
+		return -1
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kib, _ := strconv.ParseInt(f[1], 10, 64)
+			return kib << 10
+		}
+	}
+	return -1
+}
+
+// metrics scrapes the untyped samples without labels from /metrics.
+func (t *target) metrics(ctx context.Context) map[string]float64 {
+	out := map[string]float64{}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/metrics", nil)
+	if err != nil {
+		return out
+	}
+	req.Header.Set("Authorization", "Bearer "+t.token)
+	resp, err := t.hc.Do(req)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 8<<20))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || strings.Contains(line, "{") {
+			continue
+		}
+		if name, val, ok := strings.Cut(line, " "); ok {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(val), 64); err == nil {
+				out[name] = v
+			}
+		}
+	}
+	return out
+}
+
+// procsOfUIDs counts processes whose real uid lies in [first, last].
+func procsOfUIDs(first, last int) int {
+	entries, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(status), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				if uid, _ := strconv.Atoi(f[1]); uid >= first && uid <= last {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+func cgroupParents(parent string) []string {
+	ps, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
+	if fi, err := os.Stat("/sys/fs/cgroup/" + parent); err == nil && fi.IsDir() {
+		ps = append(ps, "/sys/fs/cgroup/"+parent)
+	}
+	return ps
+}
+
+// tlsClient trusts caFile (or the system roots when it is empty).
+func tlsClient(caFile string) *http.Client {
+	cfg := &tls.Config{}
+	if caFile != "" {
+		if pem, err := os.ReadFile(caFile); err == nil {
+			cfg.RootCAs = x509.NewCertPool()
+			cfg.RootCAs.AppendCertsFromPEM(pem)
+		}
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+}
+
+func mib(b int64) string {
+	if b < 0 {
+		return "unknown"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+func (r report) print(w io.Writer) {
+	fmt.Fprintf(w, "sidecar-soak: %d leases at once for %v\n", r.leases, r.duration.Round(time.Second))
+	fmt.Fprintf(w, "  rounds      %d (each: acquire, exec, write, upload, read back, background process, release)\n", r.rounds)
+	fmt.Fprintf(w, "  operations  %d\n", r.ops)
+	fmt.Fprintf(w, "  errors      %d\n", r.errors)
+	if r.firstErr != nil {
+		fmt.Fprintf(w, "  first error %v\n", r.firstErr)
+	}
+	fmt.Fprintf(w, "  latency     p50 %v, p99 %v, max %v\n", r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.max.Round(time.Microsecond))
+	fmt.Fprintf(w, "  daemon RSS  idle %s, peak %s, final %s\n", mib(r.idle.rss), mib(r.peakRSS), mib(r.final.rss))
+	fmt.Fprintf(w, "  idle        %v\n", r.idle)
+	fmt.Fprintf(w, "  final       %v\n", r.final)
+	fmt.Fprintf(w, "  leaked      %d\n", r.leaked())
+}
