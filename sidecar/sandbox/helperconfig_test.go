@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,6 +52,11 @@ type helperRun struct {
 // here drop no privileges.
 func runHelper(t *testing.T, helper string, config []byte, seal bool) helperRun {
 	t.Helper()
+	return runHelperEnv(t, helper, config, seal, []string{})
+}
+
+func runHelperEnv(t *testing.T, helper string, config []byte, seal bool, env []string) helperRun {
+	t.Helper()
 	fd, err := unix.MemfdCreate("test-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +80,7 @@ func runHelper(t *testing.T, helper string, config []byte, seal bool) helperRun 
 	}
 	defer r.Close()
 	var stdout, stderr bytes.Buffer
-	cmd := &exec.Cmd{Path: helper, Args: []string{helper, HelperArg}, Env: []string{},
+	cmd := &exec.Cmd{Path: helper, Args: []string{helper, HelperArg}, Env: env,
 		ExtraFiles: []*os.File{mem, w}, Stdout: &stdout, Stderr: &stderr}
 	err = cmd.Start()
 	w.Close()
@@ -152,4 +158,55 @@ func TestHelpersExecErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzHelperConfigParity: the C parser accepts exactly what initproc.Decode accepts and
+// survives any input, under AddressSanitizer and UndefinedBehaviorSanitizer where the
+// compiler has them. It runs a parse-only build of the C helper that exits once the config
+// is parsed, so no fuzzed path, uid or argv is ever used.
+func FuzzHelperConfigParity(f *testing.F) {
+	parser := buildParseOnlyHelper(f)
+	for _, b := range badConfigs {
+		f.Add([]byte(b))
+	}
+	full, err := initproc.Encode(&initproc.Config{
+		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
+		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", NetNS: true,
+		Landlock: &initproc.Landlock{MinABI: 6, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(full)
+	env := []string{"ASAN_OPTIONS=detect_leaks=0:abort_on_error=0:exitcode=99", "UBSAN_OPTIONS=halt_on_error=1:exitcode=98"}
+	f.Fuzz(func(t *testing.T, config []byte) {
+		_, err := initproc.Decode(config)
+		r := runHelperEnv(t, parser, config, true, env)
+		switch {
+		case r.code != 0 && r.code != initproc.ExitSetup:
+			t.Fatalf("C parser crashed on %q: exit %d\n%s", config, r.code, r.stderr)
+		case (r.code == 0) != (err == nil):
+			t.Fatalf("on %q: Decode says %v, the C helper exits %d (%s)", config, err, r.code, r.report)
+		}
+	})
+}
+
+// buildParseOnlyHelper compiles the C helper with SIDECAR_INIT_PARSE_ONLY, sanitized when
+// the compiler can.
+func buildParseOnlyHelper(f *testing.F) string {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		f.Skip("no C compiler (cc) in PATH to build cmd/sidecar-init/sidecar-init.c; CI has one")
+	}
+	out := filepath.Join(f.TempDir(), "parse-only")
+	base := []string{"-Wall", "-Wextra", "-Werror", "-DSIDECAR_INIT_PARSE_ONLY", "-o", out, cHelperSource}
+	sanitized := append([]string{"-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"}, base...)
+	if _, err := exec.Command(cc, sanitized...).CombinedOutput(); err == nil {
+		return out
+	}
+	if b, err := exec.Command(cc, append([]string{"-O2"}, base...)...).CombinedOutput(); err != nil {
+		f.Fatalf("cc: %v\n%s", err, b)
+	}
+	f.Log("built without sanitizers: this compiler lacks them")
+	return out
 }
