@@ -224,6 +224,48 @@ func TestFaultKillDuringTarExtraction(t *testing.T) {
 	}
 }
 
+// A plain PUT is written to a temporary beside its target and renamed: a kill in the
+// middle leaves no target, and (once swept) no temporary.
+func TestFaultKillDuringPut(t *testing.T) {
+	d := newBinDaemon(t)
+	d.start()
+	l := acquireBin(t, d.client, "put")
+	workdir := filepath.Join(d.workRoot(), l.ID(), "work")
+	const size = 64 << 20
+	src := newGate(&pattern{size: size, seed: 2}, size/2)
+	req, err := http.NewRequest(http.MethodPut, "https://"+d.addr+"/v1/leases/"+l.ID()+"/files/put.bin", io.NopCloser(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = size
+	req.Header.Set("Authorization", "Bearer "+l.Token())
+	done := make(chan error, 1)
+	go func() {
+		resp, err := d.httpClient(2 * time.Minute).Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("the cut PUT answered %s", resp.Status)
+		}
+		done <- err
+	}()
+	<-src.reached
+	waitFor(t, "the PUT's temporary file", 60*time.Second, func() bool { return len(tempNames(visibleIn(t, workdir))) > 0 })
+	d.kill()
+	close(src.open)
+	if err := <-done; err == nil {
+		t.Fatal("a PUT cut by kill -9 reported success")
+	}
+	d.start()
+	vis := visibleIn(t, workdir)
+	if slices.Contains(vis, "put.bin") {
+		t.Fatalf("a cut PUT's target is visible: %v", vis)
+	}
+	if tmp := tempNames(vis); len(tmp) > 0 {
+		t.Errorf("BUG: the cut PUT's temporary %s (%d bytes) is still in the workdir after the restart: nothing sweeps .sidecar-tmp-* at start",
+			tmp[0], dirSize(workdir))
+	}
+}
+
 func TestFaultKillWithAttachedProcess(t *testing.T) {
 	d := newBinDaemon(t)
 	d.start()
