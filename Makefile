@@ -12,7 +12,15 @@ STATE      ?= $(CURDIR)/.state
 # cannot, and `make run` says so loudly by asking for isolation "none".
 ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)
 
-.PHONY: all build run test check vet staticcheck fmt race bench bench-quick clean tools
+# install lays the daemon out as docs/operations.md describes; DESTDIR stages it.
+PREFIX     ?= /usr/local
+SYSCONFDIR ?= /etc
+UNITDIR    ?= /etc/systemd/system
+TLS_HOST   ?= $(shell hostname)
+TLS_IP     ?= 127.0.0.1
+CONF       := $(DESTDIR)$(SYSCONFDIR)/sidecar
+
+.PHONY: all build run test check vet staticcheck fmt race bench bench-quick clean tools install uninstall
 
 all: build
 
@@ -64,6 +72,33 @@ race:
 
 tools:
 	@test -x $(GOBIN)/staticcheck || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+# install is idempotent: binaries, unit and docs are replaced; the env file, the token
+# and the TLS files are made once and never overwritten.
+install: build
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/sidecar
+	install -m 0755 $(BIN) bin/sidecar-init $(DESTDIR)$(PREFIX)/bin/
+	sed 's#/usr/local/bin/sidecar#$(PREFIX)/bin/sidecar#g; s#/usr/local/share/doc#$(PREFIX)/share/doc#g' \
+		systemd/sidecar.service > $(DESTDIR)$(UNITDIR)/sidecar.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/sidecar.service
+	install -m 0644 docs/operations.md docs/api.md $(DESTDIR)$(PREFIX)/share/doc/sidecar/
+	install -d -m 0700 $(CONF)
+	test -e $(CONF)/sidecar.env || install -m 0600 systemd/sidecar.env $(CONF)/sidecar.env
+	test -s $(CONF)/auth-token || (umask 077 && $(BIN) token > $(CONF)/auth-token)
+	test -e $(CONF)/tls/server.crt || $(BIN) tls gen --dir $(CONF)/tls --host $(TLS_HOST) --ip $(TLS_IP) >/dev/null
+	@echo "sidecar installed. Start it with: systemctl daemon-reload && systemctl enable --now sidecar"
+	@echo "Client lines (copy $(SYSCONFDIR)/sidecar/tls/ca.crt and the token to the app and worker hosts):"
+	@echo "  SANDBOX_PROVIDER=remote"
+	@echo "  SANDBOX_REMOTE_URL=https://$(TLS_HOST):7443"
+	@echo "  SANDBOX_REMOTE_CA_FILE=$(SYSCONFDIR)/sidecar/tls/ca.crt"
+	@echo "  SANDBOX_REMOTE_AUTH_TOKEN_FILE=$(SYSCONFDIR)/sidecar/auth-token"
+
+# uninstall removes what install replaces; configuration, secrets and lease state stay.
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/sidecar $(DESTDIR)$(PREFIX)/bin/sidecar-init $(DESTDIR)$(UNITDIR)/sidecar.service
+	rm -f $(DESTDIR)$(PREFIX)/share/doc/sidecar/operations.md $(DESTDIR)$(PREFIX)/share/doc/sidecar/api.md
+	-rmdir $(DESTDIR)$(PREFIX)/share/doc/sidecar 2>/dev/null
+	@echo "kept $(SYSCONFDIR)/sidecar (config, token, TLS) and /var/lib/sidecar (leases); remove them by hand if you mean to"
 
 clean:
 	rm -rf bin

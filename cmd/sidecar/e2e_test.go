@@ -1,0 +1,236 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// buildBinary builds this command into dir (the real binary, as `make build` does).
+func buildBinary(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "sidecar")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// lockedBuffer collects a child's stderr while the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// The README's promise: run the daemon on its defaults, paste the printed lines, and the
+// CLI works against it; SIGTERM stops it cleanly.
+func TestServeAndCLI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the daemon binary")
+	}
+	work, err := os.MkdirTemp("/var/tmp", "sidecar-cli-e2e-") // not /tmp: a lease's private /tmp would hide it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	if err := os.Chmod(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin := buildBinary(t, work)
+	state := filepath.Join(work, "state")
+
+	tokenOut, err := exec.Command(bin, "token").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := strings.TrimSpace(string(tokenOut))
+	if len(token) < 43 {
+		t.Fatalf("sidecar token printed %d characters", len(token))
+	}
+	tokenFile := filepath.Join(work, "auth-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	isolation := "none"
+	if os.Geteuid() == 0 {
+		isolation = "strict"
+	}
+	serve := exec.Command(bin, "serve")
+	serve.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"SIDECAR_STATE_DIR=" + state,
+		"SIDECAR_AUTH_TOKEN_FILE=" + tokenFile,
+		"SIDECAR_TLS_SELF_SIGNED=true",
+		"SIDECAR_LISTEN_ADDR=127.0.0.1:0",
+		"SIDECAR_ISOLATION=" + isolation,
+		"SIDECAR_CGROUP_PARENT=sidecar-test-cli",
+		"SIDECAR_UID_RANGE=232000-232999",
+		"SCRIPT_ENABLED=false",
+	}
+	stderr := &lockedBuffer{}
+	serve.Stderr = stderr
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// exited is closed when serve has been waited for; waitErr is its result.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = serve.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			serve.Process.Kill()
+			<-exited
+		}
+		for _, p := range []string{"cpu", "cpuacct", "memory", "pids", "freezer"} {
+			syscall.Rmdir("/sys/fs/cgroup/" + p + "/sidecar-test-cli")
+		}
+	})
+
+	// The daemon prints the client lines once it listens.
+	env := map[string]string{}
+	deadline := time.Now().Add(60 * time.Second)
+	for len(env) < 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no client lines from serve:\n%s", stderr.String())
+		}
+		select {
+		case <-exited:
+			t.Fatalf("serve exited: %v\n%s", waitErr, stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		sc := bufio.NewScanner(strings.NewReader(stderr.String()))
+		for sc.Scan() {
+			if kv, ok := strings.CutPrefix(sc.Text(), "export "); ok {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+		}
+	}
+	if strings.Contains(stderr.String(), token) {
+		t.Fatal("serve printed the token")
+	}
+	cli := func(stdin string, args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(bin, args...)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work}
+		for k, v := range env {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("sidecar %v: %v", args, err)
+		}
+		if ee != nil && testing.Verbose() {
+			t.Logf("sidecar %v: exit %d: %s", args, ee.ExitCode(), errOut.String())
+		}
+		return out.String(), cmd.ProcessState.ExitCode()
+	}
+
+	out, code := cli("", "leases", "new", "cli-session", "-o", "json")
+	var l apitype.Lease
+	if code != 0 || json.Unmarshal([]byte(out), &l) != nil || l.ID == "" || l.Token == "" {
+		t.Fatalf("leases new: exit %d: %s", code, out)
+	}
+	if out, code = cli("", "leases", "ls"); code != 0 || !strings.Contains(out, l.ID) || !strings.Contains(out, "cli-session") {
+		t.Fatalf("leases ls: exit %d:\n%s", code, out)
+	}
+	if out, code = cli("", "exec", l.ID, "--", "sh", "-c", "echo hello; exit 3"); code != 3 || out != "hello\n" {
+		t.Fatalf("exec: exit %d, out %q", code, out)
+	}
+	if out, code = cli("piped\n", "exec", "-i", l.ID, "--", "cat"); code != 0 || out != "piped\n" {
+		t.Fatalf("exec -i: exit %d, out %q", code, out)
+	}
+	local := filepath.Join(work, "upload.txt")
+	os.WriteFile(local, []byte("round trip\n"), 0o644)
+	if _, code = cli("", "cp", local, l.ID+":in/file.txt"); code != 0 {
+		t.Fatalf("cp up: exit %d", code)
+	}
+	back := filepath.Join(work, "download.txt")
+	if _, code = cli("", "cp", l.ID+":in/file.txt", back); code != 0 {
+		t.Fatalf("cp down: exit %d", code)
+	}
+	if b, _ := os.ReadFile(back); string(b) != "round trip\n" {
+		t.Fatalf("cp round trip: %q", b)
+	}
+	if out, code = cli("", "leases", "show", l.ID); code != 0 || !strings.Contains(out, `"session_id": "cli-session"`) {
+		t.Fatalf("leases show: exit %d:\n%s", code, out)
+	}
+	if _, code = cli("", "leases", "rm", l.ID); code != 0 {
+		t.Fatalf("leases rm: exit %d", code)
+	}
+	if _, code = cli("", "leases", "show", l.ID); code == 0 {
+		t.Fatal("leases show after rm succeeded")
+	}
+	if _, code = cli("", "cleanup"); code != 0 {
+		t.Fatalf("cleanup: exit %d", code)
+	}
+
+	// SIGTERM: a clean, prompt exit.
+	serve.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("serve after SIGTERM: %v\n%s", waitErr, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("serve did not stop after SIGTERM")
+	}
+	if !strings.Contains(stderr.String(), "sidecar stopped") {
+		t.Fatalf("no orderly shutdown in the log:\n%s", stderr.String())
+	}
+}
+
+// A bad configuration is refused at start, naming every bad variable.
+func TestServeRefusesBadConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the daemon binary")
+	}
+	dir := t.TempDir()
+	bin := buildBinary(t, dir)
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = []string{"SIDECAR_AUTH_TOKEN=short", "SIDECAR_MAX_LEASES=lots", "SIDECAR_STATE_DIR=" + dir}
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	cmd.Stdout = io.Discard
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("serve with a bad config: %v", err)
+	}
+	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "TLS is required"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("stderr does not say %q:\n%s", want, errOut.String())
+		}
+	}
+}
