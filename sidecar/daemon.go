@@ -184,6 +184,15 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		if err := rt.Provision(ctx, l); err != nil {
 			log.Warn("cannot restore a lease's sandbox", "lease", l.ID, "err", err)
 		}
+		// Writes a crash interrupted left temporaries beside their targets; they go
+		// before anything of the lease runs or is served again.
+		if f, err := rt.FS(l); err == nil {
+			if n, err := f.SweepTemps(ctx); err != nil {
+				log.Warn("cannot sweep a lease's interrupted writes", "lease", l.ID, "err", err)
+			} else if n > 0 {
+				log.Info("removed interrupted writes", "lease", l.ID, "count", n)
+			}
+		}
 	}
 
 	// What a previous run left and the state does not account for goes now.
