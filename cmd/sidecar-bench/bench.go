@@ -77,8 +77,16 @@ type row struct {
 
 func (b *bench) add(r row) {
 	b.rows = append(b.rows, r)
-	b.log.Info("measured", "case", r.name, "sidecar", r.unit.format(r.sidecar.median()),
-		r.peerName, r.unit.format(r.peer.median()), r.floorName, r.unit.format(r.floor.median()))
+	args := []any{"case", r.name}
+	for _, c := range []struct {
+		name string
+		s    samples
+	}{{"sidecar", r.sidecar}, {r.peerName, r.peer}, {r.floorName, r.floor}} {
+		if len(c.s) > 0 {
+			args = append(args, c.name, r.unit.format(c.s.median()))
+		}
+	}
+	b.log.Info("measured", args...)
 }
 
 func (b *bench) note(format string, args ...any) {

@@ -59,13 +59,15 @@ func (b *bench) caseFile(ctx context.Context) error {
 		timed("scp upload", func(ctx context.Context) error {
 			return runCmd(b.ssh.scp(ctx, false, local, "bench:"+filepath.Join(sshDst, "big.bin")))
 		}),
-		timed("tls", func(ctx context.Context) error { return floor.send(n) }))
+		timed("tls", func(ctx context.Context) error { return floor.send(n) }),
+		timed("copy + fsync", func(context.Context) error { return copySynced(local, filepath.Join(b.dir, "fsync-floor.bin")) }))
 	if err != nil {
 		return err
 	}
 	mb := throughput(float64(n), "MB/s")
-	b.add(row{name: fmt.Sprintf("upload %s, digest + fsync", sizeName(n)), unit: mb, sidecar: s[0],
-		peerName: "scp", peer: s[1], floorName: "TLS 1.3 loopback", floor: s[2]})
+	up := fmt.Sprintf("upload %s, digest + fsync", sizeName(n))
+	b.add(row{name: up, unit: mb, sidecar: s[0], peerName: "scp", peer: s[1], floorName: "TLS 1.3 loopback", floor: s[2]})
+	b.add(row{name: up, unit: mb, sidecar: s[0], peerName: "scp", peer: s[1], floorName: "local copy + fsync", floor: s[3]})
 
 	s, err = interleave(ctx, 1, b.sz.bigReps,
 		timed("sidecar download", func(ctx context.Context) error {
@@ -110,6 +112,29 @@ func writeRandomFile(path string, n int64) ([]byte, error) {
 		return nil, err
 	}
 	return h.Sum(nil), f.Close()
+}
+
+// copySynced copies from to a new file to, fsyncs it and removes it: the disk's share of
+// an upload that is durable when it is acknowledged.
+func copySynced(from, to string) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.Create(to)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(to)
+	_, err = io.Copy(dst, src)
+	if serr := dst.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // hashFloor hashes n bytes of a 1 MiB buffer in memory.

@@ -46,7 +46,7 @@ func renderTable(rows []row) string {
 			if len(x) == 0 {
 				return "—"
 			}
-			return fmt.Sprintf("%s (%s)", r.unit.format(x.median()), name)
+			return fmt.Sprintf("%s (%s)", r.unit.format(x.median()), cellEscape(name))
 		}
 		spread := func(x samples) string {
 			if len(x) == 0 {
@@ -64,8 +64,11 @@ func renderTable(rows []row) string {
 		if len(r.sidecar) > 0 {
 			side = r.unit.format(r.sidecar.median())
 		}
-		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s · %s · %s | %s | %s |\n", r.name, side, cell(r.peerName, r.peer), cell(r.floorName, r.floor),
+		fmt.Fprintf(&s, "| %s | %s | %s | %s | %s · %s · %s | %s | %s |\n", cellEscape(r.name), side, cell(r.peerName, r.peer), cell(r.floorName, r.floor),
 			spread(r.sidecar), spread(r.peer), spread(r.floor), ratio(r.peer), ratio(r.floor))
 	}
 	return s.String()
 }
+
+// cellEscape keeps a | inside a cell (even in a code span) from splitting it.
+func cellEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
