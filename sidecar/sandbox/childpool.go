@@ -4,13 +4,16 @@ import "errors"
 
 // Child cgroups are made and removed off the exec path. On cgroup v1 a child is a
 // directory in each of five hierarchies: making one costs about 0.5 ms and removing a
-// used one about 1 ms, as much as the rest of starting /bin/true. So each lease keeps a
-// few empty children made ahead, and a finished command's child, once Kill has emptied
+// used one about 1 ms, as much as the rest of starting /bin/true. So each lease keeps an
+// empty child made ahead, and a finished command's child, once Kill has emptied
 // it, is removed in the background. A spare is never reused: every command still gets a
 // fresh cgroup whose counters (OOM kills, refused forks) are its own.
 
-// spareChildren is how many empty child cgroups each lease keeps ready.
-const spareChildren = 2
+// spareChildren is how many empty child cgroups each lease keeps ready. One covers an
+// agent's commands, which come one after another (the next spare is made while the
+// command runs); a burst falls back to making children on the exec path. Each spare is a
+// memory cgroup, whose kernel state grows with the number of CPUs, for every live lease.
+const spareChildren = 1
 
 // takeChild returns an empty child cgroup for a new command, a spare when there is one,
 // and tops the spares up in the background.
