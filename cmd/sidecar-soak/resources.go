@@ -25,11 +25,12 @@ type resources struct {
 	leaseDirs  int   // in the work root
 	uidProcs   int   // processes running as a lease uid
 	rss        int64 // resident set, bytes
+	heap       int64 // go_memstats_heap_inuse_bytes from /metrics: what RSS keeps after a GC returns it
 }
 
 func (r resources) String() string {
-	return fmt.Sprintf("leases %d, goroutines %d, fds %d, cgroups %d, lease dirs %d, lease-uid processes %d, RSS %s",
-		r.leases, r.goroutines, r.fds, r.cgroups, r.leaseDirs, r.uidProcs, mib(r.rss))
+	return fmt.Sprintf("leases %d, goroutines %d, fds %d, cgroups %d, lease dirs %d, lease-uid processes %d, RSS %s, heap in use %s",
+		r.leases, r.goroutines, r.fds, r.cgroups, r.leaseDirs, r.uidProcs, mib(r.rss), mib(r.heap))
 }
 
 // leakedSince counts what r holds beyond idle. Goroutines and descriptors get a small
@@ -51,7 +52,7 @@ func (r resources) leakedSince(idle resources) int {
 }
 
 func (t *target) count(ctx context.Context) resources {
-	r := resources{leases: -1, goroutines: -1, fds: -1, cgroups: -1, leaseDirs: -1, uidProcs: -1, rss: -1}
+	r := resources{leases: -1, goroutines: -1, fds: -1, cgroups: -1, leaseDirs: -1, uidProcs: -1, rss: -1, heap: -1}
 	if ls, err := t.client.List(ctx); err == nil {
 		r.leases = len(ls)
 	}
@@ -64,6 +65,9 @@ func (t *target) count(ctx context.Context) resources {
 	}
 	if v, ok := m["process_resident_memory_bytes"]; ok {
 		r.rss = int64(v)
+	}
+	if v, ok := m["go_memstats_heap_inuse_bytes"]; ok {
+		r.heap = int64(v)
 	}
 	if !t.local() {
 		return r
@@ -95,7 +99,9 @@ func settle(ctx context.Context, t *target, want *resources) resources {
 		if want != nil {
 			done = r.leakedSince(*want) == 0
 		} else {
-			done = r == last
+			counts, prev := r, last
+			counts.rss, counts.heap, prev.rss, prev.heap = 0, 0, 0, 0 // memory moves; counts settle
+			done = counts == prev
 		}
 		if done || time.Now().After(deadline) || ctx.Err() != nil {
 			return r
@@ -214,6 +220,7 @@ func (r report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  latency     p50 %v, p99 %v, max %v\n", r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.max.Round(time.Microsecond))
 	fmt.Fprintf(w, "  daemon RSS  idle %s, peak %s, final %s\n", mib(r.idle.rss), mib(r.peakRSS), mib(r.final.rss))
+	fmt.Fprintf(w, "  daemon heap idle %s, final %s (in use, from /metrics)\n", mib(r.idle.heap), mib(r.final.heap))
 	fmt.Fprintf(w, "  idle        %v\n", r.idle)
 	fmt.Fprintf(w, "  final       %v\n", r.final)
 	fmt.Fprintf(w, "  leaked      %d\n", r.leaked())
