@@ -210,6 +210,10 @@ func (h *streamHarness) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		h.done <- err
 	}()
+	proto, err := streamProtocol(r)
+	if err != nil {
+		return
+	}
 	p, err := h.process()
 	if err != nil {
 		return
@@ -218,11 +222,7 @@ func (h *streamHarness) serve(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	proto, err := streamProtocol(r)
-	if err != nil {
-		return
-	}
-	err = h.srv.stream(w, r, proto, nil, p, sub, false)
+	err = h.srv.stream(w, r, proto, nil, p, sub, false) // it closes sub
 }
 
 // run does one handshake, writes frames, closes, and waits for the handler to end.
