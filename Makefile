@@ -6,7 +6,8 @@ GOBIN      ?= $(shell $(GO) env GOPATH)/bin
 STATICCHECK_VERSION := v0.8.2
 VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS    := -s -w -X main.version=$(VERSION)
-BIN        := bin/sidecar
+BINDIR     ?= bin
+BIN        := $(BINDIR)/sidecar
 STATE      ?= $(CURDIR)/.state
 # As root the daemon isolates leases (cgroups, uids, Landlock); as a normal user it
 # cannot, and `make run` says so loudly by asking for isolation "none".
@@ -34,11 +35,11 @@ all: build
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sidecar
 	@if command -v $(firstword $(CC)) >/dev/null 2>&1; then \
-		echo "$(CC) -O2 -static -Wall -Wextra -Werror -o bin/sidecar-init cmd/sidecar-init/sidecar-init.c"; \
-		$(CC) -O2 -static -Wall -Wextra -Werror -o bin/sidecar-init cmd/sidecar-init/sidecar-init.c; \
+		echo "$(CC) -O2 -static -Wall -Wextra -Werror -o $(BINDIR)/sidecar-init cmd/sidecar-init/sidecar-init.c"; \
+		$(CC) -O2 -static -Wall -Wextra -Werror -o $(BINDIR)/sidecar-init cmd/sidecar-init/sidecar-init.c; \
 	else \
 		echo "no C compiler ($(CC)): building the Go sidecar-init"; \
-		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/sidecar-init ./cmd/sidecar-init; \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BINDIR)/sidecar-init ./cmd/sidecar-init; \
 	fi
 
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
@@ -77,7 +78,7 @@ tools:
 # and the TLS files are made once and never overwritten.
 install: build
 	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/sidecar
-	install -m 0755 $(BIN) bin/sidecar-init $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN) $(BINDIR)/sidecar-init $(DESTDIR)$(PREFIX)/bin/
 	sed 's#/usr/local/bin/sidecar#$(PREFIX)/bin/sidecar#g; s#/usr/local/share/doc#$(PREFIX)/share/doc#g' \
 		systemd/sidecar.service > $(DESTDIR)$(UNITDIR)/sidecar.service
 	chmod 0644 $(DESTDIR)$(UNITDIR)/sidecar.service

@@ -54,10 +54,11 @@ var (
 	helperErr  error
 )
 
-// helperBinary is the real daemon binary, built once without the race detector (whose
-// memory overhead would trip the script workers' memory bound) into a directory that the
-// unprivileged script worker uid can execute from (go test's build dir is root's only).
-func helperBinary(t *testing.T) string {
+// helperBinary is the real daemon binary and its sidecar-init helper, built once by
+// `make build` (as deployed: no race detector, whose memory overhead would trip the script
+// workers' bound) into a directory that the unprivileged script worker uid can execute
+// from (go test's build dir is root's only).
+func helperBinary(t testing.TB) string {
 	t.Helper()
 	helperOnce.Do(func() {
 		if helperDir, helperErr = os.MkdirTemp("/var/tmp", "sidecar-e2e-bin-"); helperErr != nil {
@@ -67,9 +68,9 @@ func helperBinary(t *testing.T) string {
 			return
 		}
 		helperPath = filepath.Join(helperDir, "sidecar")
-		out, err := exec.Command("go", "build", "-o", helperPath, "../cmd/sidecar").CombinedOutput()
+		out, err := exec.Command("make", "-C", "..", "build", "BINDIR="+helperDir).CombinedOutput()
 		if err != nil {
-			helperErr = fmt.Errorf("build the daemon for its helpers: %v\n%s", err, out)
+			helperErr = fmt.Errorf("make build: %v\n%s", err, out)
 		}
 	})
 	if helperErr != nil {
@@ -101,7 +102,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 // testDaemon is a real daemon on a loopback port with real TLS.
 type testDaemon struct {
 	*sidecar.Daemon
-	t       *testing.T
+	t       testing.TB
 	cfg     sidecar.Config
 	clock   *fakeClock
 	url     string
@@ -126,7 +127,7 @@ func needRoot(t *testing.T) {
 }
 
 // startDaemon starts a daemon with its own state dir and TLS pair. mods adjust the config.
-func startDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
+func startDaemon(t testing.TB, mods ...func(*sidecar.Config)) *testDaemon {
 	t.Helper()
 	state := stateDir(t)
 	certFile, keyFile, _, err := certgen.EnsureSelfSigned(filepath.Join(state, "tls"), []string{"127.0.0.1", "localhost"})
@@ -164,9 +165,9 @@ func startDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
 	for _, m := range mods {
 		m(&cfg)
 	}
-	if cfg.ScriptEnabled {
-		cfg.HelperPath = helperBinary(t)
-	}
+	// Lease processes start through the deployed helper chain, not through this test
+	// binary (whose start-up is much heavier than the daemon's).
+	cfg.HelperPath = helperBinary(t)
 	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile}
 	d.start()
 	t.Cleanup(d.cleanup)
@@ -194,7 +195,7 @@ func (d *testDaemon) cleanup() {
 // stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
 // /tmp, so a work root under it would be hidden from the lease. Mounts happen only in
 // the lease processes' own namespaces, so removing the tree cannot cross one.
-func stateDir(t *testing.T) string {
+func stateDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-e2e-")
 	if err != nil {

@@ -1,0 +1,82 @@
+package sidecar_test
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// Benchmarks run against the real daemon over real TLS through the real client, next to
+// the floor measured in the same run. `go test -bench . -benchtime 200x ./sidecar/`.
+
+// BenchmarkNoop is an authenticated request that does nothing: TLS, auth, routing.
+func BenchmarkNoop(b *testing.B) {
+	d := startDaemon(b)
+	ctx := context.Background()
+	b.Run("info", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := d.client.Info(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "bench-noop"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Release(ctx)
+	b.Run("lease-get-with-lease-token", func(b *testing.B) {
+		lc := d.newClient(l.Token()).OpenLease(l.ID(), l.Token())
+		for b.Loop() {
+			if _, err := lc.Get(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkAcquireRelease is a whole lease life: state written, cgroup, uid, workdir.
+func BenchmarkAcquireRelease(b *testing.B) {
+	d := startDaemon(b)
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		i++
+		l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkExecTrue is `true` run to completion in a held lease, next to a local fork/exec.
+func BenchmarkExecTrue(b *testing.B) {
+	b.Run("local-os-exec", func(b *testing.B) {
+		for b.Loop() {
+			if err := exec.Command("/bin/true").Run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	d := startDaemon(b)
+	ctx := context.Background()
+	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "bench-exec"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Release(ctx)
+	b.Run("sidecar-client", func(b *testing.B) {
+		for b.Loop() {
+			res, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"/bin/true"}})
+			if err != nil || res.ExitCode != 0 {
+				b.Fatal(res, err)
+			}
+		}
+	})
+}
