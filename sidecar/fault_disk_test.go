@@ -163,6 +163,7 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 	d := startDaemon(t, func(c *sidecar.Config) { c.StateDir, c.WorkRoot = disk, work })
 	ctx := context.Background()
 	first := d.acquireOnce(apitype.AcquireRequest{SessionID: "before"})
+	victim := d.acquireOnce(apitype.AcquireRequest{SessionID: "released-while-full"})
 	stateFile := filepath.Join(disk, "leases.json")
 	good, err := os.ReadFile(stateFile)
 	if err != nil {
@@ -185,12 +186,32 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 			t.Fatalf("a lease whose save failed is listed: %+v", l)
 		}
 	}
-	if entries, _ := os.ReadDir(work); len(entries) != 1 {
-		t.Fatalf("work root after a failed acquire: %d entries, want only the first lease's", len(entries))
+	if entries, _ := os.ReadDir(work); len(entries) != 2 {
+		t.Fatalf("work root after a failed acquire: %d entries, want the two earlier leases'", len(entries))
 	}
-	// Renew and release of the first lease fail cleanly too, and keep the state whole.
+	// A renew that cannot be saved fails and changes nothing.
+	before := must(first.Get(ctx))(t)
 	if _, err := first.Renew(ctx, time.Hour); err == nil {
-		t.Log("renew succeeded on a full state disk (nothing to write?)")
+		t.Fatal("a renew succeeded though its state could not be saved")
+	}
+	if after := must(first.Get(ctx))(t); !after.ExpiresAt.Equal(before.ExpiresAt) {
+		t.Fatalf("a renew that failed to save moved the expiry from %v to %v", before.ExpiresAt, after.ExpiresAt)
+	}
+	if now, _ := os.ReadFile(stateFile); !bytes.Equal(now, good) {
+		t.Fatal("the state file changed under a failed renew")
+	}
+	// A release that cannot be saved, then a restart before anything else is saved:
+	// the lease must be either gone or whole, never listed without its workdir.
+	releaseErr := d.client.Release(ctx, victim.ID())
+	d.restart()
+	_, getErr := d.client.Get(ctx, victim.ID())
+	t.Logf("release while the state disk was full: %v; after a restart, get: %v (nil: still listed)", releaseErr, getErr)
+	if getErr == nil {
+		if !dirExists(filepath.Join(work, victim.ID(), "work")) {
+			t.Errorf("BUG: a lease released while the state disk was full (release said: %v) is back after a restart, "+
+				"listed as active, but its workdir is gone", releaseErr)
+		}
+		_ = d.client.Release(ctx, victim.ID())
 	}
 
 	// Space comes back: everything works again, and a restart reads a whole state.
