@@ -83,6 +83,12 @@ func startDaemon(ctx context.Context, o options, log *slog.Logger) (*target, err
 		t.removeState()
 		return nil, err
 	}
+	// A private copy of the binaries: a `make build` during a long soak must not swap
+	// the daemon (or its sidecar-init helper) under it.
+	if bin, err = copyBinaries(bin, filepath.Join(state, "bin")); err != nil {
+		t.removeState()
+		return nil, err
+	}
 	t.token = strings.Repeat("s", 8) + hex.EncodeToString(rnd[:]) + strings.Repeat("k", 32)
 	t.url = "https://" + addr
 	t.cmd = exec.Command(bin, "serve")
@@ -187,4 +193,25 @@ func freePort() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// copyBinaries copies the daemon and, when it sits next to it, sidecar-init into dir,
+// and returns the copied daemon's path.
+func copyBinaries(daemon, dir string) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	for _, src := range []string{daemon, filepath.Join(filepath.Dir(daemon), "sidecar-init")} {
+		b, err := os.ReadFile(src)
+		if errors.Is(err, os.ErrNotExist) && src != daemon {
+			continue // the daemon falls back to its own init
+		}
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(src)), b, 0o755); err != nil {
+			return "", err
+		}
+	}
+	return filepath.Join(dir, filepath.Base(daemon)), nil
 }
