@@ -233,6 +233,13 @@ func TestBadRequests(t *testing.T) {
 		status, hdr, body := d.raw("GET", "/v2/everything", testToken, nil, nil)
 		wantProblem(t, status, hdr, body, 404, "not_found")
 	})
+	t.Run("wrong method", func(t *testing.T) {
+		status, hdr, body := d.raw("PUT", "/v1/leases", testToken, nil, nil)
+		wantProblem(t, status, hdr, body, 405, apitype.CodeMethodNotAllowed)
+		if allow := hdr.Get("Allow"); !strings.Contains(allow, "GET") || !strings.Contains(allow, "POST") {
+			t.Fatalf("Allow: %q", allow)
+		}
+	})
 	t.Run("too many leases", func(t *testing.T) {
 		d.acquire("limit-1")
 		d.acquire("limit-2")

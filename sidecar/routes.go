@@ -1,6 +1,11 @@
 package sidecar
 
-import "net/http"
+import (
+	"net/http"
+	"strings"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
 
 // routes is the whole API surface in one place (see docs/api.md).
 func (s *Server) routes() {
@@ -33,9 +38,23 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}/archive/{path...}", leaseScope, s.handleGetArchive)
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
+}
 
-	// Everything else is a problem+json 404, not the mux's plain text.
-	s.route("/", public, func(w http.ResponseWriter, r *http.Request, _ principal) error {
-		return errorf(http.StatusNotFound, "not_found", "no route for %s %s", r.Method, r.URL.Path)
-	})
+// unrouted answers what the mux has no handler for as problem+json instead of the mux's
+// plain text: 405 with Allow when the path exists under other methods, else 404.
+func (s *Server) unrouted(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := s.mux.Handler(probe); pattern != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		s.writeError(w, r, errorf(http.StatusMethodNotAllowed, apitype.CodeMethodNotAllowed, "%s is not allowed here; allowed: %s", r.Method, strings.Join(allow, ", ")))
+		return
+	}
+	s.writeError(w, r, errorf(http.StatusNotFound, apitype.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path))
 }
