@@ -8,7 +8,9 @@ VERSION    ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo d
 LDFLAGS    := -s -w -X main.version=$(VERSION)
 BINDIR     ?= bin
 BIN        := $(BINDIR)/sidecar
-STATE      ?= $(CURDIR)/.state
+# State stays in the checkout, except under /tmp: each lease mounts its own /tmp over the
+# host's, which would hide a work root there.
+STATE      ?= $(if $(filter /tmp/%,$(CURDIR)),/var/tmp/sidecar-dev$(subst /,-,$(CURDIR)),$(CURDIR)/.state)
 # As root the daemon isolates leases (cgroups, uids, Landlock); as a normal user it
 # cannot, and `make run` says so loudly by asking for isolation "none".
 ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)

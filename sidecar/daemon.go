@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -95,6 +96,11 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("work root: %w", err)
+	}
+	if abs, _ := filepath.Abs(cfg.WorkRoot); cfg.Isolation != "none" && (abs == "/tmp" || strings.HasPrefix(abs, "/tmp/")) {
+		// Every lease process gets its own /tmp mounted over the host's: a work root
+		// below /tmp would be hidden from the very processes that need it.
+		return nil, fmt.Errorf("work root %s is under /tmp, which each lease's private /tmp hides: set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) elsewhere, e.g. /var/lib/sidecar", abs)
 	}
 	if err := traversable(cfg.WorkRoot, cfg.StateDir); err != nil {
 		return nil, err
