@@ -109,7 +109,7 @@ func wantFullDisk(t *testing.T, status int, hdr http.Header, body []byte, hide s
 
 func TestFaultDiskFullWorkRoot(t *testing.T) {
 	disk := smallDisk(t, "24m")
-	d := startDaemon(t, func(c *sidecar.Config) { c.WorkRoot = filepath.Join(disk, "leases") })
+	d := startFaultDaemon(t, func(c *sidecar.Config) { c.WorkRoot = filepath.Join(disk, "leases") })
 	l := d.acquire("full")
 	ctx := context.Background()
 	workdir := filepath.Join(disk, "leases", l.ID(), "work")
@@ -160,7 +160,7 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { removeUnmounted(t, work) })
-	d := startDaemon(t, func(c *sidecar.Config) { c.StateDir, c.WorkRoot = disk, work })
+	d := startFaultDaemon(t, func(c *sidecar.Config) { c.StateDir, c.WorkRoot = disk, work })
 	ctx := context.Background()
 	first := d.acquireOnce(apitype.AcquireRequest{SessionID: "before"})
 	victim := d.acquireOnce(apitype.AcquireRequest{SessionID: "released-while-full"})

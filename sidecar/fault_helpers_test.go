@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 )
 
@@ -62,9 +63,29 @@ func (s *syncBuffer) String() string {
 }
 
 // faultName is the unique prefix of everything a fault test creates: its cgroup
-// parent, its state dir and the markers in its processes' command lines.
+// parent, its state dir and the markers in its processes' command lines. The pid keeps
+// two runs of the suite at once (several engineers, one machine) apart: a daemon's
+// startup sweep removes every cgroup under its parent that it does not know.
 func faultName(t *testing.T) string {
-	return "sidecar-fault-" + strings.ToLower(sanitize(t.Name()))
+	return "sidecar-fault-" + strings.ToLower(sanitize(t.Name())) + "-" + strconv.Itoa(os.Getpid())
+}
+
+// faultUIDs is a uid range of this test process's own, for the same reason.
+func faultUIDs(base int) (first, last int) {
+	first = base + os.Getpid()%1000*16
+	return first, first + 15
+}
+
+// startFaultDaemon is startDaemon with the test process's own cgroup parent and uids.
+func startFaultDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
+	t.Helper()
+	unique := func(c *sidecar.Config) {
+		c.CgroupParent = faultName(t)
+		if c.UIDFirst != 0 {
+			c.UIDFirst, c.UIDLast = faultUIDs(240000)
+		}
+	}
+	return startDaemon(t, append([]func(*sidecar.Config){unique}, mods...)...)
 }
 
 // freePort picks a loopback port for a daemon that must come back on the same address.
@@ -96,6 +117,7 @@ func newBinDaemon(t *testing.T, extra ...string) *binDaemon {
 		t.Fatal(err)
 	}
 	d := &binDaemon{t: t, bin: bin, state: state, addr: freePort(t), parent: faultName(t), caFile: certFile}
+	uidFirst, uidLast := faultUIDs(256000)
 	d.env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"SIDECAR_AUTH_TOKEN=" + testToken,
@@ -103,7 +125,7 @@ func newBinDaemon(t *testing.T, extra ...string) *binDaemon {
 		"SIDECAR_TLS_SELF_SIGNED=true",
 		"SIDECAR_LISTEN_ADDR=" + d.addr,
 		"SIDECAR_CGROUP_PARENT=" + d.parent,
-		"SIDECAR_UID_RANGE=232000-232999",
+		fmt.Sprintf("SIDECAR_UID_RANGE=%d-%d", uidFirst, uidLast),
 		"SIDECAR_ISOLATION=strict",
 		"SCRIPT_ENABLED=false",
 		"SIDECAR_LOG_LEVEL=debug",

@@ -188,10 +188,10 @@ func loadRound(ctx context.Context, c *client.Client, session string, payload []
 func TestFaultLoadNoLeaks(t *testing.T) {
 	needRoot(t) // uids, cgroups: the things that could leak
 	const leases = 16
-	d := startDaemon(t, func(c *sidecar.Config) {
+	d := startFaultDaemon(t, func(c *sidecar.Config) {
 		// Room above the workers: TestFaultConcurrentAcquireAtLimit covers the limit.
 		c.MaxLeases = 2 * leases
-		c.UIDFirst, c.UIDLast = 233000, 233999 // this test's own uids, counted in /proc
+		c.UIDFirst, c.UIDLast = faultUIDs(272000) // this test's own uids, counted in /proc
 	})
 	c, tr := d.loadClient(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -278,7 +278,7 @@ func settled(t *testing.T, d *testDaemon, want *resources) resources {
 // count once against the limit, not twice.
 func TestFaultConcurrentAcquireAtLimit(t *testing.T) {
 	const limit = 8
-	d := startDaemon(t, func(c *sidecar.Config) { c.MaxLeases = limit })
+	d := startFaultDaemon(t, func(c *sidecar.Config) { c.MaxLeases = limit })
 	ctx := context.Background()
 	for round := range 4 {
 		var wg sync.WaitGroup

@@ -77,7 +77,7 @@ func settleGoroutines(t *testing.T, base int, what string) {
 }
 
 func TestFaultClientResetMidStream(t *testing.T) {
-	d := startDaemon(t)
+	d := startFaultDaemon(t)
 	l := d.acquire("reset")
 	ctx := context.Background()
 	const lines = 100000 // 589 KB of output: less than the 1 MiB replay buffer
@@ -120,7 +120,7 @@ func TestFaultClientResetMidStream(t *testing.T) {
 
 // A non-detached exec stream whose client vanishes takes its process tree with it.
 func TestFaultExecStreamResetKillsProcess(t *testing.T) {
-	d := startDaemon(t)
+	d := startFaultDaemon(t)
 	l := d.acquire("reset-exec")
 	marker := "sidecar-fault-exec-reset-" + strconv.Itoa(os.Getpid())
 	base := runtime.NumGoroutine()
@@ -146,7 +146,7 @@ func TestFaultExecStreamResetKillsProcess(t *testing.T) {
 // A client that stops reading is cut at the write timeout; the process never waits for
 // it, and the daemon's memory does not grow with what the client did not read.
 func TestFaultClientStopsReading(t *testing.T) {
-	d := startDaemon(t, func(c *sidecar.Config) { c.HTTP.WSWriteTimeout = time.Second })
+	d := startFaultDaemon(t, func(c *sidecar.Config) { c.HTTP.WSWriteTimeout = time.Second })
 	l := d.acquire("stalled")
 	ctx := context.Background()
 	const total = 64 << 20
@@ -181,7 +181,7 @@ func TestFaultClientStopsReading(t *testing.T) {
 // A slow reader against a fast writer: it gets what it can, the rest is counted in
 // bytes_lost, and delivered + lost is exactly what the process wrote.
 func TestFaultSlowReader(t *testing.T) {
-	d := startDaemon(t, func(c *sidecar.Config) { c.HTTP.WSWriteTimeout = 20 * time.Second })
+	d := startFaultDaemon(t, func(c *sidecar.Config) { c.HTTP.WSWriteTimeout = 20 * time.Second })
 	l := d.acquire("slow")
 	ctx := context.Background()
 	const total = 32 << 20
