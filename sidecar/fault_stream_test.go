@@ -211,7 +211,7 @@ func TestFaultSlowReader(t *testing.T) {
 			// Dawdle on the first frame until the process is done (well within the
 			// write timeout): a reader this slow must not hold it back.
 			start := time.Now()
-			for time.Since(start) < 10*time.Second && must(l.Process(ctx, "fast"))(t).State != apitype.ProcessExited {
+			for time.Since(start) < 15*time.Second && must(l.Process(ctx, "fast"))(t).State != apitype.ProcessExited {
 				time.Sleep(10 * time.Millisecond) // poll interval
 			}
 			pr := must(l.Process(ctx, "fast"))(t)
