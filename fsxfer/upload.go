@@ -109,7 +109,8 @@ func (f *FS) AppendUpload(ctx context.Context, p string, offset int64, r io.Read
 	return n, nil
 }
 
-// openPart opens (offset > 0) or starts (offset 0) the partial upload, locked.
+// openPart opens (offset > 0, or < 0 for whatever size it has) or starts (offset 0) the
+// partial upload, locked.
 func (f *FS) openPart(rel, key string, offset int64) (*os.File, error) {
 	name := key + ".part"
 	if offset == 0 {
@@ -159,7 +160,7 @@ func (f *FS) openPart(rel, key string, offset int64) (*os.File, error) {
 		h.Close()
 		return nil, err
 	}
-	if st.Size() != offset {
+	if offset >= 0 && st.Size() != offset { // a negative offset takes the part as it is
 		h.Close()
 		return nil, ErrOffsetMismatch
 	}
@@ -308,4 +309,24 @@ func (f *FS) ReapUploads(now time.Time) (int, error) {
 		}
 	}
 	return reaped, nil
+}
+
+// AbortUpload abandons the incomplete upload of path, if any, and frees its space (the
+// IETF draft's DELETE on an upload). ErrNotFound when there is none.
+func (f *FS) AbortUpload(p string) error {
+	if f.uploads == nil {
+		return ErrUploadsDisabled
+	}
+	rel, err := f.clean(p)
+	if err != nil {
+		return err
+	}
+	key := uploadKey(rel)
+	part, err := f.openPart(rel, key, -1)
+	if err != nil {
+		return wrap("abort upload", rel, err)
+	}
+	defer part.Close()
+	f.discardUpload(key, part)
+	return nil
 }

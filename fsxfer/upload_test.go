@@ -87,6 +87,19 @@ func TestResumableUploadFailures(t *testing.T) {
 	if got, _ := f.UploadOffset("q"); got != off {
 		t.Fatalf("offset after quota refusal %d, want %d", got, off)
 	}
+	// The client may give up instead of freeing space: aborting frees the upload's space.
+	if err := f.AbortUpload("q"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.UploadOffset("q"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("upload kept after an abort: %v", err)
+	}
+	if err := f.AbortUpload("q"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second abort: %v", err)
+	}
+	if off, err = f.AppendUpload(ctx, "q", 0, bytes.NewReader(data), false, WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// Digest mismatch at completion: the upload is discarded, nothing appears.
 	wrong := sha256.Sum256([]byte("no"))
 	if _, err := f.AppendUpload(ctx, "q", off, strings.NewReader("tail"), true, WriteOptions{SHA256: wrong[:]}); !errors.Is(err, ErrDigest) {

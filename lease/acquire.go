@@ -35,7 +35,7 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 				return Lease{}, false, ctx.Err()
 			}
 		}
-		if len(m.leases)+len(m.creating) >= m.cfg.MaxLeases {
+		if m.heldLocked() >= m.cfg.MaxLeases {
 			expired := m.anyExpiredLocked()
 			m.mu.Unlock()
 			if expired && !reaped {
@@ -61,6 +61,19 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 		close(c.done)
 		return l, err == nil, err
 	}
+}
+
+// heldLocked counts the leases holding a slot: those in the table, and creations not in
+// it yet (a creation enters the table before it is persisted, and must not count twice
+// meanwhile). Call with mu held.
+func (m *Manager) heldLocked() int {
+	n := len(m.leases)
+	for _, c := range m.creating {
+		if _, listed := m.leases[c.id]; !listed {
+			n++
+		}
+	}
+	return n
 }
 
 // anyExpiredLocked reports whether a live lease is past its expiry. Call with mu held.

@@ -154,6 +154,8 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// Token expiry and lease expiry must read the same clock.
+	tokens = tokens.WithClock(cfg.Now)
 
 	// Lease events feed the server's metrics; the server is built after the manager.
 	var srvRef atomic.Pointer[Server]

@@ -280,8 +280,14 @@ func (s *Server) handleDeleteFile(w http.ResponseWriter, r *http.Request, _ prin
 	if err != nil {
 		return err
 	}
-	if err := f.Remove(r.PathValue("path"), queryBool(r.URL.Query().Get("recursive"))); err != nil {
-		return err
+	// DELETE also abandons an incomplete upload of the path (the resumable uploads
+	// draft's way to give one up, e.g. after a 507): it frees its space.
+	path := r.PathValue("path")
+	aborted := f.AbortUpload(path) == nil
+	if err := f.Remove(path, queryBool(r.URL.Query().Get("recursive"))); err != nil {
+		if !(aborted && errors.Is(err, fsxfer.ErrNotFound)) {
+			return err
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
