@@ -220,7 +220,8 @@ func (r report) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  latency     p50 %v, p99 %v, max %v\n", r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.max.Round(time.Microsecond))
 	fmt.Fprintf(w, "  daemon RSS  idle %s, peak %s, final %s\n", mib(r.idle.rss), mib(r.peakRSS), mib(r.final.rss))
-	fmt.Fprintf(w, "  daemon heap idle %s, final %s (in use, from /metrics)\n", mib(r.idle.heap), mib(r.final.heap))
+	fmt.Fprintf(w, "  daemon heap idle %s, final %s after %v (in use, from /metrics; near idle: at most %s)\n",
+		mib(r.idle.heap), mib(r.final.heap), r.heapWait.Round(time.Second), mib(nearIdle(r.idle.heap)))
 	fmt.Fprintf(w, "  idle        %v\n", r.idle)
 	fmt.Fprintf(w, "  final       %v\n", r.final)
 	fmt.Fprintf(w, "  leaked      %d\n", r.leaked())

@@ -25,9 +25,17 @@ type report struct {
 	duration                    time.Duration
 	idle, final                 resources
 	peakRSS                     int64
+	heapWait                    time.Duration // until the heap was back near idle
 }
 
-func (r report) leaked() int { return r.final.leakedSince(r.idle) }
+// leaked counts resources held beyond idle, and the heap when it never came back.
+func (r report) leaked() int {
+	n := r.final.leakedSince(r.idle)
+	if r.idle.heap >= 0 && r.final.heap > nearIdle(r.idle.heap) {
+		n++
+	}
+	return n
+}
 
 // soak runs o.leases workers for o.duration, each repeating one lease's life.
 func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, error) {
@@ -99,8 +107,26 @@ func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, 
 		rep.p50, rep.p99, rep.max = lat[n/2], lat[n*99/100], lat[n-1]
 	}
 	rep.final = settle(ctx, t, &rep.idle)
+	rep.final.heap, rep.heapWait = heapBack(ctx, t, rep.idle.heap)
 	return rep, nil
 }
+
+// heapBack waits for the daemon's heap to come back near its idle size: an idle Go
+// program collects at least every two minutes, so garbage left by the load is gone
+// within about that. It returns the last heap seen and how long it took.
+func heapBack(ctx context.Context, t *target, idle int64) (int64, time.Duration) {
+	start := time.Now()
+	for {
+		heap := t.count(ctx).heap
+		if heap < 0 || idle < 0 || heap <= nearIdle(idle) || time.Since(start) > 150*time.Second || ctx.Err() != nil {
+			return heap, time.Since(start)
+		}
+		time.Sleep(2 * time.Second) // poll interval
+	}
+}
+
+// nearIdle is how much heap still counts as "back at idle".
+func nearIdle(idle int64) int64 { return 2*idle + 8<<20 }
 
 // round is one lease's life: acquire, exec, write, resumable upload, read both back, a
 // background process watched to its end, release. It returns each call's latency.
