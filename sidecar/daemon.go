@@ -64,6 +64,7 @@ type Daemon struct {
 
 	leases  *lease.Manager
 	procs   *process.Manager
+	sandbox *sandbox.Sandbox
 	scripts *script.Runner
 
 	cancel   context.CancelFunc
@@ -264,7 +265,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, scripts: scripts, cancel: cancel, serveErr: make(chan error, 1)}
+	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, sandbox: sb, scripts: scripts, cancel: cancel, serveErr: make(chan error, 1)}
 	d.wg.Add(3)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
 	go func() { defer d.wg.Done(); leases.Run(runCtx, cfg.ReapInterval) }()
@@ -293,6 +294,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 		d.cancel()
 		d.wg.Wait()
 		d.procs.Shutdown(sctx)
+		err = errors.Join(err, d.sandbox.Close()) // background cgroup work, spare cgroups
 		if d.scripts != nil {
 			_ = d.scripts.Close()
 		}
