@@ -125,6 +125,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
+	closers = append(closers, func() { _ = sb.Close() })
 	if cfg.Isolation == "none" {
 		log.Warn("ISOLATION IS OFF: lease processes run as the daemon's user, without cgroups, uid separation or Landlock; use only for development", "isolation", "none")
 	}
