@@ -29,6 +29,7 @@ type daemon struct {
 	token    string
 	stateDir string
 	logPath  string
+	cgroup   string // SIDECAR_CGROUP_PARENT, unique to this run
 }
 
 // startDaemon runs bin serve with strict isolation, self-signed TLS on a loopback port the
@@ -55,6 +56,7 @@ func startDaemon(ctx context.Context, log *slog.Logger, bin, dir string, maxLeas
 		return nil, err
 	}
 	tag := fmt.Sprintf("sidecar-bench-%d", os.Getpid())
+	d.cgroup = tag
 	// A uid block of its own, away from the default range other daemons use.
 	uidFirst := 400000 + (os.Getpid()%50)*1000
 	d.cmd = exec.Command(abs, "serve")
@@ -125,6 +127,7 @@ func (d *daemon) pid() int { return d.cmd.Process.Pid }
 // stop asks the daemon to shut down (SIGTERM: it releases its leases) and kills it if it
 // has not exited within 30 seconds.
 func (d *daemon) stop(log *slog.Logger) {
+	defer d.removeCgroups(log)
 	select {
 	case <-d.exited:
 		return
@@ -139,6 +142,22 @@ func (d *daemon) stop(log *slog.Logger) {
 		<-d.exited
 	}
 }
+
+// removeCgroups removes the daemon's parent cgroup in every hierarchy: the daemon leaves
+// it behind when it exits. rmdir removes only an empty cgroup, so nothing alive is touched.
+func (d *daemon) removeCgroups(log *slog.Logger) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", d.cgroup))
+	if two := filepath.Join("/sys/fs/cgroup", d.cgroup); fileExists(two) {
+		dirs = append(dirs, two)
+	}
+	for _, dir := range dirs {
+		if err := syscall.Rmdir(dir); err != nil {
+			log.Warn("cgroup left behind", "dir", dir, "err", err)
+		}
+	}
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // status reads the daemon's memory and CPU from /proc.
 func (d *daemon) status() procStatus { return readProcStatus(d.pid()) }
