@@ -155,11 +155,21 @@ func (t *target) pid() int {
 	return t.cmd.Process.Pid
 }
 
-// close stops a daemon started here (SIGTERM, then SIGKILL after 30 s), removes its
-// cgroup parent (empty by then) and its state dir.
+// close releases what an interrupted soak left (leases survive a daemon's stop by
+// design, and their cgroups would outlive the state dir), stops a daemon started here
+// (SIGTERM, then SIGKILL after 30 s), and removes its cgroup parent and state dir.
 func (t *target) close() {
 	if t.cmd == nil {
 		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if leases, err := t.client.List(ctx); err == nil {
+		for _, l := range leases {
+			if err := t.client.Release(ctx, l.ID); err != nil {
+				fmt.Fprintf(os.Stderr, "sidecar-soak: release %s: %v\n", l.ID, err)
+			}
+		}
 	}
 	_ = syscall.Kill(t.cmd.Process.Pid, syscall.SIGTERM)
 	select {
@@ -169,7 +179,9 @@ func (t *target) close() {
 		<-t.exited
 	}
 	for _, p := range cgroupParents(t.parent) {
-		_ = syscall.Rmdir(p)
+		if err := syscall.Rmdir(p); err != nil && !errors.Is(err, syscall.ENOENT) {
+			fmt.Fprintf(os.Stderr, "sidecar-soak: cgroup %s left: %v\n", p, err)
+		}
 	}
 	t.removeState()
 }
