@@ -23,7 +23,11 @@ TLS_HOST   ?= $(shell hostname)
 TLS_IP     ?= 127.0.0.1
 CONF       := $(DESTDIR)$(SYSCONFDIR)/sidecar
 
-.PHONY: all build run test check vet staticcheck fmt race bench bench-quick clean tools install uninstall
+SOAK_LEASES   ?= 32
+SOAK_DURATION ?= 30m
+FUZZTIME      ?= 10s
+
+.PHONY: all build run test check vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall
 
 all: build
 
@@ -56,10 +60,11 @@ run: build
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token \
 	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(BIN) serve
 
-# test: what CI runs: formatting, vet, staticcheck, and every test with the race detector.
+# test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
+# a short run of each fuzz target.
 test: check
 
-check: fmt vet staticcheck race
+check: fmt vet staticcheck race fuzz
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -72,6 +77,20 @@ staticcheck: tools
 
 race:
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+# fuzz runs each fuzz target for a bounded time (their seed corpora also run in `race`).
+fuzz:
+	$(GO) test -run='^$$' -fuzz='^FuzzTokenVerify$$'  -fuzztime=$(FUZZTIME) ./lease
+	$(GO) test -run='^$$' -fuzz='^FuzzDecodeJSON$$'   -fuzztime=$(FUZZTIME) ./sidecar
+	$(GO) test -run='^$$' -fuzz='^FuzzStreamFrames$$' -fuzztime=$(FUZZTIME) ./sidecar
+	$(GO) test -run='^$$' -fuzz='^FuzzResolve$$'      -fuzztime=$(FUZZTIME) ./fsxfer
+	$(GO) test -run='^$$' -fuzz='^FuzzExtractTar$$'   -fuzztime=$(FUZZTIME) ./fsxfer
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$'       -fuzztime=$(FUZZTIME) ./sidecar/sandbox/initproc
+
+# soak: many leases acquiring, running, transferring and releasing against the built
+# daemon for a long time; exits non-zero on any error or leak (docs/reliability.md).
+soak: build
+	$(GO) run ./cmd/sidecar-soak -bin $(BIN) -leases $(SOAK_LEASES) -duration $(SOAK_DURATION)
 
 tools:
 	@test -x $(GOBIN)/staticcheck || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)

@@ -87,8 +87,14 @@ func (f *FS) AppendUpload(ctx context.Context, p string, offset int64, r io.Read
 	defer func() { res.end(kept) }()
 
 	n, cerr := copyIn(ctx, part, offset, r, res, nil)
-	if errors.Is(cerr, ErrQuota) {
-		_ = part.Truncate(offset) // the chunk that went over leaves nothing
+	if errors.Is(cerr, ErrQuota) || errors.Is(cerr, unix.ENOSPC) || errors.Is(cerr, unix.EDQUOT) {
+		// The part that went over the quota, or found the disk full, leaves nothing;
+		// an upload with no part accepted before it goes entirely.
+		if offset == 0 {
+			f.discardUpload(key, part)
+			return 0, wrap("upload", rel, ErrQuota)
+		}
+		_ = part.Truncate(offset)
 		n = offset
 	}
 	if err := part.Sync(); err != nil && cerr == nil {
