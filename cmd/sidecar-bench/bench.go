@@ -15,6 +15,7 @@ type bench struct {
 	dir   string // temporary root under /var/tmp, removed at the end
 	sz    sizes
 	quick bool
+	http1 bool // the client was forced to HTTP/1.1
 	d     *daemon
 	c     *client.Client
 	ssh   *sshd

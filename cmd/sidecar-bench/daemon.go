@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
 )
 
 // daemon is the sidecar daemon this run started.
@@ -117,9 +120,25 @@ func startDaemon(ctx context.Context, log *slog.Logger, bin, dir string, maxLeas
 	return d, nil
 }
 
-// client is a shared-token client of the daemon.
-func (d *daemon) client() (*client.Client, error) {
-	return client.New(client.Config{URL: d.url, Token: d.token, CAFile: d.caFile})
+// client is a shared-token client of the daemon. http1 forces HTTP/1.1 where the client
+// would negotiate HTTP/2, to tell the protocol's cost from the daemon's.
+func (d *daemon) client(http1 bool) (*client.Client, error) {
+	cfg := client.Config{URL: d.url, Token: d.token, CAFile: d.caFile}
+	if http1 {
+		tlsConf, err := tlsconfig.Client(d.caFile, "", "")
+		if err != nil {
+			return nil, err
+		}
+		tlsConf.NextProtos = []string{"http/1.1"}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.TLSClientConfig = tlsConf
+		t.ForceAttemptHTTP2 = false
+		t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{} // no h2
+		t.MaxIdleConnsPerHost = 16
+		t.WriteBufferSize, t.ReadBufferSize = 256<<10, 256<<10
+		cfg.HTTPClient = &http.Client{Transport: t}
+	}
+	return client.New(cfg)
 }
 
 func (d *daemon) pid() int { return d.cmd.Process.Pid }

@@ -32,6 +32,7 @@ func main() {
 		out     = flag.String("out", "", "also write the Markdown report to this file")
 		bin     = flag.String("bin", "bin/sidecar", "the daemon binary to measure (sidecar-init must sit next to it)")
 		verbose = flag.Bool("v", false, "log progress at debug level")
+		http1   = flag.Bool("http1", false, "make the client speak HTTP/1.1 instead of HTTP/2 (to attribute transfer costs)")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -51,7 +52,7 @@ func main() {
 	if *quick {
 		sz = quickSizes
 	}
-	if err := run(ctx, log, runConfig{bin: *bin, sizes: sz, cases: cases, out: *out, quick: *quick}); err != nil {
+	if err := run(ctx, log, runConfig{bin: *bin, sizes: sz, cases: cases, out: *out, quick: *quick, http1: *http1}); err != nil {
 		log.Error("benchmark failed", "err", err)
 		os.Exit(1)
 	}
@@ -87,6 +88,7 @@ type runConfig struct {
 	cases map[string]bool
 	out   string
 	quick bool
+	http1 bool
 }
 
 func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
@@ -107,7 +109,7 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 			log.Warn("temporary directory left behind", "dir", dir, "err", rerr)
 		}
 	}()
-	b := &bench{log: log, dir: dir, sz: rc.sizes, quick: rc.quick}
+	b := &bench{log: log, dir: dir, sz: rc.sizes, quick: rc.quick, http1: rc.http1}
 	b.machineBefore = readMachine()
 
 	log.Info("starting the daemon", "bin", rc.bin)
@@ -116,7 +118,7 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 		return err
 	}
 	defer b.d.stop(log)
-	if b.c, err = b.d.client(); err != nil {
+	if b.c, err = b.d.client(rc.http1); err != nil {
 		return err
 	}
 	log.Info("starting sshd")

@@ -13,6 +13,9 @@ func (b *bench) report() string {
 	if b.quick {
 		mode = "quick"
 	}
+	if b.http1 {
+		mode += ", client forced to HTTP/1.1"
+	}
 	fmt.Fprintf(&s, "\n## sidecar-bench (%s run)\n\n", mode)
 	fmt.Fprintf(&s, "%s · kernel %s · %d CPUs (%s) · %s memory · load average %s before, %s after · ssh cipher %s\n\n",
 		m.date, m.kernel, m.nproc, m.cpu, m.memory, m.load, after.load, b.ssh.cipher)
