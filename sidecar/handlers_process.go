@@ -24,6 +24,16 @@ func seconds(name string, v float64) (time.Duration, error) {
 	return time.Duration(v * float64(time.Second)), nil
 }
 
+// timeouts checks and converts a request's timeout_seconds and idle_timeout_seconds.
+func timeouts(hard, idle float64) (time.Duration, time.Duration, error) {
+	h, err := seconds("timeout_seconds", hard)
+	if err != nil {
+		return 0, 0, err
+	}
+	i, err := seconds("idle_timeout_seconds", idle)
+	return h, i, err
+}
+
 func validArgv(argv []string) error {
 	if len(argv) == 0 || argv[0] == "" {
 		return badRequest("argv must name a command")
@@ -48,11 +58,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal)
 	if err := validArgv(req.Argv); err != nil {
 		return err
 	}
-	timeout, err := seconds("timeout_seconds", req.TimeoutSeconds)
-	if err != nil {
-		return err
-	}
-	idle, err := seconds("idle_timeout_seconds", req.IdleTimeoutSeconds)
+	timeout, idle, err := timeouts(req.TimeoutSeconds, req.IdleTimeoutSeconds)
 	if err != nil {
 		return err
 	}
@@ -105,11 +111,7 @@ func startRequest(req apitype.StartRequest) (process.StartRequest, error) {
 	if err := validArgv(req.Argv); err != nil {
 		return process.StartRequest{}, err
 	}
-	timeout, err := seconds("timeout_seconds", req.TimeoutSeconds)
-	if err != nil {
-		return process.StartRequest{}, err
-	}
-	idle, err := seconds("idle_timeout_seconds", req.IdleTimeoutSeconds)
+	timeout, idle, err := timeouts(req.TimeoutSeconds, req.IdleTimeoutSeconds)
 	if err != nil {
 		return process.StartRequest{}, err
 	}
