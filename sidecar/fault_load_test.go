@@ -1,13 +1,11 @@
 package sidecar_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
 )
 
@@ -115,76 +114,6 @@ func (d *testDaemon) loadClient(t *testing.T) (*client.Client, *http.Transport) 
 	return c, tr
 }
 
-// loadRound is one lease's life: acquire, exec, write, resumable upload, read back, a
-// background process watched to its end, release. It returns each call's latency.
-func loadRound(ctx context.Context, c *client.Client, session string, payload []byte) ([]time.Duration, error) {
-	var lat []time.Duration
-	timed := func(f func() error) error {
-		start := time.Now()
-		err := f()
-		lat = append(lat, time.Since(start))
-		return err
-	}
-	var l *client.Lease
-	if err := timed(func() (err error) {
-		l, err = c.Acquire(ctx, apitype.AcquireRequest{SessionID: session, TTLSeconds: 300})
-		return err
-	}); err != nil {
-		return lat, fmt.Errorf("acquire: %w", err)
-	}
-	defer l.Release(context.WithoutCancel(ctx)) // a no-op after the release below
-	steps := []struct {
-		name string
-		f    func() error
-	}{
-		{"exec", func() error {
-			r, err := l.Exec(ctx, sh("echo hi; echo err >&2"))
-			if err == nil && (r.Stdout != "hi\n" || r.Stderr != "err\n" || r.ExitCode != 0) {
-				err = fmt.Errorf("result %+v", r)
-			}
-			return err
-		}},
-		{"write", func() error { return l.WriteFile(ctx, "a.bin", payload, 0o644) }},
-		{"upload", func() error {
-			return l.Upload(ctx, "dir/b.bin", bytes.NewReader(payload), int64(len(payload)), client.UploadOptions{MkdirAll: true})
-		}},
-		{"read", func() error {
-			for _, p := range []string{"a.bin", "dir/b.bin"} {
-				got, err := l.ReadFile(ctx, p)
-				if err != nil {
-					return err
-				}
-				if !bytes.Equal(got, payload) {
-					return fmt.Errorf("%s differs", p)
-				}
-			}
-			return nil
-		}},
-		{"process", func() error {
-			p, err := l.Start(ctx, apitype.StartRequest{ID: "bg", Argv: []string{"sh", "-c", "seq 1 2000; exit 7"}})
-			if err != nil {
-				return err
-			}
-			out, err := io.ReadAll(p.Stdout)
-			if err != nil {
-				return err
-			}
-			st, err := p.Wait(ctx)
-			if err == nil && (st.ExitCode != 7 || string(out) != counted(2000)) {
-				err = fmt.Errorf("status %+v, %d bytes", st, len(out))
-			}
-			return err
-		}},
-		{"release", func() error { return l.Release(ctx) }},
-	}
-	for _, s := range steps {
-		if err := timed(s.f); err != nil {
-			return lat, fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return lat, nil
-}
-
 func TestFaultLoadNoLeaks(t *testing.T) {
 	needRoot(t) // uids, cgroups: the things that could leak
 	const leases = 16
@@ -199,7 +128,7 @@ func TestFaultLoadNoLeaks(t *testing.T) {
 	payload := randomBytes(t, 256<<10)
 
 	// A warm-up round makes the one-time things (pools, TLS sessions, cgroup parents).
-	if _, err := loadRound(ctx, c, "warm-up", payload); err != nil {
+	if _, err := workload.Round(ctx, c, "warm-up", 5*time.Minute, payload); err != nil {
 		t.Fatal(err)
 	}
 	tr.CloseIdleConnections()
@@ -215,7 +144,7 @@ func TestFaultLoadNoLeaks(t *testing.T) {
 	for w := range leases {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline); i++ {
-				l, err := loadRound(ctx, c, fmt.Sprintf("load-%d-%d", w, i), payload)
+				l, err := workload.Round(ctx, c, fmt.Sprintf("load-%d-%d", w, i), 5*time.Minute, payload)
 				mu.Lock()
 				lat = append(lat, l...)
 				rounds++

@@ -1,20 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/sidecar-sandbox/sidecar/client"
-	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
 )
 
 // report is what a soak found.
@@ -45,7 +41,7 @@ func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, 
 	rep.leases = o.leases
 
 	// One warm-up round, then the idle baseline.
-	if _, err := round(ctx, t.client, "soak-warm-up", payload); err != nil {
+	if _, err := workload.Round(ctx, t.client, "soak-warm-up", 10*time.Minute, payload); err != nil {
 		return rep, fmt.Errorf("warm-up round: %w", err)
 	}
 	rep.idle = settle(ctx, t, nil)
@@ -77,7 +73,7 @@ func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, 
 	for w := range o.leases {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
-				l, err := round(ctx, t.client, fmt.Sprintf("soak-%d-%d", w, i), payload)
+				l, err := workload.Round(ctx, t.client, fmt.Sprintf("soak-%d-%d", w, i), 10*time.Minute, payload)
 				mu.Lock()
 				lat = append(lat, l...)
 				rep.rounds++
@@ -127,78 +123,3 @@ func heapBack(ctx context.Context, t *target, idle int64) (int64, time.Duration)
 
 // nearIdle is how much heap still counts as "back at idle".
 func nearIdle(idle int64) int64 { return 2*idle + 8<<20 }
-
-// round is one lease's life: acquire, exec, write, resumable upload, read both back, a
-// background process watched to its end, release. It returns each call's latency.
-func round(ctx context.Context, c *client.Client, session string, payload []byte) ([]time.Duration, error) {
-	var lat []time.Duration
-	timed := func(f func() error) error {
-		start := time.Now()
-		err := f()
-		lat = append(lat, time.Since(start))
-		return err
-	}
-	var l *client.Lease
-	if err := timed(func() (err error) {
-		l, err = c.Acquire(ctx, apitype.AcquireRequest{SessionID: session, TTLSeconds: 600})
-		return err
-	}); err != nil {
-		return lat, fmt.Errorf("acquire: %w", err)
-	}
-	released := false
-	defer func() {
-		if !released {
-			_ = l.Release(context.WithoutCancel(ctx))
-		}
-	}()
-	steps := []struct {
-		name string
-		f    func() error
-	}{
-		{"exec", func() error {
-			r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "echo hi; echo err >&2"}})
-			if err == nil && (r.Stdout != "hi\n" || r.Stderr != "err\n" || r.ExitCode != 0) {
-				err = fmt.Errorf("result %+v", r)
-			}
-			return err
-		}},
-		{"write", func() error { return l.WriteFile(ctx, "a.bin", payload, 0o644) }},
-		{"upload", func() error {
-			return l.Upload(ctx, "dir/b.bin", bytes.NewReader(payload), int64(len(payload)), client.UploadOptions{MkdirAll: true})
-		}},
-		{"read", func() error {
-			for _, p := range []string{"a.bin", "dir/b.bin"} {
-				got, err := l.ReadFile(ctx, p)
-				if err != nil {
-					return err
-				}
-				if !bytes.Equal(got, payload) {
-					return fmt.Errorf("%s differs from what was written", p)
-				}
-			}
-			return nil
-		}},
-		{"process", func() error {
-			p, err := l.Start(ctx, apitype.StartRequest{ID: "bg", Argv: []string{"sh", "-c", "seq 1 2000; exit 7"}})
-			if err != nil {
-				return err
-			}
-			out, err := io.ReadAll(p.Stdout)
-			if err != nil {
-				return err
-			}
-			st, err := p.Wait(ctx)
-			if err == nil && (st.ExitCode != 7 || strings.Count(string(out), "\n") != 2000) {
-				err = fmt.Errorf("status %+v, %d bytes of output", st, len(out))
-			}
-			return err
-		}},
-		{"release", func() error { released = true; return l.Release(ctx) }},
-	}
-	for _, s := range steps {
-		if err := timed(s.f); err != nil {
-			return lat, fmt.Errorf("%s: %w", s.name, err)
-		}
-	}
-	return lat, nil
-}
