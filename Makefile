@@ -78,6 +78,20 @@ staticcheck: tools
 race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# bench: sidecar beside OpenSSH and the machine's floor, measured in one run (root; it
+# installs sshd, ssh and rsync from Debian when missing). A full run takes ~13 minutes;
+# bench-quick under two. Never part of `make test`.
+BENCH_DEPS = command -v sshd >/dev/null && command -v rsync >/dev/null || \
+	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client rsync)
+
+bench: build
+	@$(BENCH_DEPS)
+	$(GO) run ./cmd/sidecar-bench -bin $(BIN) $(if $(BENCH_OUT),-out $(BENCH_OUT))
+
+bench-quick: build
+	@$(BENCH_DEPS)
+	$(GO) run ./cmd/sidecar-bench -quick -bin $(BIN)
+
 # fuzz runs each fuzz target for a bounded time (their seed corpora also run in `race`).
 fuzz:
 	$(GO) test -run='^$$' -fuzz='^FuzzTokenVerify$$'  -fuzztime=$(FUZZTIME) ./lease
