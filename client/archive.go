@@ -197,7 +197,7 @@ func (l *Lease) DownloadDir(ctx context.Context, remoteDir, localDir string, opt
 	if o.encoding == "gzip" {
 		accept = "gzip"
 	}
-	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: ap, header: http.Header{"Accept-Encoding": {accept}},
+	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: ap, header: http.Header{"Accept-Encoding": {accept}}, bulk: true,
 		token: l.cred(), idempotent: true})
 	if err != nil {
 		return err

@@ -44,9 +44,12 @@ type Config struct {
 
 // Client talks to one daemon. It is safe for concurrent use.
 type Client struct {
-	base   *url.URL
-	token  string
-	hc     *http.Client
+	base  *url.URL
+	token string
+	hc    *http.Client
+	// bulk carries large downloads over HTTP/1.1: Go's HTTP/2 moved a 64 MiB download at
+	// two thirds of HTTP/1.1's rate here even with the largest windows it accepts.
+	bulk   *http.Client
 	ws     *websocket.Dialer
 	log    *slog.Logger
 	retry  retryPolicy
@@ -57,6 +60,12 @@ type Client struct {
 const wsBufferSize = 64 << 10
 
 // New checks cfg and builds a Client. It does not contact the daemon.
+// HTTP/2 flow control for bulk transfers: the largest windows Go accepts, 256 KiB frames.
+const (
+	h2Window    = 4<<20 - 1
+	h2FrameSize = 256 << 10
+)
+
 func New(cfg Config) (*Client, error) {
 	base, err := url.Parse(strings.TrimRight(cfg.URL, "/"))
 	if err != nil {
@@ -93,7 +102,20 @@ func New(cfg Config) (*Client, error) {
 		t.TLSClientConfig = tlsConf
 		t.ForceAttemptHTTP2 = true
 		t.MaxIdleConnsPerHost = 16
+		// Go's HTTP/2 defaults (1 MiB receive windows, 16 KiB frames) make bulk
+		// downloads pay a flow-control round trip every megabyte.
+		t.HTTP2 = &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: h2Window,
+			MaxReceiveBufferPerStream:     h2Window,
+			MaxReadFrameSize:              h2FrameSize,
+		}
 		c.hc = &http.Client{Transport: t}
+		b := t.Clone()
+		b.ForceAttemptHTTP2 = false
+		b.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{} // HTTP/1.1 only
+		b.TLSClientConfig = tlsConf.Clone()
+		b.TLSClientConfig.NextProtos = []string{"http/1.1"}
+		c.bulk = &http.Client{Transport: b}
 	} else if t, ok := c.hc.Transport.(*http.Transport); ok {
 		tlsConf = t.TLSClientConfig
 		dialer.NetDialContext = t.DialContext

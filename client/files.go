@@ -111,7 +111,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 			h.Set("Range", fmt.Sprintf("bytes=%d-", n))
 			h.Set("If-Range", etag)
 		}
-		resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, query: url.Values{"digest": {"sha-256"}},
+		resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, query: url.Values{"digest": {"sha-256"}}, bulk: true,
 			header: h, token: l.cred(), idempotent: true})
 		if err != nil {
 			return n, err

@@ -27,6 +27,7 @@ type request struct {
 	json       any       // marshalled into body when set
 	token      string    // credential; empty uses the client's
 	idempotent bool
+	bulk       bool // a large download: sent on the HTTP/1.1 client when there is one
 }
 
 // do sends r, retrying as its policy allows, and returns a 2xx response whose body the
@@ -75,7 +76,11 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		if token != "" {
 			req.Header.Set(apitype.HeaderAuthorization, apitype.BearerScheme+" "+token)
 		}
-		resp, err := c.hc.Do(req)
+		hc := c.hc
+		if r.bulk && c.bulk != nil {
+			hc = c.bulk
+		}
+		resp, err := hc.Do(req)
 		retry := r.idempotent && r.stream == nil && attempt < c.retry.attempts && ctx.Err() == nil
 		if err != nil {
 			if retry && isConnError(err) {

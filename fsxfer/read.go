@@ -12,7 +12,12 @@ import (
 type File interface {
 	io.ReadSeekCloser
 	Info() Info
+	// SHA256 is the digest recorded when the daemon wrote the file, if the file has not
+	// changed since; nil otherwise (the caller hashes it).
+	SHA256() []byte
 }
+
+func (f *file) SHA256() []byte { return cachedDigest(f.File) }
 
 type file struct {
 	*os.File

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"hash"
 	"io"
 	"os"
 	"path"
@@ -86,7 +87,13 @@ func (f *FS) AppendUpload(ctx context.Context, p string, offset int64, r io.Read
 	kept := int64(0)
 	defer func() { res.end(kept) }()
 
-	n, cerr := copyIn(ctx, part, offset, r, res, nil)
+	// An upload sent whole in one request (the client's usual case) is hashed while it
+	// streams; one resumed from an offset is hashed at completion.
+	var h hash.Hash
+	if offset == 0 && complete && o.SHA256 != nil {
+		h = sha256.New()
+	}
+	n, cerr := copyIn(ctx, part, offset, r, res, h)
 	if errors.Is(cerr, ErrQuota) || errors.Is(cerr, unix.ENOSPC) || errors.Is(cerr, unix.EDQUOT) {
 		// The part that went over the quota, or found the disk full, leaves nothing;
 		// an upload with no part accepted before it goes entirely.
@@ -107,7 +114,11 @@ func (f *FS) AppendUpload(ctx context.Context, p string, offset int64, r io.Read
 		return n, wrap("upload", rel, cerr)
 	}
 
-	created, err := f.completeUpload(ctx, rel, key, part, o)
+	var sum []byte
+	if h != nil {
+		sum = h.Sum(nil)
+	}
+	created, err := f.completeUpload(ctx, rel, key, part, o, sum)
 	if err != nil {
 		return n, wrap("upload", rel, err)
 	}
@@ -182,16 +193,20 @@ func lockPart(h *os.File) error {
 }
 
 // completeUpload verifies and moves the finished upload into the workdir.
-func (f *FS) completeUpload(ctx context.Context, rel, key string, part *os.File, o WriteOptions) (bool, error) {
+// sum is the digest of the whole part if it was computed while streaming, else nil.
+func (f *FS) completeUpload(ctx context.Context, rel, key string, part *os.File, o WriteOptions, sum []byte) (bool, error) {
 	if o.SHA256 != nil {
-		sum, err := hashFile(ctx, part)
-		if err != nil {
-			return false, err
+		if sum == nil {
+			var err error
+			if sum, err = hashFile(ctx, part); err != nil {
+				return false, err
+			}
 		}
 		if !bytes.Equal(sum, o.SHA256) {
 			f.discardUpload(key, part)
 			return false, ErrDigest
 		}
+		defer rememberDigest(part, sum) // once the part is the file, mode and owner set
 	}
 	if o.Mkdirs {
 		if err := f.mkdirAll(path.Dir(rel)); err != nil {

@@ -197,3 +197,72 @@ func TestReapUploads(t *testing.T) {
 		t.Fatalf("uploads dir: %v", left)
 	}
 }
+
+// An upload sent whole is hashed while it streams: a wrong digest still writes nothing,
+// a right one lands the file.
+func TestResumableUploadInOneRequest(t *testing.T) {
+	l := newTestLease(t)
+	f := openFS(t, l.config())
+	ctx := context.Background()
+	data := randomBytes(3<<20, 9)
+	wrong := sha256.Sum256([]byte("no"))
+	if _, err := f.AppendUpload(ctx, "one", 0, bytes.NewReader(data), true, WriteOptions{SHA256: wrong[:]}); !errors.Is(err, ErrDigest) {
+		t.Fatalf("wrong digest: %v", err)
+	}
+	if left := listTree(t, l.work); len(left) != 0 {
+		t.Fatalf("a digest mismatch left %v", left)
+	}
+	if left := listTree(t, l.uploads); len(left) != 0 {
+		t.Fatalf("a digest mismatch left uploads %v", left)
+	}
+	sum := sha256.Sum256(data)
+	n, err := f.AppendUpload(ctx, "one", 0, bytes.NewReader(data), true, WriteOptions{SHA256: sum[:]})
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("upload: %d %v", n, err)
+	}
+	got, err := os.ReadFile(filepath.Join(l.work, "one"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("uploaded file differs: %v", err)
+	}
+}
+
+// The digest of a file the daemon wrote with a digest is remembered, as long as the file
+// is unchanged (root only: the cache lives in a trusted xattr).
+func TestDigestIsRemembered(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the digest cache is a trusted.* xattr, which needs CAP_SYS_ADMIN (CI runs as root)")
+	}
+	l := newTestLease(t)
+	f := openFS(t, l.config())
+	ctx := context.Background()
+	data := randomBytes(1<<20, 3)
+	sum := sha256.Sum256(data)
+	if _, err := f.WriteFile(ctx, "w", bytes.NewReader(data), WriteOptions{SHA256: sum[:]}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.AppendUpload(ctx, "u", 0, bytes.NewReader(data), true, WriteOptions{SHA256: sum[:]}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"w", "u"} {
+		h, err := f.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := h.SHA256(); !bytes.Equal(got, sum[:]) {
+			t.Errorf("%s: remembered digest %x, want %x", name, got, sum)
+		}
+		h.Close()
+	}
+	// A change to the file invalidates it.
+	if err := os.WriteFile(filepath.Join(l.work, "w"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := f.Open("w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if got := h.SHA256(); got != nil {
+		t.Fatalf("digest survived a change: %x", got)
+	}
+}

@@ -106,6 +106,9 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, o WriteOption
 		return false, wrap("write", rel, err)
 	}
 	kept = allocated(tmp.f)
+	if h != nil {
+		rememberDigest(tmp.f, h.Sum(nil))
+	}
 	if !created {
 		f.meter.forget(replaced)
 	}

@@ -114,6 +114,13 @@ func NewServer(opts ServerOptions) *Server {
 		ReadHeaderTimeout: opts.Limits.ReadHeaderTimeout,
 		IdleTimeout:       opts.Limits.IdleTimeout,
 		MaxHeaderBytes:    opts.Limits.MaxHeaderBytes,
+		// Go's HTTP/2 defaults (1 MiB receive windows, 16 KiB frames) make bulk uploads
+		// pay a flow-control round trip every megabyte; these are the largest it takes.
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerConnection: 4<<20 - 1,
+			MaxReceiveBufferPerStream:     4<<20 - 1,
+			MaxReadFrameSize:              256 << 10,
+		},
 		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 	}
 	return s
