@@ -121,7 +121,7 @@ func NewServer(opts ServerOptions) *Server {
 			MaxReceiveBufferPerStream:     4<<20 - 1,
 			MaxReadFrameSize:              256 << 10,
 		},
-		ErrorLog:          slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
+		ErrorLog: slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 	}
 	return s
 }
