@@ -57,15 +57,16 @@ func TestExecTimeoutKillsTheTree(t *testing.T) {
 	l := d.acquire("timeout")
 	ctx := context.Background()
 	// A grandchild that would outlive its parent, and one that left the session.
-	req := sh(`sleep 1000 & setsid sleep 1001 & echo started; wait`)
+	req := sh(`sleep 1000.731 & setsid sleep 1001.731 & echo started; wait`)
 	req.TimeoutSeconds = 1
 	res := must(l.Exec(ctx, req))(t)
 	if !res.TimedOut || res.Stdout != "started\n" {
 		t.Fatalf("timeout: %+v", res)
 	}
-	// Pids inside the lease may be namespaced: look for the commands on the host.
+	// Look for the commands on the host, by markers no other test (of any package running
+	// in parallel) uses.
 	for _, line := range psLines(t) {
-		if strings.Contains(line, "sleep 1000") || strings.Contains(line, "sleep 1001") {
+		if strings.Contains(line, "sleep 1000.731") || strings.Contains(line, "sleep 1001.731") {
 			t.Fatalf("a grandchild survived the timeout: %s", line)
 		}
 	}
@@ -232,7 +233,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 	d := startDaemon(t)
 	ctx := context.Background()
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "leaver"})
-	must(l.Exec(ctx, sh(`(setsid sleep 1002 &) ; nohup sleep 1003 >/dev/null 2>&1 & echo x > f`)))(t)
+	must(l.Exec(ctx, sh(`(setsid sleep 1002.731 &) ; nohup sleep 1003.731 >/dev/null 2>&1 & echo x > f`)))(t)
 	dir := filepath.Join(d.cfg.WorkRoot, l.ID())
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("lease dir missing before release: %v", err)
@@ -244,7 +245,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 		t.Fatalf("lease dir after release: %v", err)
 	}
 	for _, line := range psLines(t) {
-		if strings.Contains(line, "sleep 1002") || strings.Contains(line, "sleep 1003") {
+		if strings.Contains(line, "sleep 1002.731") || strings.Contains(line, "sleep 1003.731") {
 			t.Fatalf("a lease process outlived the lease: %s", line)
 		}
 	}

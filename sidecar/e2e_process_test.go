@@ -294,7 +294,7 @@ func TestProcessLostAcrossRestart(t *testing.T) {
 	d := startDaemon(t)
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "lost"})
 	ctx := context.Background()
-	status, _, body := d.raw("POST", "/v1/leases/"+l.ID()+"/processes", testToken, jsonBody(apitype.StartRequest{ID: "server", Argv: []string{"sleep", "301"}}), nil)
+	status, _, body := d.raw("POST", "/v1/leases/"+l.ID()+"/processes", testToken, jsonBody(apitype.StartRequest{ID: "server", Argv: []string{"sleep", "301.731"}}), nil)
 	if status != http.StatusCreated {
 		t.Fatalf("start: %d %s", status, body)
 	}
@@ -304,8 +304,8 @@ func TestProcessLostAcrossRestart(t *testing.T) {
 		t.Fatalf("after restart: %+v", pr)
 	}
 	for _, line := range psLines(t) {
-		if strings.Contains(line, "sleep 301") {
-			// Only this test starts "sleep 301"; it must be gone.
+		if strings.Contains(line, "sleep 301.731") {
+			// Only this test starts "sleep 301.731" (a marker no other test uses); it must be gone.
 			t.Fatalf("a process of the previous daemon is still running unsupervised: %s", line)
 		}
 	}
