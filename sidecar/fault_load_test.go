@@ -8,11 +8,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -67,35 +65,11 @@ func countResources(d *testDaemon) resources {
 	}
 	return resources{
 		goroutines: runtime.NumGoroutine(), fds: len(fds), cgroups: cg, leaseDirs: len(dirs),
-		uidProcs: len(procsOfUIDs(d.cfg.UIDFirst, d.cfg.UIDLast)), heap: ms.HeapInuse,
+		uidProcs: len(workload.ProcsOfUIDs(d.cfg.UIDFirst, d.cfg.UIDLast)), heap: ms.HeapInuse,
 	}
 }
 
 // procsOfUIDs lists processes whose real uid lies in [first, last].
-func procsOfUIDs(first, last int) []string {
-	if first == 0 {
-		return nil
-	}
-	entries, _ := os.ReadDir("/proc")
-	var found []string
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
-		if err != nil {
-			continue
-		}
-		for line := range strings.SplitSeq(string(status), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-				if uid, _ := strconv.Atoi(f[1]); uid >= first && uid <= last {
-					found = append(found, e.Name())
-				}
-			}
-		}
-	}
-	return found
-}
 
 // loadClient is a client whose idle connections the test can close, so that
 // connection counts settle.

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
 )
 
 // resources is what the daemon holds that a leak would grow. -1 means unknown (a
@@ -84,7 +86,7 @@ func (t *target) count(ctx context.Context) resources {
 	}
 	dirs, _ := os.ReadDir(filepath.Join(t.state, "leases"))
 	r.leaseDirs = len(dirs)
-	r.uidProcs = procsOfUIDs(t.uidFirst, t.uidLast)
+	r.uidProcs = len(workload.ProcsOfUIDs(t.uidFirst, t.uidLast))
 	return r
 }
 
@@ -158,29 +160,6 @@ func (t *target) metrics(ctx context.Context) map[string]float64 {
 		}
 	}
 	return out
-}
-
-// procsOfUIDs counts processes whose real uid lies in [first, last].
-func procsOfUIDs(first, last int) int {
-	entries, _ := os.ReadDir("/proc")
-	n := 0
-	for _, e := range entries {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
-		if err != nil {
-			continue
-		}
-		for line := range strings.SplitSeq(string(status), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-				if uid, _ := strconv.Atoi(f[1]); uid >= first && uid <= last {
-					n++
-				}
-			}
-		}
-	}
-	return n
 }
 
 func cgroupParents(parent string) []string {

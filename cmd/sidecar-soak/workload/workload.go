@@ -7,6 +7,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -87,4 +90,31 @@ func Round(ctx context.Context, c *client.Client, session string, ttl time.Durat
 		}
 	}
 	return lat, nil
+}
+
+// ProcsOfUIDs lists the pids whose real uid lies in [first, last] (none for 0): what is
+// left of lease processes after a run.
+func ProcsOfUIDs(first, last int) []string {
+	if first == 0 {
+		return nil
+	}
+	entries, _ := os.ReadDir("/proc")
+	var found []string
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(status), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				if uid, _ := strconv.Atoi(f[1]); uid >= first && uid <= last {
+					found = append(found, e.Name())
+				}
+			}
+		}
+	}
+	return found
 }
