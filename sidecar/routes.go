@@ -38,6 +38,10 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}/archive/{path...}", leaseScope, s.handleGetArchive)
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
+
+	// The catch-all matches only what no route above does, so a routed request is
+	// looked up once.
+	s.mux.HandleFunc("/", s.unrouted)
 }
 
 // unrouted answers what the mux has no handler for as problem+json instead of the mux's
@@ -47,7 +51,7 @@ func (s *Server) unrouted(w http.ResponseWriter, r *http.Request) {
 	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
 		probe := r.Clone(r.Context())
 		probe.Method = m
-		if _, pattern := s.mux.Handler(probe); pattern != "" {
+		if _, pattern := s.mux.Handler(probe); pattern != "" && pattern != "/" {
 			allow = append(allow, m)
 		}
 	}

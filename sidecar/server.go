@@ -129,13 +129,7 @@ func NewServer(opts ServerOptions) *Server {
 func (s *Server) now() time.Time { return s.opts.Now() }
 
 // ServeHTTP routes the request (tests may drive the server without a listener).
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if _, pattern := s.mux.Handler(r); pattern == "" {
-		s.unrouted(w, r)
-		return
-	}
-	s.mux.ServeHTTP(w, r)
-}
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
 // Listen opens the TLS listener; Serve serves on it. They are separate so that a caller
 // knows the address (port 0 in tests) and that the port is bound before it says READY.
