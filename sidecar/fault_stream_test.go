@@ -225,8 +225,10 @@ func TestFaultSlowReader(t *testing.T) {
 	if st.Status != apitype.StatusSuccess {
 		t.Fatalf("status %+v", st)
 	}
-	if st.BytesLost == 0 || got+st.BytesLost+headerLost != total {
-		t.Fatalf("delivered %d + lost %d (+%d at attach) != %d written", got, st.BytesLost, headerLost, total)
+	// The status counts every byte this attachment missed, those already gone when it
+	// attached (X-Output-Bytes-Lost) included (docs/api.md).
+	if st.BytesLost == 0 || st.BytesLost < headerLost || got+st.BytesLost != total {
+		t.Fatalf("delivered %d + lost %d (of which %d at attach) != %d written", got, st.BytesLost, headerLost, total)
 	}
 	t.Logf("slow reader: delivered %d, lost %d of %d", got, st.BytesLost, total)
 }
