@@ -31,7 +31,8 @@ type cgroupDriver interface {
 	removeChild(id, child string) error
 	killLease(ctx context.Context, id string) ([]int, error)
 	removeLease(id string) error
-	usage(id string) (Usage, error)
+	// usage skips the child cgroups in counted (their OOM kills are already tallied).
+	usage(id string, counted map[string]bool) (Usage, error)
 	leases() ([]string, error)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -190,7 +191,7 @@ func (c *cgroupV1) removeLease(id string) error {
 	return errors.Join(errs...)
 }
 
-func (c *cgroupV1) usage(id string) (Usage, error) {
+func (c *cgroupV1) usage(id string, counted map[string]bool) (Usage, error) {
 	var u Usage
 	var err error
 	if u.MemoryBytes, err = readInt(c.dir("memory", id, "memory.usage_in_bytes")); err != nil {
@@ -207,9 +208,16 @@ func (c *cgroupV1) usage(id string) (Usage, error) {
 	// v1 counts OOM kills in the victim's own cgroup only (no propagation to parents), so
 	// the lease's count is the sum over its live cgroups; removed children are added by
 	// the caller.
-	err = filepath.WalkDir(c.dir("memory", id), func(path string, d os.DirEntry, err error) error {
+	root := c.dir("memory", id)
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil && path != root && errors.Is(err, fs.ErrNotExist) {
+			return nil // a command's child cgroup removed (in the background) mid-walk
+		}
 		if err != nil || !d.IsDir() {
 			return err
+		}
+		if path != root && counted[d.Name()] {
+			return filepath.SkipDir // being removed; its kills are in the lease's tally
 		}
 		n, _ := readKey(filepath.Join(path, "memory.oom_control"), "oom_kill")
 		u.OOMKills += n

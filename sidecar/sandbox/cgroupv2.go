@@ -152,7 +152,7 @@ func (c *cgroupV2) killLease(ctx context.Context, id string) ([]int, error) {
 
 func (c *cgroupV2) removeLease(id string) error { return removeTree(c.dir(id)) }
 
-func (c *cgroupV2) usage(id string) (Usage, error) {
+func (c *cgroupV2) usage(id string, _ map[string]bool) (Usage, error) {
 	var u Usage
 	var err error
 	if u.MemoryBytes, err = readInt(c.dir(id, "memory.current")); err != nil {

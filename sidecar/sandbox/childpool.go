@@ -73,12 +73,21 @@ func (s *Sandbox) dropChild(id, child string) error {
 		le.jobs.Add(1)
 	}
 	s.mu.Unlock()
+	remove := func() error {
+		err := s.cg.removeChild(id, child)
+		if err == nil && le != nil {
+			s.mu.Lock()
+			delete(le.removing, child)
+			s.mu.Unlock()
+		}
+		return err
+	}
 	if !async {
-		return s.cg.removeChild(id, child)
+		return remove()
 	}
 	go func() {
 		defer le.jobs.Done()
-		if err := s.cg.removeChild(id, child); err != nil {
+		if err := remove(); err != nil {
 			s.log.Warn("remove child cgroup", "lease", id, "cgroup", child, "err", err)
 		}
 	}()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -85,11 +86,12 @@ type Sandbox struct {
 // lease is what the daemon holds for a provisioned lease in this run.
 type lease struct {
 	spec     LeaseSpec
-	netns    *os.File // nil unless Network == "none"
-	next     int      // next child cgroup number
-	oomKills int64    // OOM kills of removed child cgroups (v1 counts are per cgroup)
-	spare    []string // empty child cgroups made ahead (childpool.go)
-	filling  int      // spares being made
+	netns    *os.File        // nil unless Network == "none"
+	next     int             // next child cgroup number
+	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
+	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
+	spare    []string        // empty child cgroups made ahead (childpool.go)
+	filling  int             // spares being made
 	// jobs is the background cgroup work on this lease; added to only while the lease is
 	// in Sandbox.leases and the Sandbox is not closed.
 	jobs sync.WaitGroup
@@ -334,8 +336,10 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
 	var removedOOM int64
+	var removing map[string]bool
 	if le != nil {
 		removedOOM = le.oomKills
+		removing = maps.Clone(le.removing)
 	}
 	s.mu.Unlock()
 	if le == nil {
@@ -344,7 +348,7 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	if s.cg == nil {
 		return Usage{}, nil
 	}
-	u, err := s.cg.usage(leaseID)
+	u, err := s.cg.usage(leaseID, removing)
 	u.OOMKills += removedOOM
 	return u, err
 }

@@ -164,6 +164,10 @@ func (t *tree) Close() error {
 		t.s.mu.Lock()
 		if le := t.s.leases[t.leaseID]; le != nil && t.s.cg.version() == "v1" {
 			le.oomKills += oom
+			if le.removing == nil {
+				le.removing = map[string]bool{}
+			}
+			le.removing[t.child] = true // Usage must not count it twice meanwhile
 		}
 		t.s.mu.Unlock()
 		t.closeErr = t.s.dropChild(t.leaseID, t.child)
