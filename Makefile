@@ -94,12 +94,12 @@ bench-quick: build
 
 # fuzz runs each fuzz target for a bounded time (their seed corpora also run in `race`).
 fuzz:
-	$(GO) test -run='^$$' -fuzz='^FuzzTokenVerify$$'  -fuzztime=$(FUZZTIME) ./lease
-	$(GO) test -run='^$$' -fuzz='^FuzzDecodeJSON$$'   -fuzztime=$(FUZZTIME) ./sidecar
-	$(GO) test -run='^$$' -fuzz='^FuzzStreamFrames$$' -fuzztime=$(FUZZTIME) ./sidecar
-	$(GO) test -run='^$$' -fuzz='^FuzzResolve$$'      -fuzztime=$(FUZZTIME) ./fsxfer
-	$(GO) test -run='^$$' -fuzz='^FuzzExtractTar$$'   -fuzztime=$(FUZZTIME) ./fsxfer
-	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$'       -fuzztime=$(FUZZTIME) ./sidecar/sandbox/initproc
+	.ci/fuzz-one FuzzTokenVerify  ./lease $(FUZZTIME)
+	.ci/fuzz-one FuzzDecodeJSON   ./sidecar $(FUZZTIME)
+	.ci/fuzz-one FuzzStreamFrames ./sidecar $(FUZZTIME)
+	.ci/fuzz-one FuzzResolve      ./fsxfer $(FUZZTIME)
+	.ci/fuzz-one FuzzExtractTar   ./fsxfer $(FUZZTIME)
+	.ci/fuzz-one FuzzDecode       ./sidecar/sandbox/initproc $(FUZZTIME)
 
 # soak: many leases acquiring, running, transferring and releasing against the built
 # daemon for a long time; exits non-zero on any error or leak (docs/reliability.md).
