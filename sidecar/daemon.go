@@ -119,6 +119,10 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		}
 	}()
 
+	stateAbs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := sandbox.New(sandbox.Config{
 		CgroupParent:   cfg.CgroupParent,
 		Isolation:      cfg.Isolation,
@@ -127,6 +131,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		MinLandlockABI: cfg.MinLandlockABI,
 		RequireCgroup:  cfg.RequireCgroup,
 		LandlockMaxABI: cfg.LandlockMaxABI,
+		Owner:          stateAbs,
 	})
 	if err != nil {
 		return nil, err

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"strings"
 	"testing"
 
@@ -168,4 +171,30 @@ func testTTY(t *testing.T, s *Sandbox) {
 	if strings.Contains(got, "?") {
 		t.Errorf("no controlling terminal: %q", got)
 	}
+}
+
+// A cgroup parent is claimed by one daemon at a time; the refusal names the holder, and
+// the claim goes with the holder (here: its lock file closed).
+func TestClaimParent(t *testing.T) {
+	dir := t.TempDir()
+	log := slog.New(slog.DiscardHandler)
+	first, err := claimParent(dir, "v1:sidecar", "/srv/first", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = claimParent(dir, "v1:sidecar", "/srv/second", log)
+	if !errors.Is(err, ErrParentOwned) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d with state dir /srv/first", os.Getpid())) {
+		t.Fatalf("second claim = %v, want ErrParentOwned naming the first", err)
+	}
+	other, err := claimParent(dir, "v1:sidecar-dev", "/srv/second", log)
+	if err != nil {
+		t.Fatalf("a claim on another parent: %v", err)
+	}
+	other.Close()
+	first.Close()
+	second, err := claimParent(dir, "v1:sidecar", "/srv/second", log)
+	if err != nil {
+		t.Fatalf("claim after the holder went: %v", err)
+	}
+	second.Close()
 }
