@@ -9,8 +9,12 @@ LDFLAGS    := -s -w -X main.version=$(VERSION)
 BINDIR     ?= bin
 BIN        := $(BINDIR)/sidecar
 # State stays in the checkout, except under /tmp: each lease mounts its own /tmp over the
-# host's, which would hide a work root there.
-STATE      ?= $(if $(filter /tmp/%,$(CURDIR)),/var/tmp/sidecar-dev$(subst /,-,$(CURDIR)),$(CURDIR)/.state)
+# host's, which would hide a work root there; and except, as root, when an ancestor of the
+# checkout is closed to other users (e.g. /root, mode 0700): lease uids could not reach
+# their workdirs, so the state goes to /var/lib/sidecar-dev-<checkout path>. CLOSED is
+# that ancestor, if any.
+CLOSED      = $(if $(filter 0,$(shell id -u)),$(shell d='$(CURDIR)'; while [ "$$d" != / ]; do case "$$(stat -c %A "$$d")" in *x|*t) ;; *) echo "$$d"; break;; esac; d=$$(dirname "$$d"); done))
+STATE      ?= $(if $(filter /tmp/%,$(CURDIR)),/var/tmp/sidecar-dev$(subst /,-,$(CURDIR)),$(if $(CLOSED),/var/lib/sidecar-dev$(subst /,-,$(CURDIR)),$(CURDIR)/.state))
 # As root the daemon isolates leases (cgroups, uids, Landlock); as a normal user it
 # cannot, and `make run` says so loudly by asking for isolation "none".
 ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)
@@ -51,6 +55,7 @@ build:
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
 # dir, and a token generated once (printed the first time only).
 run: build
+	@$(if $(CLOSED),echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state and leases go to $(STATE)";)
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \

@@ -357,7 +357,7 @@ func traversable(workRoot, stateDir string) error {
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
 			if dir != stateAbs {
-				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs", abs, dir, fi.Mode().Perm())
+				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs; set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) to a directory every ancestor of which others may traverse, e.g. /var/lib/sidecar", abs, dir, fi.Mode().Perm())
 			}
 			if err := os.Chmod(dir, fi.Mode().Perm()|0o011); err != nil {
 				return fmt.Errorf("state dir: %w", err)
