@@ -13,7 +13,7 @@ BIN        := $(BINDIR)/sidecar
 # checkout is closed to other users (e.g. /root, mode 0700): lease uids could not reach
 # their workdirs, so the state goes to /var/lib/sidecar-dev-<checkout path>. CLOSED is
 # that ancestor, if any.
-CLOSED      = $(if $(filter 0,$(shell id -u)),$(shell d='$(CURDIR)'; while [ "$$d" != / ]; do case "$$(stat -c %A "$$d")" in *x|*t) ;; *) echo "$$d"; break;; esac; d=$$(dirname "$$d"); done))
+CLOSED      = $(if $(filter 0,$(shell id -u)),$(shell d='$(CURDIR)'; while [ "$$d" != / ]; do case "$$(stat -c %A "$$d")" in (*x|*t) ;; (*) echo "$$d"; break;; esac; d=$$(dirname "$$d"); done))
 STATE      ?= $(if $(filter /tmp/%,$(CURDIR)),/var/tmp/sidecar-dev$(subst /,-,$(CURDIR)),$(if $(CLOSED),/var/lib/sidecar-dev$(subst /,-,$(CURDIR)),$(CURDIR)/.state))
 # As root the daemon isolates leases (cgroups, uids, Landlock); as a normal user it
 # cannot, and `make run` says so loudly by asking for isolation "none".
