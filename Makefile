@@ -55,7 +55,7 @@ build:
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
 # dir, and a token generated once (printed the first time only).
 run: build
-	@$(if $(CLOSED),echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state and leases go to $(STATE)";)
+	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state and leases go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \
