@@ -54,16 +54,21 @@ build:
 
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
 # dir, and a token generated once (printed the first time only).
+# From a closed checkout the binaries run from $(STATE)/bin too: the script workers run
+# them as an unprivileged uid.
+RUNBIN      = $(if $(CLOSED),$(STATE)/bin,$(BINDIR))
 run: build
-	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state and leases go to $(STATE)"; fi
+	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
+	@if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(RUNBIN) && rm -f $(RUNBIN)/* && \
+		for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(RUNBIN)/; fi; done; fi
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \
 		echo "sidecar: generated a new shared token (shown only this once; kept in $(STATE)/auth-token):" && \
 		cat $(STATE)/auth-token; \
 	fi
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token \
-	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(BIN) serve
+	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(RUNBIN)/sidecar serve
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.
