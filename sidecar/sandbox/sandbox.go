@@ -24,7 +24,7 @@ const (
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
-	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>, v2 → <daemon's own delegated cgroup>/sidecar/<lease>
+	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (cgroupv2paths.go)
 	Isolation    string // "strict" (default): New fails listing every missing base layer (root, cgroups, namespaces); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
 	Logger       *slog.Logger
