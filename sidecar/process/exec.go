@@ -114,11 +114,12 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	return res, nil
 }
 
-// minCapture is the first allocation of a capture stream: most outputs are small.
+// minCapture is the first allocation of a capture stream, outside the budget: most
+// outputs are small, and these always arrive whole however much big ones hold.
 const minCapture = 4 << 10
 
 // capture keeps the first limit bytes of stdout and of stderr, in buffers whose capacity
-// is charged to the daemon's output budget. Each stream has its own pump goroutine and its
+// beyond minCapture is charged to the daemon's output budget. Each stream has its own pump goroutine and its
 // own slot, and the budget is atomic, so no lock is needed; the result is read after the
 // pumps ended.
 type capture struct {
@@ -135,6 +136,9 @@ func (c *capture) write(channel byte, p []byte) bool {
 	if room := c.limit - int64(len(buf)); int64(len(p)) > room {
 		p = p[:max(room, 0)]
 		c.truncated[i] = true
+	}
+	if cap(buf) == 0 && len(p) > 0 {
+		buf = make([]byte, 0, min(minCapture, c.limit))
 	}
 	if need := len(buf) + len(p); need > cap(buf) {
 		// Grow by doubling (bounded by the limit) when the budget allows, else by what
