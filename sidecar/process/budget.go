@@ -15,7 +15,7 @@ func newBudget(n int64) *budget {
 	return b
 }
 
-// take grants up to n bytes (all of them when want is n, else what is left, down to 0).
+// take grants n bytes, or what is left when that is less (possibly 0).
 func (b *budget) take(n int64) int64 {
 	for {
 		free := b.free.Load()

@@ -119,9 +119,9 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 const minCapture = 4 << 10
 
 // capture keeps the first limit bytes of stdout and of stderr, in buffers whose capacity
-// beyond minCapture is charged to the daemon's output budget. Each stream has its own pump goroutine and its
-// own slot, and the budget is atomic, so no lock is needed; the result is read after the
-// pumps ended.
+// beyond minCapture is charged to the daemon's output budget. Each stream has its own
+// pump goroutine and its own slot, and the budget is atomic, so no lock is needed; the
+// result is read after the pumps ended.
 type capture struct {
 	limit     int64
 	budget    *budget
