@@ -22,6 +22,7 @@ var (
 	ErrLeaseNotFound      = errors.New("lease not found")
 	ErrLeaseExpired       = errors.New("lease expired")
 	ErrLeaseLimit         = errors.New("lease limit reached")
+	ErrExecLimit          = errors.New("exec limit reached")
 	ErrProcessNotFound    = errors.New("process not found")
 	ErrPathOutsideWorkdir = errors.New("path outside workdir")
 	ErrNotADirectory      = errors.New("not a directory")
@@ -45,6 +46,7 @@ var sentinelByCode = map[string]error{
 	apitype.CodeLeaseNotFound:      ErrLeaseNotFound,
 	apitype.CodeLeaseExpired:       ErrLeaseExpired,
 	apitype.CodeLeaseLimit:         ErrLeaseLimit,
+	apitype.CodeExecLimit:          ErrExecLimit,
 	apitype.CodeProcessNotFound:    ErrProcessNotFound,
 	apitype.CodePathOutsideWorkdir: ErrPathOutsideWorkdir,
 	apitype.CodeNotADirectory:      ErrNotADirectory,

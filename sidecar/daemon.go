@@ -47,6 +47,8 @@ type Config struct {
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
 	OutputBufferBytes int64 // replay buffer per background process
 	MaxProcesses      int   // background processes per lease
+	MaxExecs          int   // run-to-completion execs per lease at once
+	OutputBudgetBytes int64 // output all execs hold in memory, daemon-wide
 
 	ScriptEnabled bool
 	ScriptWorkers int
@@ -145,13 +147,15 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 
 	procs, err := process.New(process.Config{
-		Execer:         sb,
-		StateDir:       filepath.Join(cfg.StateDir, "processes"),
-		MaxOutputBytes: cfg.MaxOutputBytes,
-		BufferBytes:    cfg.OutputBufferBytes,
-		MaxProcesses:   cfg.MaxProcesses,
-		Now:            cfg.Now,
-		Logger:         log.With("component", "process"),
+		Execer:            sb,
+		StateDir:          filepath.Join(cfg.StateDir, "processes"),
+		MaxOutputBytes:    cfg.MaxOutputBytes,
+		BufferBytes:       cfg.OutputBufferBytes,
+		MaxProcesses:      cfg.MaxProcesses,
+		MaxExecs:          cfg.MaxExecs,
+		OutputBudgetBytes: cfg.OutputBudgetBytes,
+		Now:               cfg.Now,
+		Logger:            log.With("component", "process"),
 	})
 	if err != nil {
 		return nil, err

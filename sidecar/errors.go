@@ -60,6 +60,7 @@ var sentinels = []struct {
 	{process.ErrNotFound, http.StatusNotFound, apitype.CodeProcessNotFound},
 	{process.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{process.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
+	{process.ErrExecLimit, http.StatusTooManyRequests, apitype.CodeExecLimit},
 	{process.ErrExited, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrStdinClosed, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},

@@ -69,6 +69,7 @@ const (
 	CodeLeaseNotFound      = "lease_not_found"
 	CodeLeaseExpired       = "lease_expired"
 	CodeLeaseLimit         = "lease_limit"
+	CodeExecLimit          = "exec_limit"
 	CodeProcessNotFound    = "process_not_found"
 	CodePathOutsideWorkdir = "path_outside_workdir"
 	CodeNotADirectory      = "not_a_directory"

@@ -65,6 +65,8 @@ type serveConfig struct {
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
 	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`
 	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`
+	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`
+	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"`
 	MaxHeaderBytes    int   `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"`
 	MaxBodyBytes      int64 `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"`
 
@@ -165,6 +167,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.MaxOutputBytes < 1024 || c.OutputBufferBytes < 1024 {
 		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES and SIDECAR_OUTPUT_BUFFER_BYTES must be at least 1024"))
+	}
+	if c.MaxExecs < 1 || c.OutputBudgetBytes < 2*c.MaxOutputBytes {
+		errs = append(errs, errors.New("SIDECAR_MAX_EXECS_PER_LEASE must be positive and SIDECAR_OUTPUT_BUDGET_BYTES at least twice SIDECAR_MAX_OUTPUT_BYTES"))
 	}
 	if _, err := logLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
@@ -338,6 +343,8 @@ func runServe(ctx context.Context, args []string) error {
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,
 		MaxProcesses:      c.MaxProcesses,
+		MaxExecs:          c.MaxExecs,
+		OutputBudgetBytes: c.OutputBudgetBytes,
 		ScriptEnabled:     c.ScriptEnabled,
 		ScriptWorkers:     c.ScriptWorkers,
 		HTTP:              sidecar.HTTPLimits{MaxHeaderBytes: c.MaxHeaderBytes, MaxJSONBytes: c.MaxBodyBytes},

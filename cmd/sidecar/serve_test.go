@@ -32,6 +32,9 @@ func TestServeConfigDefaults(t *testing.T) {
 	if c.DefaultLimits.MemoryBytes != 1<<30 || c.MaxLimits.Pids != 4096 {
 		t.Fatalf("limits: %+v %+v", c.DefaultLimits, c.MaxLimits)
 	}
+	if c.MaxExecs != 16 || c.OutputBudgetBytes != 256<<20 {
+		t.Fatalf("exec cap %d, output budget %d; want 16 and 256 MiB", c.MaxExecs, c.OutputBudgetBytes)
+	}
 }
 
 // Every bad variable is named, all at once, and no secret value is echoed.
@@ -46,6 +49,7 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		"SIDECAR_DEFAULT_LIMITS_PIDS": "100000",
 		"SIDECAR_MIN_LANDLOCK_ABI":    "9",
 		"SIDECAR_REQUIRE_CGROUP":      "v3",
+		"SIDECAR_OUTPUT_BUDGET_BYTES": "1024", // below two full outputs
 	}
 	_, err := loadServeConfig(env)
 	if err == nil {
@@ -53,7 +57,7 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 	}
 	msg := err.Error()
 	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
-		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2"} {
+		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2", "SIDECAR_OUTPUT_BUDGET_BYTES"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not name %s:\n%s", want, msg)
 		}
