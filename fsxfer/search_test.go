@@ -1,0 +1,264 @@
+package fsxfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func foundPaths(r FindResult) []string {
+	out := []string{}
+	for _, e := range r.Entries {
+		out = append(out, e.Path)
+	}
+	return out
+}
+
+func TestFindGlobsDepthHiddenPaging(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{
+		"a.go": "", "b.txt": "", "src/x.go": "", "src/deep/y.go": "", "src/deep/z.md": "",
+		".hidden/h.go": "", "src/.env": "", "link": "->src",
+	})
+	f := openFS(t, l.config())
+	ctx := context.Background()
+	find := func(o FindOptions) []string {
+		t.Helper()
+		r, err := f.Find(ctx, "", o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return foundPaths(r)
+	}
+	for _, tc := range []struct {
+		opts FindOptions
+		want []string
+	}{
+		{FindOptions{}, []string{"a.go", "b.txt", "link", "src", "src/deep", "src/deep/y.go", "src/deep/z.md", "src/x.go"}},
+		{FindOptions{TreeOptions: TreeOptions{Include: []string{"*.go"}}}, []string{"a.go", "src/deep/y.go", "src/x.go"}},
+		{FindOptions{TreeOptions: TreeOptions{Include: []string{"src/**/*.go"}}}, []string{"src/deep/y.go", "src/x.go"}},
+		{FindOptions{TreeOptions: TreeOptions{Include: []string{"*.go"}, Hidden: true}}, []string{".hidden/h.go", "a.go", "src/deep/y.go", "src/x.go"}},
+		{FindOptions{TreeOptions: TreeOptions{MaxDepth: 1}}, []string{"a.go", "b.txt", "link", "src"}},
+		{FindOptions{TreeOptions: TreeOptions{Exclude: []string{"deep"}}}, []string{"a.go", "b.txt", "link", "src", "src/x.go"}},
+		{FindOptions{Type: "dir"}, []string{"src", "src/deep"}},
+		{FindOptions{Type: "symlink"}, []string{"link"}},
+		{FindOptions{After: "src/deep"}, []string{"src/deep/y.go", "src/deep/z.md", "src/x.go"}},
+	} {
+		if got := find(tc.opts); !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: got %q, want %q", tc.opts, got, tc.want)
+		}
+	}
+	// Paging: pages of 3 resume exactly where the previous stopped.
+	var all []string
+	after := ""
+	for range 10 {
+		r, err := f.Find(ctx, "", FindOptions{Limit: 3, After: after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, foundPaths(r)...)
+		if !r.Truncated {
+			break
+		}
+		if r.Reason != "limit" || r.Next == "" {
+			t.Fatalf("truncated page: %+v", r)
+		}
+		after = r.Next
+	}
+	if want := find(FindOptions{}); !slices.Equal(all, want) {
+		t.Fatalf("paged %q, want %q", all, want)
+	}
+	// Exactly the limit is not truncated.
+	if r, _ := f.Find(ctx, "", FindOptions{Limit: 8}); r.Truncated || len(r.Entries) != 8 {
+		t.Fatalf("limit equal to the count: %+v", r)
+	}
+	if _, err := f.Find(ctx, "", FindOptions{TreeOptions: TreeOptions{Include: []string{"[a"}}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad glob: %v", err)
+	}
+	if _, err := f.Find(ctx, "a.go", FindOptions{}); !errors.Is(err, ErrNotDir) {
+		t.Fatalf("find on a file: %v", err)
+	}
+}
+
+func TestFindGitIgnore(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{
+		".gitignore":        "# comment\n*.log\n/build/\n!keep.log\nnode_modules\ndocs/**/*.tmp\n",
+		"a.log":             "",
+		"keep.log":          "",
+		"build/out":         "",
+		"sub/build/kept.go": "",
+		"sub/x.log":         "",
+		"sub/.gitignore":    "*.go\n",
+		"sub/node_modules/": "",
+		"docs/a/b/c.tmp":    "",
+		"docs/a/b/c.md":     "",
+	})
+	f := openFS(t, l.config())
+	r, err := f.Find(context.Background(), "", FindOptions{Type: "file", TreeOptions: TreeOptions{GitIgnore: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"docs/a/b/c.md", "keep.log"}
+	if got := foundPaths(r); !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+func TestFindTimeLimit(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{"a": "", "b": ""})
+	f := openFS(t, l.config())
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	r, err := f.Find(ctx, "", FindOptions{})
+	if err != nil || !r.Truncated || r.Reason != "time" {
+		t.Fatalf("expired deadline: %+v %v", r, err)
+	}
+}
+
+func TestFindNeverLeaves(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{"etc": "->/etc", "out": "->../../outside", "mnt/": "", "in/a": "needle"})
+	if err := unix.Mkfifo(filepath.Join(l.work, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bindMount(t, l.outside, filepath.Join(l.work, "mnt"))
+	if err := os.WriteFile(filepath.Join(l.work, "in", "foreign"), []byte("needle"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(filepath.Join(l.work, "in", "foreign"), 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	f := openFS(t, l.config())
+	r, err := f.Find(context.Background(), "", FindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := foundPaths(r), []string{"etc", "fifo", "in", "in/a", "mnt", "out"}; !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	for _, e := range r.Entries {
+		if e.Path == "mnt" && !e.Mount {
+			t.Fatal("mount point not flagged")
+		}
+	}
+	g, err := f.Grep(context.Background(), "", GrepOptions{Pattern: "e", Fixed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Matches) != 1 || g.Matches[0].Path != "in/a" {
+		t.Fatalf("grep left the lease's files: %+v", g)
+	}
+	if _, err := f.Find(context.Background(), "etc", FindOptions{}); !errors.Is(err, ErrOutside) {
+		t.Fatalf("find through a symlink out: %v", err)
+	}
+	if _, err := f.Grep(context.Background(), "mnt", GrepOptions{Pattern: "secret"}); !errors.Is(err, ErrMountPoint) && !errors.Is(err, ErrOutside) {
+		t.Logf("grep on a mount point: %v", err)
+	}
+}
+
+// refGrep is the line-by-line definition the fast matcher must agree with.
+func refGrep(content, pattern string) []string {
+	re := regexp.MustCompile(pattern)
+	var out []string
+	if content == "" {
+		return nil // an empty file has no lines
+	}
+	lines := strings.Split(content, "\n")
+	if strings.HasSuffix(content, "\n") {
+		lines = lines[:len(lines)-1]
+	}
+	for i, ln := range lines {
+		if loc := re.FindStringIndex(ln); loc != nil {
+			out = append(out, fmt.Sprintf("%d:%d:%s", i+1, loc[0]+1, ln))
+		}
+	}
+	return out
+}
+
+func TestMatcherAgreesWithLineByLine(t *testing.T) {
+	contents := []string{"", "\n", "a", "foo\nbar\n", "x\nxz\n", "abc\n\ndef", "  foo bar\nfoo\nbarfoo\n", "a\nb\nc\n\n\n", "héllo wörld\nHÉLLO\n"}
+	patterns := []string{"foo", "^foo", "foo$", "^$", "^", "$", "x[^y]*z", `\bbar\b`, `a\sb`, `(?i)héllo`, `(?s)a.b`, `\Afoo`, `bar\z`, ".*", "o+", `[a-z]+\n?`}
+	for _, c := range contents {
+		for _, p := range patterns {
+			m, err := newMatcher(p, false, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			buf := []byte(c)
+			line, at := 1, 0
+			m.each(buf, func(s, e, col int) bool {
+				line += strings.Count(c[at:s], "\n")
+				at = s
+				got = append(got, fmt.Sprintf("%d:%d:%s", line, col, c[s:e]))
+				return true
+			})
+			if want := refGrep(c, p); !slices.Equal(got, want) {
+				t.Errorf("%q on %q: got %q, want %q", p, c, got, want)
+			}
+		}
+	}
+}
+
+func TestGrepOptions(t *testing.T) {
+	l := newTestLease(t)
+	big := strings.Repeat("x", MaxGrepLineBytes+10) + "needle\n"
+	writeTree(t, l.work, map[string]string{
+		"a.txt": "one\ntwo needle\nthree\nfour\nNEEDLE five\n",
+		"b.go":  "needle\n",
+		"bin":   "needle\x00\n",
+		"long":  big,
+		"huge":  "needle " + strings.Repeat("y", 2000) + "\n",
+	})
+	f := openFS(t, l.config())
+	ctx := context.Background()
+	g, err := f.Grep(ctx, "", GrepOptions{Pattern: "needle", Fixed: true, IgnoreCase: true, Context: 1, MaxFileBytes: 1500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range g.Matches {
+		got = append(got, fmt.Sprintf("%s:%d:%d:%d:%v:%q:%q", m.Path, m.Line, m.Column, len(m.Text), m.Cut, m.Before, m.After))
+	}
+	want := []string{
+		`a.txt:2:5:10:false:["one"]:["three"]`,
+		`a.txt:5:1:11:false:["four"]:[]`,
+		`b.go:1:1:6:false:[]:[]`,
+		fmt.Sprintf(`long:1:%d:%d:true:[]:[]`, MaxGrepLineBytes+11, MaxGrepLineBytes),
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if g.SkippedBinary != 1 || g.SkippedLarge != 1 || g.Files != 4 || g.Truncated {
+		t.Fatalf("counts: %+v", g)
+	}
+	g, err = f.Grep(ctx, "", GrepOptions{Pattern: "needle", MaxMatches: 1, TreeOptions: TreeOptions{Include: []string{"*.txt", "*.go"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Matches) != 1 || !g.Truncated || g.Reason != "matches" {
+		t.Fatalf("max matches: %+v", g)
+	}
+	g, _ = f.Grep(ctx, "", GrepOptions{Pattern: "needle", MaxMatches: 2, TreeOptions: TreeOptions{Include: []string{"*.txt", "*.go"}}})
+	if len(g.Matches) != 2 || g.Truncated {
+		t.Fatalf("under max matches: %+v", g)
+	}
+	g, _ = f.Grep(ctx, "a.txt", GrepOptions{Pattern: "^t"})
+	if len(g.Matches) != 2 || g.Matches[0].Path != "a.txt" || g.Matches[1].Line != 3 {
+		t.Fatalf("one file: %+v", g)
+	}
+	if _, err := f.Grep(ctx, "", GrepOptions{Pattern: "("}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad regexp: %v", err)
+	}
+}
