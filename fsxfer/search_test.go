@@ -262,3 +262,85 @@ func TestGrepOptions(t *testing.T) {
 		t.Fatalf("bad regexp: %v", err)
 	}
 }
+
+func TestReplaceAndConditionalWrite(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{"f.go": "a := 1\nb := 1\nc := 2\n"})
+	if err := os.Chmod(filepath.Join(l.work, "f.go"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := openFS(t, l.config())
+	ctx := context.Background()
+	read := func() string {
+		b, err := os.ReadFile(filepath.Join(l.work, "f.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	before, _ := f.Stat("f.go")
+	if _, _, err := f.Replace(ctx, "f.go", ReplaceOptions{Old: "zzz", New: "y"}); !errors.Is(err, ErrNoMatch) {
+		t.Fatalf("absent: %v", err)
+	}
+	if _, _, err := f.Replace(ctx, "f.go", ReplaceOptions{Old: ":= 1", New: "= 1"}); !errors.Is(err, ErrAmbiguous) {
+		t.Fatalf("ambiguous: %v", err)
+	}
+	if _, _, err := f.Replace(ctx, "f.go", ReplaceOptions{Old: "c := 2", New: "c := 3", IfMatch: `"1-2"`}); !errors.Is(err, ErrPrecondition) {
+		t.Fatalf("stale etag: %v", err)
+	}
+	if got := read(); got != "a := 1\nb := 1\nc := 2\n" {
+		t.Fatalf("refused replacements changed the file: %q", got)
+	}
+	n, info, err := f.Replace(ctx, "f.go", ReplaceOptions{Old: "c := 2", New: "c := 3", IfMatch: before.ETag()})
+	if err != nil || n != 1 || read() != "a := 1\nb := 1\nc := 3\n" || info.Mode.Perm() != 0o600 {
+		t.Fatalf("unique: n=%d info=%+v err=%v %q", n, info, err, read())
+	}
+	n, _, err = f.Replace(ctx, "f.go", ReplaceOptions{Old: ":= 1", New: "= 9", All: true})
+	if err != nil || n != 2 || read() != "a = 9\nb = 9\nc := 3\n" {
+		t.Fatalf("all: n=%d err=%v %q", n, err, read())
+	}
+	// Conditional writes.
+	if _, err := f.WriteFile(ctx, "f.go", strings.NewReader("x"), WriteOptions{IfMatch: before.ETag()}); !errors.Is(err, ErrPrecondition) {
+		t.Fatalf("stale If-Match write: %v", err)
+	}
+	if _, err := f.WriteFile(ctx, "new", strings.NewReader("x"), WriteOptions{IfMatch: "*"}); !errors.Is(err, ErrPrecondition) {
+		t.Fatalf("If-Match * on a missing file: %v", err)
+	}
+	cur, _ := f.Stat("f.go")
+	if _, err := f.WriteFile(ctx, "f.go", strings.NewReader("x"), WriteOptions{IfMatch: cur.ETag()}); err != nil || read() != "x" {
+		t.Fatalf("fresh If-Match write: %v", err)
+	}
+	if leftovers := listTree(t, l.work); !slices.Equal(leftovers, []string{"f.go"}) {
+		t.Fatalf("left behind: %q", leftovers)
+	}
+}
+
+func TestReadLines(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{"f": "1\n2\n3\n4\n5", "empty": "", "long": "a\n" + strings.Repeat("x", MaxReadLineBytes+5) + "\nb\n"})
+	f := openFS(t, l.config())
+	for _, tc := range []struct {
+		path          string
+		offset, limit int
+		data          string
+		count         int
+		more          bool
+	}{
+		{"f", 0, 2, "1\n2\n", 2, true},
+		{"f", 3, 0, "4\n5", 2, false},
+		{"f", 3, 2, "4\n5", 2, false},
+		{"f", 2, 2, "3\n4\n", 2, true},
+		{"f", 9, 2, "", 0, false},
+		{"empty", 0, 5, "", 0, false},
+		{"long", 0, 3, "a\n", 1, true},
+	} {
+		got, err := f.ReadLines(tc.path, tc.offset, tc.limit)
+		if err != nil || string(got.Data) != tc.data || got.Count != tc.count || got.More != tc.more {
+			t.Errorf("%s %d+%d: %q %d %v %v", tc.path, tc.offset, tc.limit, shorten(string(got.Data)), got.Count, got.More, err)
+		}
+	}
+	got, err := f.ReadLines("long", 1, 3)
+	if err != nil || len(got.Data) != MaxReadLineBytes || got.Count != 1 || !got.More {
+		t.Fatalf("a line over the cap: %d %d %v %v", len(got.Data), got.Count, got.More, err)
+	}
+}
