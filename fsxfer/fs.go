@@ -44,6 +44,7 @@ type FS struct {
 	meter    *meter
 	log      *slog.Logger
 	leaseUID int // the uid a hard-linked file must belong to before it is served or replaced
+	watchers watcherSet
 }
 
 // Open opens the lease file area described by cfg. The workdir must exist; the uploads
@@ -106,8 +107,10 @@ func Open(cfg Config) (*FS, error) {
 	return f, nil
 }
 
-// Close releases the descriptors held for the workdir and the uploads directory.
+// Close ends the watches and releases the descriptors held for the workdir and the
+// uploads directory.
 func (f *FS) Close() error {
+	f.closeWatchers()
 	err := f.root.Close()
 	if f.uploads != nil {
 		err = errors.Join(err, f.uploads.Close())
