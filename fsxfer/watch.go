@@ -453,5 +453,3 @@ func (f *FS) closeWatchers() {
 		_ = w.Close()
 	}
 }
-
-
