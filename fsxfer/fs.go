@@ -45,6 +45,7 @@ type FS struct {
 	log      *slog.Logger
 	leaseUID int // the uid a hard-linked file must belong to before it is served or replaced
 	watchers watcherSet
+	mnt      uint64 // mount ID of the workdir: Find, Grep and Watch stay on it
 }
 
 // Open opens the lease file area described by cfg. The workdir must exist; the uploads
@@ -93,6 +94,10 @@ func Open(cfg Config) (*FS, error) {
 	}
 	if f.leaseUID < 0 {
 		f.leaseUID = os.Geteuid()
+	}
+	if d, err := f.openDir("."); err == nil {
+		f.mnt = mustMnt(fd(d))
+		d.Close()
 	}
 	if cfg.UploadsDir != "" {
 		if err := os.MkdirAll(cfg.UploadsDir, 0o700); err != nil {

@@ -347,6 +347,9 @@ func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit 
 			return err
 		}
 		defer d.Close()
+		if err := f.onWorkdirMount(fd(d)); err != nil {
+			return wrap("grep", rel, err)
+		}
 		info, err := statAt(fd(d), base, rel)
 		if err != nil {
 			return err

@@ -162,8 +162,16 @@ func TestFindNeverLeaves(t *testing.T) {
 	if _, err := f.Find(context.Background(), "etc", FindOptions{}); !errors.Is(err, ErrOutside) {
 		t.Fatalf("find through a symlink out: %v", err)
 	}
-	if _, err := f.Grep(context.Background(), "mnt", GrepOptions{Pattern: "secret"}); !errors.Is(err, ErrMountPoint) && !errors.Is(err, ErrOutside) {
-		t.Logf("grep on a mount point: %v", err)
+	for _, p := range []string{"mnt", "mnt/secret.txt", "mnt/dir"} {
+		if _, err := f.Grep(context.Background(), p, GrepOptions{Pattern: "secret"}); !errors.Is(err, ErrMountPoint) {
+			t.Errorf("grep %s across a mount: %v", p, err)
+		}
+		if _, err := f.Find(context.Background(), p, FindOptions{}); !errors.Is(err, ErrMountPoint) && !errors.Is(err, ErrNotDir) {
+			t.Errorf("find %s across a mount: %v", p, err)
+		}
+	}
+	if _, err := f.Watch("mnt", WatchOptions{}); !errors.Is(err, ErrMountPoint) {
+		t.Errorf("watch across a mount: %v", err)
 	}
 }
 

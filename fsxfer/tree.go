@@ -94,11 +94,10 @@ func (f *FS) walkTree(ctx context.Context, p string, opts TreeOptions, visit fun
 		return rel, err
 	}
 	defer d.Close()
-	id, err := identify(fd(d))
-	if err != nil {
+	if err := f.onWorkdirMount(fd(d)); err != nil {
 		return rel, wrap("walk", rel, err)
 	}
-	w := &treeWalk{f: f, opts: opts, mnt: id.mnt, visit: visit, prune: prune, buf: make([]byte, 32<<10)}
+	w := &treeWalk{f: f, opts: opts, mnt: f.mnt, visit: visit, prune: prune, buf: make([]byte, 32<<10)}
 	err = w.dir(ctx, fd(d), "", 1, nil)
 	if errors.Is(err, errStopWalk) {
 		err = nil
@@ -224,4 +223,13 @@ func (f *FS) readSmall(dirfd int, name string, max int64) []byte {
 	b := make([]byte, st.Size)
 	n, _ := h.ReadAt(b, 0)
 	return b[:n]
+}
+
+// onWorkdirMount refuses a directory reached across a mount point (os.Root crosses
+// them): a bind mount inside the workdir is never listed, read or watched through.
+func (f *FS) onWorkdirMount(dirfd int) error {
+	if mustMnt(dirfd) != f.mnt {
+		return ErrMountPoint
+	}
+	return nil
 }

@@ -103,8 +103,7 @@ func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 		return nil, err
 	}
 	defer d.Close()
-	id, err := identify(fd(d))
-	if err != nil {
+	if err := f.onWorkdirMount(fd(d)); err != nil {
 		return nil, wrap("watch", rel, err)
 	}
 	ifd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
@@ -116,7 +115,7 @@ func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 		unix.Close(ifd)
 		return nil, wrap("watch", rel, err)
 	}
-	w := &Watcher{f: f, opts: opts, ifd: ifd, wake: wake, mnt: id.mnt, paths: map[int]string{}, root: rel,
+	w := &Watcher{f: f, opts: opts, ifd: ifd, wake: wake, mnt: f.mnt, paths: map[int]string{}, root: rel,
 		notify: make(chan struct{}, 1), exited: make(chan struct{})}
 	if err := f.addWatcher(w); err != nil {
 		w.closeFDs()
