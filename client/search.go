@@ -68,6 +68,7 @@ type FindOptions struct {
 	Type  string // "", "file", "dir", "symlink" or "other"
 	After string // resume after this path: a truncated result's Next
 	Limit int    // 0: the daemon's default (1000)
+	Stat  bool   // fill size, mode, owner, mtime and link target (one stat per entry)
 }
 
 // Find lists the entries below dir in walk order (by name, parents first). A truncated
@@ -86,6 +87,9 @@ func (l *Lease) Find(ctx context.Context, dir string, o FindOptions) (apitype.Fi
 	}
 	if o.Limit > 0 {
 		q.Set("limit", strconv.Itoa(o.Limit))
+	}
+	if o.Stat {
+		q.Set("stat", "1")
 	}
 	var res apitype.FindResult
 	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, token: l.cred(), idempotent: true}, &res)

@@ -25,9 +25,11 @@ type FindOptions struct {
 	After   string        // resume: only entries after this path (relative to the start), in walk order
 	Limit   int           // entries returned; 0: DefaultFindLimit; at most MaxFindLimit
 	Timeout time.Duration // 0: DefaultFindTimeout; at most MaxFindTimeout
+	Stat    bool          // fill Info beyond Name and Type (size, mode, mtime, owner, link target): one stat per entry
 }
 
-// Found is one entry of a Find: Path is relative to the directory searched.
+// Found is one entry of a Find: Path is relative to the directory searched. Info has
+// Name and Type, and the rest with FindOptions.Stat.
 type Found struct {
 	Path string
 	Info
@@ -88,11 +90,11 @@ func (f *FS) Find(ctx context.Context, p string, opts FindOptions) (FindResult, 
 			return walkCompare(rel, opts.After) < 0 && !strings.HasPrefix(opts.After, rel+"/")
 		}
 	}
-	visit := func(e treeEntry) error {
+	visit := func(e *treeEntry) error {
 		if opts.After != "" && walkCompare(e.rel, opts.After) <= 0 {
 			return nil
 		}
-		if opts.Type != "" && typeName(e.st.Mode) != opts.Type {
+		if opts.Type != "" && typeName(e.mode) != opts.Type {
 			return nil
 		}
 		if len(opts.Include) > 0 && !globMatch(opts.Include, e.rel) {
@@ -102,14 +104,22 @@ func (f *FS) Find(ctx context.Context, p string, opts FindOptions) (FindResult, 
 			res.Truncated, res.Reason = true, "limit"
 			return errStopWalk
 		}
-		target := ""
-		if e.st.Mode&unix.S_IFMT == unix.S_IFLNK {
-			target, _ = readlinkAt(e.dirfd, e.name)
+		info := Info{Name: e.name, Type: typeName(e.mode)}
+		if opts.Stat {
+			st := e.stat()
+			if st == nil {
+				return nil // removed meanwhile
+			}
+			target := ""
+			if e.mode == unix.S_IFLNK {
+				target, _ = readlinkAt(e.dir.fd, e.name)
+			}
+			info = infoFromStat(e.name, st, target)
 		}
-		res.Entries = append(res.Entries, Found{Path: e.rel, Info: infoFromStat(e.name, e.st, target), Mount: e.mount})
+		res.Entries = append(res.Entries, Found{Path: e.rel, Info: info, Mount: e.mount})
 		return nil
 	}
-	_, err := f.walkTree(ctx, p, opts.TreeOptions, visit, prune)
+	err := f.walkTree(ctx, p, opts.TreeOptions, visit, prune)
 	if errors.Is(err, context.DeadlineExceeded) {
 		res.Truncated, res.Reason, err = true, "time", nil
 	}

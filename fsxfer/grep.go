@@ -5,12 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"regexp"
 	"regexp/syntax"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -25,7 +24,7 @@ const (
 	MaxGrepFileBytes     = 64 << 20
 	MaxGrepContext       = 10
 	MaxGrepLineBytes     = 1024     // a longer line is cut (Cut set) at a UTF-8 boundary
-	MaxGrepResultBytes   = 32 << 20 // text of matches and context lines in one result
+	MaxGrepResultBytes   = 16 << 20 // text of matches and context lines in one result
 	DefaultGrepTimeout   = 30 * time.Second
 	MaxGrepTimeout       = 120 * time.Second
 )
@@ -200,25 +199,59 @@ func cutLine(b []byte) (string, bool) {
 	return string(b[:n]), true
 }
 
+// grepJob is a run of files of one directory, consecutive in walk order: batching
+// them keeps the hand-offs between goroutines at one per run, not one per file.
+// grepJob is a run of files of one directory, consecutive in walk order. Workers
+// take jobs in order from a shared list and leave their results in them: under CPU
+// contention, a hand-off per file (or per job) through channels costs more in waiting
+// for the scheduler than the search itself, so the walk and the workers meet only at
+// a lock when one of them runs ahead.
 type grepJob struct {
-	seq int
-	rel string
-	f   *os.File
+	dir   *dirRef // held until the job is searched (or dropped)
+	files []grepName
+	outs  []grepOut
+	done  bool
 }
 
+type grepName struct{ rel, name string }
+
+// grepOut is what one file gave.
 type grepOut struct {
-	seq     int
 	matches []GrepMatch
 	binary  bool
-	bytes   int
+	large   bool
+	skipped bool // not searched: gone, or not a regular file of the lease
 }
+
+const (
+	maxGrepBatch = 64     // files in one job
+	maxGrepLead  = 16_384 // files the walk may list ahead of the workers
+)
 
 var grepBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
 
+// grepRun is one Grep: the job list shared by the walk and the workers.
+type grepRun struct {
+	f    *FS
+	m    *matcher
+	opts GrepOptions
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	jobs    []*grepJob
+	next    int // the next job to take
+	listed  int // files in jobs
+	taken   int // files in jobs[:next]
+	walked  bool
+	stopped atomic.Bool // enough matches (or bytes) found, or the time is up
+	matches atomic.Int64
+	bytes   atomic.Int64
+}
+
 // Grep searches the regular files below the directory p (or the file p itself) for
-// lines matching opts.Pattern. Files are opened by the walk (never through a symlink,
-// never across a mount, only the lease's) and read in parallel; results come in walk
-// order whatever the order reads finish in.
+// lines matching opts.Pattern. Files are opened in directories the walk opened (never
+// through a symlink, never across a mount, only the lease's) and searched in parallel;
+// results come in walk order whatever order the searches finish in.
 func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, error) {
 	if err := opts.normalize(); err != nil {
 		return GrepResult{}, err
@@ -229,99 +262,180 @@ func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
+	g := &grepRun{f: f, m: m, opts: opts}
+	g.cond = sync.NewCond(&g.mu)
+	stopOnDone := context.AfterFunc(ctx, g.stop)
+	defer stopOnDone()
 
-	res := GrepResult{Matches: []GrepMatch{}}
-	jobs := make(chan grepJob, 64)
-	results := make(chan grepOut, 64)
 	var walkErr error
+	walked := make(chan struct{})
 	go func() {
-		defer close(jobs)
-		seq := 0
-		send := func(j grepJob) error {
-			select {
-			case jobs <- j:
-				return nil
-			case <-ctx.Done():
-				j.f.Close()
-				return ctx.Err()
-			}
-		}
-		visit := func(e treeEntry) error {
-			if typeName(e.st.Mode) != "file" || (len(opts.Include) > 0 && !globMatch(opts.Include, e.rel)) {
-				return nil
-			}
-			if e.st.Size > opts.MaxFileBytes {
-				res.SkippedLarge++ // only this goroutine writes it until jobs is closed
-				return nil
-			}
-			h, _, err := f.openFileAt(e.dirfd, e.name)
-			if err != nil {
-				return nil // changed since it was listed, or not the lease's
-			}
-			seq++
-			return send(grepJob{seq: seq - 1, rel: e.rel, f: h})
-		}
-		walkErr = f.grepTargets(ctx, p, opts.TreeOptions, visit)
+		defer close(walked)
+		walkErr = g.walk(ctx, p)
 	}()
-	workers := min(max(runtime.GOMAXPROCS(0), 2), 8)
 	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for j := range jobs {
-				out := grepOut{seq: j.seq}
-				if ctx.Err() == nil {
-					out = grepFile(j, m, opts)
-				}
-				j.f.Close()
-				results <- out
-			}
-		})
+	for range min(max(runtime.GOMAXPROCS(0), 2), 8) - 1 {
+		wg.Go(g.work)
 	}
-	go func() { wg.Wait(); close(results) }()
+	g.work() // this goroutine is a worker too
+	wg.Wait()
+	<-walked
 
-	pending := map[int]grepOut{}
-	next, stopped, total := 0, false, 0
-	for out := range results {
-		pending[out.seq] = out
-		for !stopped {
-			o, ok := pending[next]
-			if !ok {
-				break
+	// Assemble in walk order. A job left undone after a stop is searched here if the
+	// jobs before it did not reach the limits.
+	res := GrepResult{Matches: []GrepMatch{}}
+	total := 0
+	defer func() {
+		for _, j := range g.jobs {
+			if j.dir != nil {
+				j.dir.release()
 			}
-			delete(pending, next)
-			next++
-			res.Files++
-			if o.binary {
+		}
+	}()
+	timedOut := ctx.Err() != nil
+	for _, j := range g.jobs {
+		if !j.done {
+			if timedOut {
+				res.Truncated, res.Reason = true, "time"
+				return res, nil
+			}
+			g.search(j)
+		}
+		for _, o := range j.outs {
+			switch {
+			case o.skipped:
+				continue
+			case o.large:
+				res.SkippedLarge++
+				continue
+			case o.binary:
 				res.SkippedBinary++
 				continue
 			}
+			res.Files++
 			for _, mt := range o.matches {
 				if len(res.Matches) == opts.MaxMatches {
-					res.Truncated, res.Reason, stopped = true, "matches", true
-					break
+					res.Truncated, res.Reason = true, "matches"
+					return res, nil
 				}
 				if total += lineBytes(mt); total > MaxGrepResultBytes {
-					res.Truncated, res.Reason, stopped = true, "bytes", true
-					break
+					res.Truncated, res.Reason = true, "bytes"
+					return res, nil
 				}
 				res.Matches = append(res.Matches, mt)
 			}
-			if stopped {
-				cancel()
-			}
 		}
 	}
-	if !stopped {
-		if errors.Is(walkErr, context.DeadlineExceeded) || (walkErr == nil && errors.Is(ctx.Err(), context.DeadlineExceeded)) {
-			res.Truncated, res.Reason, walkErr = true, "time", nil
-		}
-	} else if errors.Is(walkErr, context.Canceled) {
+	if errors.Is(walkErr, errStopWalk) {
 		walkErr = nil
+	}
+	if timedOut && (walkErr == nil || errors.Is(walkErr, context.DeadlineExceeded)) {
+		res.Truncated, res.Reason, walkErr = true, "time", nil
 	}
 	if walkErr != nil {
 		return GrepResult{}, walkErr
 	}
 	return res, nil
+}
+
+func (g *grepRun) stop() {
+	g.stopped.Store(true)
+	g.mu.Lock()
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// walk lists the files to search into jobs, waiting when it runs too far ahead.
+func (g *grepRun) walk(ctx context.Context, p string) error {
+	var batch *grepJob
+	add := func() error {
+		if batch == nil {
+			return nil
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.jobs = append(g.jobs, batch)
+		g.listed += len(batch.files)
+		batch = nil
+		g.cond.Broadcast()
+		for g.listed-g.taken > maxGrepLead && !g.stopped.Load() {
+			g.cond.Wait()
+		}
+		if g.stopped.Load() {
+			return errStopWalk
+		}
+		return nil
+	}
+	visit := func(e *treeEntry) error {
+		if e.mode == unix.S_IFDIR {
+			return add() // files below it come later in walk order
+		}
+		if e.mode != unix.S_IFREG || (len(g.opts.Include) > 0 && !globMatch(g.opts.Include, e.rel)) {
+			return nil
+		}
+		if batch != nil && (batch.dir != e.dir || len(batch.files) == maxGrepBatch) {
+			if err := add(); err != nil {
+				return err
+			}
+		}
+		if batch == nil {
+			e.dir.hold()
+			batch = &grepJob{dir: e.dir}
+		}
+		batch.files = append(batch.files, grepName{e.rel, e.name})
+		return nil
+	}
+	err := g.f.grepTargets(ctx, p, g.opts.TreeOptions, visit)
+	if err == nil {
+		err = add()
+	} else if batch != nil {
+		batch.dir.release()
+	}
+	g.mu.Lock()
+	g.walked = true
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	return err
+}
+
+// work searches jobs in order until there are none left or the search stops.
+func (g *grepRun) work() {
+	for {
+		g.mu.Lock()
+		for g.next == len(g.jobs) && !g.walked && !g.stopped.Load() {
+			g.cond.Wait()
+		}
+		if g.next == len(g.jobs) || g.stopped.Load() {
+			g.mu.Unlock()
+			return
+		}
+		j := g.jobs[g.next]
+		g.next++
+		g.taken += len(j.files)
+		if g.listed-g.taken <= maxGrepLead {
+			g.cond.Broadcast() // the walk may be waiting
+		}
+		g.mu.Unlock()
+		g.search(j)
+	}
+}
+
+// search searches the files of one job and counts what it found towards the limits.
+func (g *grepRun) search(j *grepJob) {
+	j.outs = make([]grepOut, len(j.files))
+	n, size := 0, 0
+	for i, fn := range j.files {
+		j.outs[i] = g.f.grepFile(j.dir.fd, fn, g.m, g.opts)
+		n += len(j.outs[i].matches)
+		for _, mt := range j.outs[i].matches {
+			size += lineBytes(mt)
+		}
+	}
+	j.dir.release()
+	j.dir, j.done = nil, true
+	if g.matches.Add(int64(n)) > int64(g.opts.MaxMatches) || g.bytes.Add(int64(size)) > MaxGrepResultBytes {
+		g.stop()
+	}
 }
 
 func lineBytes(m GrepMatch) int {
@@ -336,7 +450,7 @@ func lineBytes(m GrepMatch) int {
 }
 
 // grepTargets walks the directory p, or visits p alone when it is a regular file.
-func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit func(treeEntry) error) error {
+func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit func(*treeEntry) error) error {
 	rel, err := f.clean(p)
 	if err != nil {
 		return err
@@ -358,36 +472,46 @@ func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit 
 			if info.Type != "file" || info.UID != f.leaseUID {
 				return wrap("grep", rel, ErrNotRegular)
 			}
-			var st unix.Stat_t
-			if err := unix.Fstatat(fd(d), base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			dfd, err := unix.Dup(fd(d))
+			if err != nil {
 				return wrap("grep", rel, err)
 			}
-			err := visit(treeEntry{rel: rel, dirfd: fd(d), name: base, st: &st})
-			if errors.Is(err, errStopWalk) {
-				err = nil
-			}
-			return err
+			dir := &dirRef{fd: dfd}
+			dir.hold()
+			defer dir.release()
+			return visit(&treeEntry{rel: rel, dir: dir, name: base, mode: unix.S_IFREG})
 		}
 	}
-	_, err = f.walkTree(ctx, p, opts, visit, nil)
-	return err
+	return f.walkTree(ctx, p, opts, visit, nil)
 }
 
-// grepFile searches one open file.
-func grepFile(j grepJob, m *matcher, opts GrepOptions) grepOut {
-	out := grepOut{seq: j.seq}
+// grepFile opens and searches one file: never through a symlink, only a regular file
+// of the lease, and one over the size cap is not read at all.
+func (f *FS) grepFile(dirfd int, j grepName, m *matcher, opts GrepOptions) grepOut {
+	var out grepOut
+	nfd, st, err := f.openFileAt(dirfd, j.name)
+	if err != nil {
+		out.skipped = true
+		return out
+	}
+	defer unix.Close(nfd)
+	if st.Size > opts.MaxFileBytes {
+		out.large = true
+		return out
+	}
 	bp := grepBufs.Get().(*[]byte)
 	defer grepBufs.Put(bp)
-	buf, err := readAllLimit(j.f, (*bp)[:0], opts.MaxFileBytes)
+	buf, err := readFD(nfd, *bp, st.Size)
 	*bp = buf
 	if err != nil {
+		out.skipped = true
 		return out
 	}
 	if bytes.IndexByte(buf, 0) >= 0 {
 		out.binary = true
 		return out
 	}
-	line, lineAt := 1, 0
+	line, lineAt, size := 1, 0, 0
 	m.each(buf, func(start, end, col int) bool {
 		line += bytes.Count(buf[lineAt:start], []byte{'\n'})
 		lineAt = start
@@ -397,7 +521,9 @@ func grepFile(j grepJob, m *matcher, opts GrepOptions) grepOut {
 			mt.Before, mt.After = contextLines(buf, start, end, opts.Context)
 		}
 		out.matches = append(out.matches, mt)
-		return len(out.matches) <= opts.MaxMatches // one more than asked tells truncation
+		size += lineBytes(mt)
+		// One more than asked tells truncation.
+		return len(out.matches) <= opts.MaxMatches && size <= MaxGrepResultBytes
 	})
 	return out
 }
@@ -424,24 +550,4 @@ func contextLines(buf []byte, start, end, n int) (before, after []string) {
 		e = ne
 	}
 	return before, after
-}
-
-// readAllLimit reads r into buf, at most limit bytes (a file that grew past the cap
-// since it was listed is searched up to the cap).
-func readAllLimit(r io.Reader, buf []byte, limit int64) ([]byte, error) {
-	for int64(len(buf)) < limit {
-		if len(buf) == cap(buf) {
-			buf = append(buf, 0)[:len(buf)]
-		}
-		room := buf[len(buf):min(int64(cap(buf)), limit)]
-		n, err := r.Read(room)
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			return buf, err
-		}
-	}
-	return buf, nil
 }

@@ -2,12 +2,13 @@ package fsxfer
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/bmatcuk/doublestar/v4"
 	"golang.org/x/sys/unix"
@@ -48,125 +49,173 @@ func checkGlobs(patterns []string) error {
 	return nil
 }
 
-// treeEntry is what a walk hands to its visitor. dirfd stays open only during the call.
+// dirRef is an open directory shared by the walk and the workers that open files in
+// it: the last one to let go closes it.
+type dirRef struct {
+	fd   int
+	refs atomic.Int32
+}
+
+func (d *dirRef) hold() { d.refs.Add(1) }
+
+func (d *dirRef) release() {
+	if d.refs.Add(-1) == 0 {
+		unix.Close(d.fd)
+	}
+}
+
+// treeEntry is what a walk hands to its visitor. dir stays open during the call; a
+// visitor that keeps it must hold it.
 type treeEntry struct {
 	rel   string
-	dirfd int
+	dir   *dirRef
 	name  string
+	mode  uint32 // the S_IFMT bits, from the directory entry (or a stat when it has none)
+	mount bool   // a directory on another mount: listed, never entered
 	st    *unix.Stat_t
-	mount bool // a directory on another mount: listed, never entered
+}
+
+// stat describes the entry (without following it); nil when it has gone.
+func (e *treeEntry) stat() *unix.Stat_t {
+	if e.st == nil {
+		var st unix.Stat_t
+		if unix.Fstatat(e.dir.fd, e.name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+			return nil
+		}
+		e.st = &st
+	}
+	return e.st
 }
 
 // errStopWalk ends a walk early without an error.
 var errStopWalk = errors.New("stop walk")
 
-// treeWalk walks a lease directory for Find and Grep. It never follows a symlink, never
-// enters another mount, and skips (neither lists, reads nor enters) entries that do
-// not belong to the lease uid: a file planted by root or another lease stays unseen.
-// Names come sorted, parents before their children. prune, when set, is asked before
-// a directory is entered.
+// treeWalk walks a lease directory for Find, Grep and Watch. It never follows a
+// symlink, never enters another mount, and never enters a directory that does not
+// belong to the lease uid (their names may be listed; files are read only by Grep,
+// which checks the owner on the open file). Names come sorted, parents before their
+// children. The type of an entry comes from the directory itself (d_type), so a walk
+// costs no stat per file.
 type treeWalk struct {
 	f     *FS
 	opts  TreeOptions
-	mnt   uint64
-	visit func(treeEntry) error
+	visit func(*treeEntry) error
 	prune func(rel string) bool
 	buf   []byte
 }
 
-// start opens the directory p and walks it.
-func (f *FS) walkTree(ctx context.Context, p string, opts TreeOptions, visit func(treeEntry) error, prune func(string) bool) (string, error) {
+// walkTree opens the directory p and walks it.
+func (f *FS) walkTree(ctx context.Context, p string, opts TreeOptions, visit func(*treeEntry) error, prune func(string) bool) error {
 	if err := checkGlobs(opts.Include); err != nil {
-		return "", err
+		return err
 	}
 	if err := checkGlobs(opts.Exclude); err != nil {
-		return "", err
+		return err
 	}
 	if opts.MaxDepth < 0 {
-		return "", fmt.Errorf("%w: negative depth", ErrInvalid)
+		return fmt.Errorf("%w: negative depth", ErrInvalid)
 	}
 	rel, err := f.clean(p)
 	if err != nil {
-		return "", err
+		return err
 	}
 	d, err := f.openDir(rel)
 	if err != nil {
-		return rel, err
+		return err
 	}
-	defer d.Close()
-	if err := f.onWorkdirMount(fd(d)); err != nil {
-		return rel, wrap("walk", rel, err)
+	dfd, err := unix.Dup(fd(d))
+	d.Close()
+	if err != nil {
+		return wrap("walk", rel, err)
 	}
-	w := &treeWalk{f: f, opts: opts, mnt: f.mnt, visit: visit, prune: prune, buf: make([]byte, 32<<10)}
-	err = w.dir(ctx, fd(d), "", 1, nil)
+	top := &dirRef{fd: dfd}
+	top.hold()
+	defer top.release()
+	if err := f.onWorkdirMount(dfd); err != nil {
+		return wrap("walk", rel, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(dfd, &st); err != nil {
+		return wrap("walk", rel, err)
+	}
+	if rel != "." && int(st.Uid) != f.leaseUID {
+		return wrap("walk", rel, ErrForeignLink)
+	}
+	w := &treeWalk{f: f, opts: opts, visit: visit, prune: prune, buf: make([]byte, 32<<10)}
+	err = w.dir(ctx, top, "", 1, nil)
 	if errors.Is(err, errStopWalk) {
 		err = nil
 	}
 	if err != nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
 		err = wrap("walk", rel, err)
 	}
-	return rel, err
+	return err
 }
 
-func (w *treeWalk) dir(ctx context.Context, dirfd int, rel string, depth int, ign *ignoreSet) error {
+type dirent struct {
+	name string
+	mode uint32 // S_IFMT bits; 0 when the filesystem does not say
+}
+
+func (w *treeWalk) dir(ctx context.Context, d *dirRef, rel string, depth int, ign *ignoreSet) error {
 	if depth > maxWalkDepth {
 		return ErrTooLarge
 	}
-	names, err := readNamesBuf(dirfd, w.buf)
+	ents, err := readDirents(d.fd, w.buf)
 	if err != nil {
 		return err
 	}
-	slices.Sort(names)
-	if w.opts.GitIgnore && slices.Contains(names, ".gitignore") {
-		ign = ign.with(parseIgnore(rel, w.f.readSmall(dirfd, ".gitignore", maxIgnoreBytes)))
+	slices.SortFunc(ents, func(a, b dirent) int { return strings.Compare(a.name, b.name) })
+	if w.opts.GitIgnore && slices.ContainsFunc(ents, func(e dirent) bool { return e.name == ".gitignore" }) {
+		ign = ign.with(parseIgnore(rel, w.f.readSmall(d.fd, ".gitignore", maxIgnoreBytes)))
 	}
-	for _, name := range names {
+	for _, de := range ents {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !w.opts.Hidden && name[0] == '.' {
+		if !w.opts.Hidden && de.name[0] == '.' {
 			continue
 		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if errors.Is(err, unix.ENOENT) {
+		crel := de.name
+		if rel != "" {
+			crel = rel + "/" + de.name
+		}
+		e := &treeEntry{rel: crel, dir: d, name: de.name, mode: de.mode}
+		if e.mode == 0 {
+			st := e.stat()
+			if st == nil {
 				continue // removed since it was listed
 			}
-			return err
+			e.mode = st.Mode & unix.S_IFMT
 		}
-		if int(st.Uid) != w.f.leaseUID {
-			continue
-		}
-		crel := name
-		if rel != "" {
-			crel = rel + "/" + name
-		}
-		isDir := st.Mode&unix.S_IFMT == unix.S_IFDIR
+		isDir := e.mode == unix.S_IFDIR
 		if ign.ignored(crel, isDir) || (len(w.opts.Exclude) > 0 && globMatch(w.opts.Exclude, crel)) {
 			continue
 		}
-		e := treeEntry{rel: crel, dirfd: dirfd, name: name, st: &st}
-		enter := isDir && (w.opts.MaxDepth == 0 || depth < w.opts.MaxDepth) && (w.prune == nil || !w.prune(crel))
-		child := -1
-		if isDir {
-			child, err = openDirAt(dirfd, name, w.mnt)
-			switch {
-			case errors.Is(err, ErrMountPoint):
-				e.mount, enter = true, false
-			case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP):
-				continue // replaced meanwhile
-			case errors.Is(err, unix.EACCES):
-				enter = false
-			case err != nil:
+		if !isDir {
+			if err := w.visit(e); err != nil {
 				return err
 			}
+			continue
+		}
+		child, err := w.openChild(d.fd, de.name)
+		switch {
+		case errors.Is(err, ErrMountPoint):
+			e.mount = true
+		case errors.Is(err, ErrForeignLink):
+			continue // another uid's directory: not listed, not entered
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EACCES):
+			continue // replaced meanwhile, or unreadable
+		case err != nil:
+			return err
 		}
 		err = w.visit(e)
+		enter := child != nil && (w.opts.MaxDepth == 0 || depth < w.opts.MaxDepth) && (w.prune == nil || !w.prune(crel))
 		if err == nil && enter {
 			err = w.dir(ctx, child, crel, depth+1, ign)
 		}
-		if child >= 0 {
-			unix.Close(child)
+		if child != nil {
+			child.release()
 		}
 		if err != nil {
 			return err
@@ -175,54 +224,138 @@ func (w *treeWalk) dir(ctx context.Context, dirfd int, rel string, depth int, ig
 	return nil
 }
 
-// readNamesBuf is readNames with the caller's buffer.
-func readNamesBuf(dirfd int, buf []byte) ([]string, error) {
-	var names []string
+// openChild opens a subdirectory without following a symlink, refusing another mount
+// (ErrMountPoint) and another owner (ErrForeignLink), with one statx on the open
+// descriptor.
+func (w *treeWalk) openChild(parent int, name string) (*dirRef, error) {
+	cfd, err := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(cfd, "", unix.AT_EMPTY_PATH, unix.STATX_UID|unix.STATX_MNT_ID, &stx); err != nil {
+		unix.Close(cfd)
+		return nil, err
+	}
+	switch {
+	case stx.Mnt_id != w.f.mnt:
+		unix.Close(cfd)
+		return nil, ErrMountPoint
+	case int(stx.Uid) != w.f.leaseUID:
+		unix.Close(cfd)
+		return nil, ErrForeignLink
+	}
+	d := &dirRef{fd: cfd}
+	d.hold()
+	return d, nil
+}
+
+// readDirents reads the entries of a directory (without "." and ".."), with their
+// types: linux_dirent64 is d_ino (8), d_off (8), d_reclen (2), d_type (1), d_name.
+func readDirents(dirfd int, buf []byte) ([]dirent, error) {
+	var out []dirent
 	for {
-		n, err := unix.ReadDirent(dirfd, buf)
+		n, err := unix.Getdents(dirfd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
 		if n <= 0 {
-			return names, nil
+			return out, nil
 		}
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
+		for off := 0; off+19 <= n; {
+			reclen := int(binary.NativeEndian.Uint16(buf[off+16:]))
+			if reclen == 0 || off+reclen > n {
+				break
+			}
+			typ := buf[off+18]
+			name := buf[off+19 : off+reclen]
+			if i := slices.Index(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			off += reclen
+			if s := string(name); s != "." && s != ".." && s != "" {
+				out = append(out, dirent{name: s, mode: direntMode(typ)})
+			}
+		}
 	}
 }
 
+func direntMode(t uint8) uint32 {
+	switch t {
+	case unix.DT_REG:
+		return unix.S_IFREG
+	case unix.DT_DIR:
+		return unix.S_IFDIR
+	case unix.DT_LNK:
+		return unix.S_IFLNK
+	case unix.DT_FIFO:
+		return unix.S_IFIFO
+	case unix.DT_SOCK:
+		return unix.S_IFSOCK
+	case unix.DT_CHR:
+		return unix.S_IFCHR
+	case unix.DT_BLK:
+		return unix.S_IFBLK
+	}
+	return 0
+}
+
 // openFileAt opens the regular file name in dirfd for reading without following a
-// symlink and without blocking, and checks it is a regular file of the lease.
-func (f *FS) openFileAt(dirfd int, name string) (*os.File, *unix.Stat_t, error) {
+// symlink and without blocking, and checks it is a regular file of the lease. It
+// returns the raw descriptor (no os.File: no poller registration for a short read).
+func (f *FS) openFileAt(dirfd int, name string) (int, *unix.Stat_t, error) {
 	nfd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, nil, err
+		return -1, nil, err
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(nfd, &st); err != nil {
 		unix.Close(nfd)
-		return nil, nil, err
+		return -1, nil, err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != f.leaseUID {
 		unix.Close(nfd)
-		return nil, nil, ErrNotRegular
+		return -1, nil, ErrNotRegular
 	}
-	return os.NewFile(uintptr(nfd), name), &st, nil
+	return nfd, &st, nil
 }
 
 // readSmall reads a small regular file of the lease in dirfd; nil when it is missing,
 // not a regular file, not the lease's, or larger than max.
 func (f *FS) readSmall(dirfd int, name string, max int64) []byte {
-	h, st, err := f.openFileAt(dirfd, name)
+	nfd, st, err := f.openFileAt(dirfd, name)
 	if err != nil {
 		return nil
 	}
-	defer h.Close()
+	defer unix.Close(nfd)
 	if st.Size > max {
 		return nil
 	}
-	b := make([]byte, st.Size)
-	n, _ := h.ReadAt(b, 0)
-	return b[:n]
+	b, _ := readFD(nfd, make([]byte, 0, st.Size), st.Size)
+	return b
+}
+
+// readFD reads up to n bytes of fd into buf: the file as it was when it was sized
+// (one that grew since is read up to n, one that shrank to its end).
+func readFD(fd int, buf []byte, n int64) ([]byte, error) {
+	buf = slices.Grow(buf[:0], int(n))
+	for int64(len(buf)) < n {
+		k, err := unix.Read(fd, buf[len(buf):n])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return buf, err
+		}
+		if k == 0 {
+			break
+		}
+		buf = buf[:len(buf)+k]
+	}
+	return buf, nil
 }
 
 // onWorkdirMount refuses a directory reached across a mount point (os.Root crosses

@@ -161,14 +161,14 @@ func (w *Watcher) addDir(dirfd int, rel string) error {
 // as created (it appeared before its directory was watched).
 func (w *Watcher) addTree(rel string, report bool) {
 	start := path.Join(w.root, rel)
-	visit := func(e treeEntry) error {
+	visit := func(e *treeEntry) error {
 		crel := path.Join(rel, e.rel)
-		isDir := e.st.Mode&unix.S_IFMT == unix.S_IFDIR
+		isDir := e.mode == unix.S_IFDIR
 		if report {
 			w.push(WatchEvent{Type: EventCreate, Path: crel, Dir: isDir})
 		}
 		if isDir && !e.mount {
-			child, err := openDirAt(e.dirfd, e.name, w.mnt)
+			child, err := openDirAt(e.dir.fd, e.name, w.mnt)
 			if err == nil {
 				_ = w.addDir(child, crel)
 				unix.Close(child)
@@ -176,7 +176,7 @@ func (w *Watcher) addTree(rel string, report bool) {
 		}
 		return nil
 	}
-	_, _ = w.f.walkTree(context.Background(), start, TreeOptions{Hidden: true}, visit, nil)
+	_ = w.f.walkTree(context.Background(), start, TreeOptions{Hidden: true}, visit, nil)
 }
 
 // openSub opens the directory rel (below the watched one) without following its last

@@ -68,17 +68,18 @@ func (s *Server) handleFind(w http.ResponseWriter, r *http.Request, _ principal)
 		return err
 	}
 	res, err := f.Find(r.Context(), r.PathValue("path"), fsxfer.FindOptions{
-		TreeOptions: tree, Type: q.Get("type"), After: q.Get("after"), Limit: limit, Timeout: timeout,
+		TreeOptions: tree, Type: q.Get("type"), After: q.Get("after"), Limit: limit, Timeout: timeout, Stat: queryBool(q.Get("stat")),
 	})
 	if err != nil {
 		return err
 	}
 	out := apitype.FindResult{Entries: make([]apitype.FoundEntry, 0, len(res.Entries)), Truncated: res.Truncated, Reason: res.Reason, Next: res.Next}
 	for _, e := range res.Entries {
-		out.Entries = append(out.Entries, apitype.FoundEntry{
-			Path: e.Path, Type: e.Type, Size: e.Size, Mode: fmt.Sprintf("%04o", e.Mode.Perm()),
-			ModTime: e.ModTime, Target: e.Target, Mount: e.Mount,
-		})
+		fe := apitype.FoundEntry{Path: e.Path, Type: e.Type, Mount: e.Mount}
+		if !e.ModTime.IsZero() { // stat=1
+			fe.Size, fe.Mode, fe.UID, fe.ModTime, fe.Target = e.Size, fmt.Sprintf("%04o", e.Mode.Perm()), e.UID, e.ModTime, e.Target
+		}
+		out.Entries = append(out.Entries, fe)
 	}
 	return writeJSON(w, http.StatusOK, out)
 }

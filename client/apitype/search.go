@@ -24,13 +24,15 @@ type FileStat struct {
 	ETag    string    `json:"etag,omitempty"`   // of a regular file: what If-Match takes
 }
 
-// FoundEntry is one entry of a find; Path is relative to the directory searched.
+// FoundEntry is one entry of a find; Path is relative to the directory searched. Size,
+// Mode, UID, ModTime and Target come with stat=1 (one stat per entry).
 type FoundEntry struct {
 	Path    string    `json:"path"`
 	Type    string    `json:"type"`
-	Size    int64     `json:"size"`
-	Mode    string    `json:"mode"`
-	ModTime time.Time `json:"mtime"`
+	Size    int64     `json:"size,omitzero"`
+	Mode    string    `json:"mode,omitempty"`
+	UID     int       `json:"uid,omitzero"`
+	ModTime time.Time `json:"mtime,omitzero"`
 	Target  string    `json:"target,omitempty"`
 	Mount   bool      `json:"mount,omitempty"` // a directory on another mount: listed, never entered
 }
