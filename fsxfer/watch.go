@@ -106,6 +106,13 @@ func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 	if err := f.onWorkdirMount(fd(d)); err != nil {
 		return nil, wrap("watch", rel, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd(d), &st); err != nil {
+		return nil, wrap("watch", rel, err)
+	}
+	if rel != "." && int(st.Uid) != f.leaseUID {
+		return nil, wrap("watch", rel, ErrForeignLink)
+	}
 	ifd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
 		return nil, wrap("watch", rel, err)
