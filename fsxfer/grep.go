@@ -485,28 +485,42 @@ func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit 
 	return f.walkTree(ctx, p, opts, visit, nil)
 }
 
-// grepFile opens and searches one file: never through a symlink, only a regular file
-// of the lease, and one over the size cap is not read at all.
+// grepFile searches one file: never through a symlink, only a regular file of the
+// lease, and one over the size cap is not read at all. An unchanged file comes from the
+// content cache for the price of one stat.
 func (f *FS) grepFile(dirfd int, j grepName, m *matcher, opts GrepOptions) grepOut {
 	var out grepOut
-	nfd, st, err := f.openFileAt(dirfd, j.name)
+	var st unix.Stat_t
+	if unix.Fstatat(dirfd, j.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+		st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == f.leaseUID && st.Size <= opts.MaxFileBytes {
+		if buf := contentCache.get(&st); buf != nil {
+			return f.grepBuf(out, j, buf, m, opts)
+		}
+	}
+	readAt := cacheNow()
+	nfd, fst, err := f.openFileAt(dirfd, j.name)
 	if err != nil {
 		out.skipped = true
 		return out
 	}
 	defer unix.Close(nfd)
-	if st.Size > opts.MaxFileBytes {
+	if fst.Size > opts.MaxFileBytes {
 		out.large = true
 		return out
 	}
 	bp := grepBufs.Get().(*[]byte)
 	defer grepBufs.Put(bp)
-	buf, err := readFD(nfd, *bp, st.Size)
+	buf, err := readFD(nfd, *bp, fst.Size)
 	*bp = buf
 	if err != nil {
 		out.skipped = true
 		return out
 	}
+	contentCache.put(fst, buf, readAt)
+	return f.grepBuf(out, j, buf, m, opts)
+}
+
+func (f *FS) grepBuf(out grepOut, j grepName, buf []byte, m *matcher, opts GrepOptions) grepOut {
 	if bytes.IndexByte(buf, 0) >= 0 {
 		out.binary = true
 		return out

@@ -353,3 +353,79 @@ func TestReadLines(t *testing.T) {
 		t.Fatalf("a line over the cap: %d %d %v %v", len(got.Data), got.Count, got.More, err)
 	}
 }
+
+// The content cache serves an unchanged file and never a changed one.
+func TestGrepCache(t *testing.T) {
+	l := newTestLease(t)
+	writeTree(t, l.work, map[string]string{"a": "old needle\n", "b": "needle\n"})
+	f := openFS(t, l.config())
+	ctx := context.Background()
+	defer func(now func() time.Time) { cacheNow = now }(cacheNow)
+	cacheNow = func() time.Time { return time.Now().Add(time.Hour) } // everything counts as settled
+	grep := func() []string {
+		t.Helper()
+		g, err := f.Grep(ctx, "", GrepOptions{Pattern: "needle", Fixed: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range g.Matches {
+			out = append(out, m.Path+":"+m.Text)
+		}
+		return out
+	}
+	hits := func() int64 {
+		contentCache.mu.Lock()
+		defer contentCache.mu.Unlock()
+		return contentCache.hits
+	}
+	want := []string{"a:old needle", "b:needle"}
+	if got := grep(); !slices.Equal(got, want) {
+		t.Fatalf("first: %q", got)
+	}
+	before := hits()
+	if got := grep(); !slices.Equal(got, want) || hits()-before != 2 {
+		t.Fatalf("second: %q, %d hits", got, hits()-before)
+	}
+	// Same size, same inode, rewritten in place once the coarse clock has moved on
+	// (ctime then differs), and replaced by a rename (another inode).
+	ca := statCtime(t, filepath.Join(l.work, "a"))
+	for scratch := filepath.Join(l.work, ".scratch"); ; {
+		if err := os.WriteFile(scratch, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if statCtime(t, scratch) != ca {
+			break
+		}
+	}
+	if err := os.WriteFile(filepath.Join(l.work, "a"), []byte("new needle\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(l.work, "b.new"), []byte("NEEDLE\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(l.work, "b.new"), filepath.Join(l.work, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := grep(); !slices.Equal(got, []string{"a:new needle"}) {
+		t.Fatalf("after changes: %q", got)
+	}
+	// A file changed within the settle time is not cached at all.
+	cacheNow = time.Now
+	writeTree(t, l.work, map[string]string{"c": "fresh needle\n"})
+	before = hits()
+	grep()
+	grep()
+	if n := hits() - before; n != 4 { // a and b twice each, never c
+		t.Fatalf("%d hits, want 4 (a and b, not c)", n)
+	}
+}
+
+func statCtime(t *testing.T, p string) unix.Timespec {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ctim
+}
