@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -271,7 +272,7 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request, _ principal
 				reason = "daemon stopping"
 			case r.Context().Err() != nil:
 				return nil
-			case !errors.Is(err, context.Canceled) && err != nil && err.Error() != "EOF":
+			case !errors.Is(err, io.EOF) && !errors.Is(err, context.Canceled):
 				reason = "watch failed"
 			}
 			_ = send(apitype.WatchEvent{Type: apitype.WatchEnd, Reason: reason})
