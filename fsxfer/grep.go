@@ -213,7 +213,10 @@ type grepJob struct {
 	done  bool
 }
 
-type grepName struct{ rel, name string }
+type grepName struct {
+	rel, name string
+	ino       uint64 // from the directory entry: 0 when unknown
+}
 
 // grepOut is what one file gave.
 type grepOut struct {
@@ -382,7 +385,7 @@ func (g *grepRun) walk(ctx context.Context, p string) error {
 			e.dir.hold()
 			batch = &grepJob{dir: e.dir}
 		}
-		batch.files = append(batch.files, grepName{e.rel, e.name})
+		batch.files = append(batch.files, grepName{e.rel, e.name, e.ino})
 		return nil
 	}
 	err := g.f.grepTargets(ctx, p, g.opts.TreeOptions, visit)
@@ -491,7 +494,7 @@ func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit 
 func (f *FS) grepFile(dirfd int, j grepName, m *matcher, opts GrepOptions) grepOut {
 	var out grepOut
 	var st unix.Stat_t
-	if unix.Fstatat(dirfd, j.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+	if (j.ino == 0 || contentCache.has(j.ino)) && unix.Fstatat(dirfd, j.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
 		st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == f.leaseUID && st.Size <= opts.MaxFileBytes {
 		if buf := contentCache.get(&st); buf != nil {
 			return f.grepBuf(out, j, buf, m, opts)

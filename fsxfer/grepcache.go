@@ -21,14 +21,13 @@ import (
 // bounded by grepCacheBytes.
 type grepCache struct {
 	mu      sync.Mutex
-	entries map[cacheKey]*cacheEntry
+	entries map[uint64]*cacheEntry // by inode number: a walk knows it from the directory entry, before any stat
 	bytes   int64
 	hits    int64 // for tests
 }
 
-type cacheKey struct{ dev, ino uint64 }
-
 type cacheEntry struct {
+	dev          uint64
 	size         int64
 	mtime, ctime unix.Timespec
 	data         []byte
@@ -41,19 +40,25 @@ const (
 	grepCacheOverhead = 128 // bytes counted per entry beyond its data
 )
 
-var contentCache = &grepCache{entries: map[cacheKey]*cacheEntry{}}
+var contentCache = &grepCache{entries: map[uint64]*cacheEntry{}}
 
 // cacheNow is the clock the settle rule reads (tests move it).
 var cacheNow = time.Now
 
-func keyOfStat(st *unix.Stat_t) cacheKey { return cacheKey{uint64(st.Dev), st.Ino} }
+// has reports whether an inode may be cached: when not, the stat that would validate
+// it is skipped and the file read directly.
+func (c *grepCache) has(ino uint64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.entries[ino] != nil
+}
 
 // get returns the cached contents for a file described by st, or nil.
 func (c *grepCache) get(st *unix.Stat_t) []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e := c.entries[keyOfStat(st)]
-	if e == nil || e.size != st.Size || e.mtime != st.Mtim || e.ctime != st.Ctim {
+	e := c.entries[st.Ino]
+	if e == nil || e.dev != uint64(st.Dev) || e.size != st.Size || e.mtime != st.Mtim || e.ctime != st.Ctim {
 		return nil
 	}
 	c.hits++
@@ -68,11 +73,11 @@ func (c *grepCache) put(st *unix.Stat_t, data []byte, readAt time.Time) {
 	if readAt.Sub(time.Unix(st.Ctim.Unix())) < grepCacheSettle {
 		return // changed too recently to tell a later change by its timestamps
 	}
-	e := &cacheEntry{size: st.Size, mtime: st.Mtim, ctime: st.Ctim, data: append([]byte(nil), data...)}
+	e := &cacheEntry{dev: uint64(st.Dev), size: st.Size, mtime: st.Mtim, ctime: st.Ctim, data: append([]byte(nil), data...)}
 	cost := int64(len(data)) + grepCacheOverhead
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := keyOfStat(st)
+	k := st.Ino
 	if old := c.entries[k]; old != nil {
 		c.bytes -= int64(len(old.data)) + grepCacheOverhead
 	}

@@ -71,6 +71,18 @@ func BenchmarkSearchTree(b *testing.B) {
 			return len(r.Entries)
 		}, "find", ".", "-name", "*.go")
 	})
+	b.Run("grep-cold", func(b *testing.B) { // every file opened and read, as on a first search
+		run(b, func() int {
+			contentCache.mu.Lock()
+			contentCache.entries, contentCache.bytes = map[uint64]*cacheEntry{}, 0
+			contentCache.mu.Unlock()
+			r, err := f.Grep(ctx, "", GrepOptions{Pattern: "needle", Fixed: true, MaxMatches: MaxGrepMatches})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return len(r.Matches)
+		}, "grep", "-rn", "-F", "needle", ".")
+	})
 	b.Run("grep", func(b *testing.B) {
 		run(b, func() int {
 			r, err := f.Grep(ctx, "", GrepOptions{Pattern: "needle", Fixed: true, MaxMatches: MaxGrepMatches})

@@ -72,6 +72,7 @@ type treeEntry struct {
 	name  string
 	mode  uint32 // the S_IFMT bits, from the directory entry (or a stat when it has none)
 	mount bool   // a directory on another mount: listed, never entered
+	ino   uint64 // from the directory entry; 0 when unknown
 	st    *unix.Stat_t
 }
 
@@ -155,6 +156,7 @@ func (f *FS) walkTree(ctx context.Context, p string, opts TreeOptions, visit fun
 type dirent struct {
 	name string
 	mode uint32 // S_IFMT bits; 0 when the filesystem does not say
+	ino  uint64
 }
 
 func (w *treeWalk) dir(ctx context.Context, d *dirRef, rel string, depth int, ign *ignoreSet) error {
@@ -180,7 +182,7 @@ func (w *treeWalk) dir(ctx context.Context, d *dirRef, rel string, depth int, ig
 		if rel != "" {
 			crel = rel + "/" + de.name
 		}
-		e := &treeEntry{rel: crel, dir: d, name: de.name, mode: de.mode}
+		e := &treeEntry{rel: crel, dir: d, name: de.name, mode: de.mode, ino: de.ino}
 		if e.mode == 0 {
 			st := e.stat()
 			if st == nil {
@@ -270,6 +272,7 @@ func readDirents(dirfd int, buf []byte) ([]dirent, error) {
 			if reclen == 0 || off+reclen > n {
 				break
 			}
+			ino := binary.NativeEndian.Uint64(buf[off:])
 			typ := buf[off+18]
 			name := buf[off+19 : off+reclen]
 			if i := slices.Index(name, 0); i >= 0 {
@@ -277,7 +280,7 @@ func readDirents(dirfd int, buf []byte) ([]dirent, error) {
 			}
 			off += reclen
 			if s := string(name); s != "." && s != ".." && s != "" {
-				out = append(out, dirent{name: s, mode: direntMode(typ)})
+				out = append(out, dirent{name: s, mode: direntMode(typ), ino: ino})
 			}
 		}
 	}
