@@ -36,6 +36,13 @@ var (
 	ErrScriptTimeout      = errors.New("script timeout")
 	ErrUnavailable        = errors.New("service unavailable")
 	ErrInternal           = errors.New("internal server error")
+	// ErrPreconditionFailed: a conditional write found the file in another state
+	// (If-Match with a stale ETag, If-None-Match: * on an existing file).
+	ErrPreconditionFailed = errors.New("precondition failed")
+	// ErrOldTextNotFound and ErrOldTextNotUnique: an exact replacement found its old
+	// text nowhere, or more than once without All.
+	ErrOldTextNotFound  = errors.New("old text not found")
+	ErrOldTextNotUnique = errors.New("old text not unique")
 )
 
 var sentinelByCode = map[string]error{
@@ -60,6 +67,9 @@ var sentinelByCode = map[string]error{
 	apitype.CodeScriptTimeout:      ErrScriptTimeout,
 	apitype.CodeUnavailable:        ErrUnavailable,
 	apitype.CodeInternal:           ErrInternal,
+	apitype.CodePreconditionFailed: ErrPreconditionFailed,
+	apitype.CodeOldTextNotFound:    ErrOldTextNotFound,
+	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,
@@ -71,6 +81,7 @@ var codeByStatus = map[int]string{
 	http.StatusNotFound:              apitype.CodeNotFound,
 	http.StatusGone:                  apitype.CodeLeaseExpired,
 	http.StatusRequestEntityTooLarge: apitype.CodePayloadTooLarge,
+	http.StatusPreconditionFailed:    apitype.CodePreconditionFailed,
 	http.StatusTooManyRequests:       apitype.CodeLeaseLimit,
 	http.StatusInsufficientStorage:   apitype.CodeQuotaExceeded,
 	http.StatusInternalServerError:   apitype.CodeInternal,

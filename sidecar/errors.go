@@ -80,6 +80,10 @@ var sentinels = []struct {
 	{fsxfer.ErrNotRegular, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{fsxfer.ErrTooLarge, http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge},
 	{fsxfer.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{fsxfer.ErrPrecondition, http.StatusPreconditionFailed, apitype.CodePreconditionFailed},
+	{fsxfer.ErrNoMatch, http.StatusConflict, apitype.CodeOldTextNotFound},
+	{fsxfer.ErrAmbiguous, http.StatusConflict, apitype.CodeOldTextNotUnique},
+	{fsxfer.ErrTooMany, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
 	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{script.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 }

@@ -89,6 +89,10 @@ const (
 	CodeConflict           = "conflict"
 	CodeRangeUnsatisfied   = "range_not_satisfiable"
 	CodePreconditionFailed = "precondition_failed"
+	// CodeOldTextNotFound and CodeOldTextNotUnique (409): an exact replacement found its
+	// old text nowhere, or more than once without "all".
+	CodeOldTextNotFound  = "old_text_not_found"
+	CodeOldTextNotUnique = "old_text_not_unique"
 )
 
 // Problem is an RFC 9457 problem details body.
