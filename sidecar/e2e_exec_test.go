@@ -250,7 +250,10 @@ func TestReleaseLeavesNothing(t *testing.T) {
 		}
 	}
 	if os.Geteuid() == 0 {
+		// v1 hierarchies, or v2 from the root cgroup or a delegated one.
 		matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
+		v2, _ := filepath.Glob("/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID())
+		matches = append(matches, v2...)
 		if len(matches) != 0 {
 			t.Fatalf("cgroups left: %v", matches)
 		}
