@@ -36,6 +36,9 @@ var badConfigs = map[string]string{
 	"netns not 1":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00netns\x00yes\x00",
 	"rules without policy": "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00ll_rw\x00/\x00",
 	"landlock twice":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock\x000\x00",
+	"max abi, no policy":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock_max_abi\x003\x00",
+	"max abi twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock_max_abi\x003\x00landlock_max_abi\x003\x00",
+	"max abi not a number": "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock_max_abi\x00x\x00",
 	"no argv":              "sidecar-init/1\x00uid\x000\x00gid\x000\x00",
 	"empty argv0":          "sidecar-init/1\x00argv\x00\x00uid\x000\x00gid\x000\x00",
 	"magic only":           "sidecar-init/1\x00",
@@ -172,7 +175,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 	full, err := initproc.Encode(&initproc.Config{
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", NetNS: true,
-		Landlock: &initproc.Landlock{MinABI: 6, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 	})
 	if err != nil {
 		f.Fatal(err)

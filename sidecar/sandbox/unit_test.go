@@ -11,6 +11,7 @@ import (
 	"github.com/creack/pty"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
 
 func TestV2Paths(t *testing.T) {
@@ -56,9 +57,60 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{CgroupParent: "../escape"},
 		{CgroupParent: "/abs"},
 		{HelperPath: "relative"},
+		{RequireCgroup: "v3"},
+		{MinLandlockABI: -1},
+		{MinLandlockABI: MaxKnownLandlockABI + 1},
+		{LandlockMaxABI: -2},
 	} {
 		if _, err := New(cfg); !errors.Is(err, ErrInvalid) {
 			t.Errorf("New(%+v) = %v, want ErrInvalid", cfg, err)
+		}
+	}
+}
+
+// An operator's floor above what the host gives refuses to start, naming the kernel
+// that has it; the floor is checked against the ABI lease processes would really get.
+func TestNewRefusesBelowFloor(t *testing.T) {
+	kernel := initproc.ABIVersion()
+	if kernel < 2 {
+		t.Skipf("needs Landlock ABI >= 2 to cap below it; this kernel has %d", kernel)
+	}
+	for _, iso := range []string{IsolationNone, IsolationStrict} {
+		_, err := New(Config{Isolation: iso, MinLandlockABI: 2, LandlockMaxABI: 1, CgroupParent: testCgroupParent})
+		if err == nil || !strings.Contains(err.Error(), "Landlock ABI >= 2 as required (Linux 5.19 or later") || !strings.Contains(err.Error(), "capped at 1") {
+			t.Errorf("%s: New below the floor = %v", iso, err)
+		}
+	}
+	if _, err := New(Config{Isolation: IsolationNone, MinLandlockABI: kernel}); err != nil {
+		t.Errorf("New at the floor: %v", err)
+	}
+}
+
+func TestLayers(t *testing.T) {
+	for _, tc := range []struct {
+		caps Caps
+		want string
+	}{
+		{Caps{}, ""},
+		{Caps{Cgroups: "v2", UIDIsolation: true, PrivateTmp: true, NetworkIsolation: true}, "cgroup-v2 uid mount-ns net-ns"},
+		{Caps{Cgroups: "v1", LandlockABI: 1}, "cgroup-v1 landlock-fs"},
+		{Caps{LandlockABI: 2}, "landlock-fs landlock-fs-refer"},
+		{Caps{LandlockABI: 4}, "landlock-fs landlock-fs-refer landlock-fs-truncate"},
+		{Caps{LandlockABI: 5}, "landlock-fs landlock-fs-refer landlock-fs-truncate landlock-fs-ioctl-dev"},
+		{Caps{LandlockABI: 7}, "landlock-fs landlock-fs-refer landlock-fs-truncate landlock-fs-ioctl-dev landlock-scope"},
+	} {
+		if got := strings.Join(tc.caps.layers(), " "); got != tc.want {
+			t.Errorf("layers(%+v) = %q, want %q", tc.caps, got, tc.want)
+		}
+	}
+	for abi, kernel := range map[int]string{0: "", 1: "5.13", 2: "5.19", 3: "6.2", 4: "6.7", 5: "6.10", 6: "6.12", 7: "6.15", 8: ""} {
+		if got := LandlockLinux(abi); got != kernel {
+			t.Errorf("LandlockLinux(%d) = %q, want %q", abi, got, kernel)
+		}
+	}
+	for _, tc := range []struct{ kernel, max, want int }{{7, 0, 7}, {7, 3, 3}, {2, 6, 2}, {7, NoLandlock, 0}, {0, 3, 0}} {
+		if got := appliedLandlockABI(tc.kernel, tc.max); got != tc.want {
+			t.Errorf("appliedLandlockABI(%d, %d) = %d, want %d", tc.kernel, tc.max, got, tc.want)
 		}
 	}
 }
