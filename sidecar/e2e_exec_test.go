@@ -211,8 +211,8 @@ func TestLimitsContainOneLease(t *testing.T) {
 		t.Logf("fork bomb result: %+v", res)
 	}
 	info := must(d.client.Get(ctx, a.ID()))(t)
-	if info.Usage != nil && info.Usage.Pids > 64 {
-		t.Fatalf("pids over the limit: %+v", info.Usage)
+	if info.Usage == nil || info.Usage.Pids > 64 {
+		t.Fatalf("pids over the limit or no usage: %+v", info.Usage)
 	}
 	if r := must(b.Exec(ctx, sh(`echo alive`)))(t); r.Stdout != "alive\n" {
 		t.Fatalf("bystander: %+v", r)
@@ -225,6 +225,11 @@ func TestLimitsContainOneLease(t *testing.T) {
 	}
 	if r := must(b.Exec(ctx, sh(`echo alive`)))(t); r.Stdout != "alive\n" {
 		t.Fatalf("bystander after OOM: %+v", r)
+	}
+	// Inspection reports what the lease used, read from its cgroup.
+	info = must(d.client.Get(ctx, a.ID()))(t)
+	if u := info.Usage; u == nil || u.OOMKills < 1 || u.CPUSeconds <= 0 {
+		t.Fatalf("usage after the fork bomb and the OOM kill: %+v", u)
 	}
 }
 
