@@ -39,6 +39,9 @@ type Config struct {
 	UIDFirst, UIDLast        int
 	CgroupParent             string
 	Isolation                string // "strict" or "none"
+	MinLandlockABI           int    // operator's floor: refuse to start below it; 0 none
+	RequireCgroup            string // operator's floor: "v1", "v2" or "" (either)
+	LandlockMaxABI           int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
 	AllowedOrigins           []string
 
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
@@ -117,10 +120,13 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}()
 
 	sb, err := sandbox.New(sandbox.Config{
-		CgroupParent: cfg.CgroupParent,
-		Isolation:    cfg.Isolation,
-		HelperPath:   sandboxHelper(cfg.HelperPath),
-		Logger:       log.With("component", "sandbox"),
+		CgroupParent:   cfg.CgroupParent,
+		Isolation:      cfg.Isolation,
+		HelperPath:     sandboxHelper(cfg.HelperPath),
+		Logger:         log.With("component", "sandbox"),
+		MinLandlockABI: cfg.MinLandlockABI,
+		RequireCgroup:  cfg.RequireCgroup,
+		LandlockMaxABI: cfg.LandlockMaxABI,
 	})
 	if err != nil {
 		return nil, err
@@ -273,7 +279,12 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
-	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups)
+	caps := sb.Caps()
+	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", caps.Isolation,
+		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","))
+	for _, gap := range caps.Gaps() {
+		log.Warn("isolation layer missing on this kernel", "landlock_abi", caps.LandlockABI, "gap", gap)
+	}
 	return d, nil
 }
 

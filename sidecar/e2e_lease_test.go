@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -266,9 +267,37 @@ func TestMetricsAndInfo(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("metrics: %d", status)
 	}
-	for _, want := range []string{`sidecar_leases{state="active"} 1`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket"} {
+	wants := []string{`sidecar_leases{state="active"} 1`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket",
+		fmt.Sprintf("sidecar_landlock_abi %d", info.Capabilities.Landlock)}
+	for _, l := range info.Capabilities.Layers {
+		wants = append(wants, fmt.Sprintf(`sidecar_isolation_layer{layer=%q} 1`, l))
+	}
+	if isolation() == "strict" && len(info.Capabilities.Layers) < 4 {
+		t.Errorf("strict daemon reports layers %q", info.Capabilities.Layers)
+	}
+	for _, want := range wants {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+}
+
+// An operator's Landlock floor above what lease processes would get refuses to start,
+// naming the Linux release that has it (the cap stands in for an older kernel here).
+func TestLandlockFloorRefusesToStart(t *testing.T) {
+	if landlockKernelABI() < 3 {
+		t.Skipf("needs Landlock ABI >= 3 to cap below a floor of 3; this kernel has %d", landlockKernelABI())
+	}
+	d := startDaemon(t)
+	cfg := d.cfg
+	d.stop()
+	cfg.MinLandlockABI, cfg.LandlockMaxABI = 3, 2
+	dd, err := sidecar.Start(context.Background(), cfg)
+	if err == nil {
+		dd.Close(context.Background())
+		t.Fatal("started below the floor")
+	}
+	if !strings.Contains(err.Error(), "Landlock ABI >= 3 as required (Linux 6.2 or later") {
+		t.Fatalf("refusal does not name the kernel needed: %v", err)
 	}
 }

@@ -116,6 +116,9 @@ type Capabilities struct {
 	Landlock         int    `json:"landlock_abi"` // 0: not available
 	PrivateTmp       bool   `json:"private_tmp"`
 	Isolation        string `json:"isolation"` // "strict" or "none"
+	// Layers are the isolation layers in force, e.g. "cgroup-v2", "uid", "mount-ns",
+	// "net-ns", "landlock-fs", "landlock-scope" (docs/api.md lists them all).
+	Layers []string `json:"layers"`
 }
 
 // ServiceLimits are the daemon-wide limits a client should know about.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
@@ -55,6 +56,8 @@ type serveConfig struct {
 	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
+	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
+	RequireCgroup  string   `env:"SIDECAR_REQUIRE_CGROUP"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
@@ -128,6 +131,12 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.Isolation != "strict" && c.Isolation != "none" {
 		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
+	}
+	if c.MinLandlockABI < 0 || c.MinLandlockABI > sandbox.MaxKnownLandlockABI {
+		errs = append(errs, fmt.Errorf("SIDECAR_MIN_LANDLOCK_ABI must be 0 to %d, not %d", sandbox.MaxKnownLandlockABI, c.MinLandlockABI))
+	}
+	if c.RequireCgroup != "" && c.RequireCgroup != "v1" && c.RequireCgroup != "v2" {
+		errs = append(errs, fmt.Errorf("SIDECAR_REQUIRE_CGROUP must be v1, v2 or empty, not %q", c.RequireCgroup))
 	}
 	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
 		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
@@ -302,6 +311,8 @@ func runServe(ctx context.Context, args []string) error {
 		UIDLast:           uidLast,
 		CgroupParent:      c.CgroupParent,
 		Isolation:         c.Isolation,
+		MinLandlockABI:    c.MinLandlockABI,
+		RequireCgroup:     c.RequireCgroup,
 		AllowedOrigins:    c.AllowedOrigins,
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,

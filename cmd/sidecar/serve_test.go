@@ -41,13 +41,16 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		"SIDECAR_UID_RANGE":           "5-1",
 		"SIDECAR_LOG_FORMAT":          "xml",
 		"SIDECAR_DEFAULT_LIMITS_PIDS": "100000",
+		"SIDECAR_MIN_LANDLOCK_ABI":    "9",
+		"SIDECAR_REQUIRE_CGROUP":      "v3",
 	}
 	_, err := loadServeConfig(env)
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
 	msg := err.Error()
-	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS"} {
+	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
+		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not name %s:\n%s", want, msg)
 		}
