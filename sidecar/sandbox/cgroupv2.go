@@ -69,6 +69,9 @@ func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
 		top = mount
 	}
 	if err := enableControllers(top); err != nil {
+		if errors.Is(err, syscall.EBUSY) { // the no-internal-processes rule
+			return nil, fmt.Errorf("cgroup v2: %s holds processes other than the daemon, so it cannot hand controllers to lease cgroups: run the daemon alone in its cgroup (systemd: Delegate=yes) or from the root cgroup: %w", top, err)
+		}
 		return nil, err
 	}
 	rel, err := filepath.Rel(top, base)

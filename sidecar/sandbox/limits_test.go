@@ -140,9 +140,22 @@ func waitForSleepers(t *testing.T, dir string, durations ...string) []int {
 	return pids
 }
 
-// alive: exists and is not a zombie (an orphan may wait for its reaper).
+// alive: exists, is not a zombie (an orphan may wait for its reaper) and is not exiting.
+// A killed process leaves its cgroup, which may then report itself empty, before it is a
+// zombie; from the start of its exit it has PF_EXITING set and never runs user code again.
 func alive(pid int) bool {
-	return syscall.Kill(pid, 0) == nil && !isZombie(pid)
+	const pfExiting = 0x4
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
+	f := strings.Fields(string(b)[i+2:])    // state ppid pgrp session tty tpgid flags ...
+	if len(f) < 7 || f[0] == "Z" || f[0] == "X" {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err != nil || flags&pfExiting == 0
 }
 
 func TestNetworkNone(t *testing.T) { forEachHelper(t, testNetworkNone) }

@@ -158,7 +158,11 @@ func testInCgroupFromFirstInstruction(t *testing.T, s *Sandbox) {
 	if v2 {
 		perProcess = 1
 	}
-	for i := range 50 {
+	runs := 50
+	if testing.Short() { // the VM tests (test/vm), under software emulation
+		runs = 5
+	}
+	for i := range runs {
 		r := run(t, s, l.ID, sh(`for i in 1 2 3 4 5; do cat /proc/self/cgroup & done; wait`))
 		n := 0
 		for _, line := range lines(r.stdout) {
