@@ -119,6 +119,10 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		}
 	}()
 
+	stateAbs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := sandbox.New(sandbox.Config{
 		CgroupParent:   cfg.CgroupParent,
 		Isolation:      cfg.Isolation,
@@ -127,6 +131,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		MinLandlockABI: cfg.MinLandlockABI,
 		RequireCgroup:  cfg.RequireCgroup,
 		LandlockMaxABI: cfg.LandlockMaxABI,
+		Owner:          stateAbs,
 	})
 	if err != nil {
 		return nil, err
@@ -352,7 +357,7 @@ func traversable(workRoot, stateDir string) error {
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
 			if dir != stateAbs {
-				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs", abs, dir, fi.Mode().Perm())
+				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs; set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) to a directory every ancestor of which others may traverse, e.g. /var/lib/sidecar", abs, dir, fi.Mode().Perm())
 			}
 			if err := os.Chmod(dir, fi.Mode().Perm()|0o011); err != nil {
 				return fmt.Errorf("state dir: %w", err)

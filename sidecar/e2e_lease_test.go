@@ -6,13 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 func TestLeaseLifecycle(t *testing.T) {
@@ -300,4 +305,48 @@ func TestLandlockFloorRefusesToStart(t *testing.T) {
 	if !strings.Contains(err.Error(), "Landlock ABI >= 3 as required (Linux 6.2 or later") {
 		t.Fatalf("refusal does not name the kernel needed: %v", err)
 	}
+}
+
+// Two daemons on one host: a second one with its own state dir and cgroup parent starts
+// beside the first, and one on the parent the first holds is refused, naming it, before it
+// sweeps anything: the first one's lease keeps running through both.
+func TestTwoDaemonsOneHost(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	a := startDaemon(t)
+	la := a.acquire("first")
+	// A background process of the lease: its host pid is what the sweep would kill.
+	must(la.Start(ctx, apitype.StartRequest{Argv: []string{"/bin/sh", "-c", "echo $$ > sleeper.pid; exec sleep 300"}}))(t)
+	var pid int
+	waitFor(t, "the lease's background process", 10*time.Second, func() bool {
+		b, err := la.ReadFile(ctx, "sleeper.pid")
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0
+	})
+	alive := func(when string) {
+		t.Helper()
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("%s: the first daemon's lease process %d is gone: %v", when, pid, err)
+		}
+		if r := must(la.Exec(ctx, sh(`echo ok`)))(t); r.Stdout != "ok\n" {
+			t.Fatalf("%s: the first daemon's lease: %+v", when, r)
+		}
+	}
+
+	b := startDaemon(t, func(c *sidecar.Config) { c.CgroupParent += "-b" })
+	b.acquire("second")
+	alive("a second daemon started")
+
+	cfg := b.cfg
+	cfg.StateDir = stateDir(t)
+	cfg.WorkRoot = filepath.Join(cfg.StateDir, "leases")
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.CgroupParent = a.cfg.CgroupParent
+	if dd, err := sidecar.Start(ctx, cfg); err == nil {
+		dd.Close(ctx)
+		t.Fatal("a daemon started on the cgroup parent a running one holds")
+	} else if !errors.Is(err, sandbox.ErrParentOwned) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d with state dir %s", os.Getpid(), a.cfg.StateDir)) {
+		t.Fatalf("refusal does not name the holder: %v", err)
+	}
+	alive("a daemon on the same parent was refused")
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -53,7 +55,7 @@ type serveConfig struct {
 	DefaultLimits limitsEnv     `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
 	MaxLimits     maxLimitsEnv  `envPrefix:"SIDECAR_MAX_LIMITS_"`
 
-	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
+	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT"` // default: defaultCgroupParent(StateDir)
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
 	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
@@ -176,7 +178,26 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.WorkRoot == "" {
 		c.WorkRoot = filepath.Join(c.StateDir, "leases")
 	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = defaultCgroupParent(c.StateDir)
+	}
 	return c, errors.Join(errs...)
+}
+
+// defaultCgroupParent gives each state dir a cgroup parent of its own, so that a second
+// daemon on the host (a developer's beside the service) never shares one with the first:
+// "sidecar" for the service's /var/lib/sidecar, "sidecar-<8 hex digits of the state dir's
+// absolute path>" for any other.
+func defaultCgroupParent(stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	if abs == "/var/lib/sidecar" {
+		return "sidecar"
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return "sidecar-" + hex.EncodeToString(sum[:4])
 }
 
 // secret reads a secret from its variable, its _FILE variant or, under systemd, the

@@ -26,6 +26,9 @@ func TestServeConfigDefaults(t *testing.T) {
 	if c.WorkRoot != "/tmp/sidecar-state/leases" {
 		t.Fatalf("work root %q", c.WorkRoot)
 	}
+	if c.CgroupParent != defaultCgroupParent("/tmp/sidecar-state") {
+		t.Fatalf("cgroup parent %q, want the state dir's own", c.CgroupParent)
+	}
 	if c.DefaultLimits.MemoryBytes != 1<<30 || c.MaxLimits.Pids != 4096 {
 		t.Fatalf("limits: %+v %+v", c.DefaultLimits, c.MaxLimits)
 	}
@@ -94,5 +97,17 @@ func TestServeConfigRefusesPlainHTTP(t *testing.T) {
 	delete(env, "SIDECAR_TLS_SELF_SIGNED")
 	if _, err := loadServeConfig(env); err == nil || !strings.Contains(err.Error(), "TLS is required") {
 		t.Fatalf("no TLS: %v", err)
+	}
+}
+
+// Each state dir gets a cgroup parent of its own (so two daemons never sweep each other's
+// leases); the service's keeps the name it always had.
+func TestDefaultCgroupParent(t *testing.T) {
+	svc, dev, dev2 := defaultCgroupParent("/var/lib/sidecar"), defaultCgroupParent("/root/src/sidecar/.state"), defaultCgroupParent("/home/me/sidecar/.state")
+	if svc != "sidecar" || !strings.HasPrefix(dev, "sidecar-") || len(dev) != len("sidecar-")+8 || dev == dev2 {
+		t.Fatalf("parents %q %q %q", svc, dev, dev2)
+	}
+	if again := defaultCgroupParent("/root/src/sidecar/.state/"); again != dev {
+		t.Fatalf("the same dir gives %q and %q", dev, again)
 	}
 }

@@ -24,7 +24,7 @@ const (
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
-	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>, v2 → <daemon's own delegated cgroup>/sidecar/<lease>
+	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (cgroupv2paths.go)
 	Isolation    string // "strict" (default): New fails listing every missing base layer (root, cgroups, namespaces); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
 	Logger       *slog.Logger
@@ -35,6 +35,10 @@ type Config struct {
 	// LandlockMaxABI caps the Landlock ABI lease processes get, so that tests run the
 	// isolation checks at every ABI on one kernel: 0 is the kernel's best, NoLandlock none.
 	LandlockMaxABI int
+	// Owner is the daemon's state dir: with it, New claims CgroupParent for this process
+	// (owner.go) and fails with ErrParentOwned while another running daemon holds it.
+	// "" claims nothing (tests that run many sandboxes on one parent).
+	Owner string
 }
 
 // Caps says which isolation is in force (shown in /v1/info).
@@ -87,6 +91,7 @@ type Sandbox struct {
 	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
+	owner       *os.File // the lock on the cgroup parent (owner.go), nil without Config.Owner
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -183,6 +188,11 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	if s.hostMNS, err = os.Readlink("/proc/self/ns/mnt"); err != nil {
 		return nil, fmt.Errorf("sandbox: mount namespace: %w", err)
+	}
+	if cfg.Owner != "" {
+		if s.owner, err = claimParent(ownerDir, parentKey(s.cg), cfg.Owner, cfg.Logger); err != nil {
+			return nil, err
+		}
 	}
 	s.caps.Cgroups = s.cg.version()
 	s.caps.UIDIsolation = true
