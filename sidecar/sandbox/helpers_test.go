@@ -50,7 +50,7 @@ func removeCgroupParent(parent string) {
 		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, parent))
 	}
 	if self, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-		if _, base, err := v2Paths(string(self), "/sys/fs/cgroup", parent); err == nil {
+		if _, base, err := v2Paths(string(self), "/sys/fs/cgroup", parent, hostV2Delegated); err == nil {
 			syscall.Rmdir(base)
 		}
 	}
