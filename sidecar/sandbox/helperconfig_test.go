@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -212,4 +213,33 @@ func buildParseOnlyHelper(f *testing.F) string {
 	}
 	f.Log("built without sanitizers: this compiler lacks them")
 	return out
+}
+
+// Neither helper ever applies less Landlock than the daemon promised: below the minimum
+// (a kernel with less, or a cap under it) the command does not start.
+func TestHelpersRefuseBelowMinABI(t *testing.T) {
+	kernel := initproc.ABIVersion()
+	cases := []struct {
+		ll   initproc.Landlock
+		want string
+	}{{initproc.Landlock{MinABI: kernel + 1}, fmt.Sprintf("125 setup: landlock ABI %d, need %d", kernel, kernel+1)}}
+	if kernel >= 2 {
+		cases = append(cases, struct {
+			ll   initproc.Landlock
+			want string
+		}{initproc.Landlock{MinABI: 2, MaxABI: 1}, "125 setup: landlock ABI 1, need 2"})
+	}
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			helper := h.usable(t)
+			for _, tc := range cases {
+				ll := tc.ll
+				ll.RX = []string{"/"}
+				r := runHelper(t, helper, helperConfig(t, initproc.Config{Argv: []string{"/bin/echo", "ran"}, Landlock: &ll}), true)
+				if r.code != initproc.ExitSetup || r.report != tc.want || r.stdout != "" {
+					t.Errorf("Landlock %+v: %+v; want exit 125, %q", tc.ll, r, tc.want)
+				}
+			}
+		})
+	}
 }

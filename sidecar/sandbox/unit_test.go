@@ -149,6 +149,21 @@ func TestNewRefusesBelowFloor(t *testing.T) {
 	}
 }
 
+// A required cgroup mode other than the host's refuses to start, naming both.
+func TestNewRefusesOtherCgroupMode(t *testing.T) {
+	have := newTestSandbox(t).Caps().Cgroups
+	other := map[string]string{"v1": "v2", "v2": "v1"}[have]
+	_, err := New(Config{CgroupParent: testCgroupParent, RequireCgroup: other})
+	if want := fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", other, have); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("New requiring cgroup %s on a %s host = %v, want %q", other, have, err, want)
+	}
+	s, err := New(Config{CgroupParent: testCgroupParent, RequireCgroup: have})
+	if err != nil {
+		t.Fatalf("New requiring this host's mode: %v", err)
+	}
+	s.Close()
+}
+
 func TestLayers(t *testing.T) {
 	for _, tc := range []struct {
 		caps Caps
