@@ -31,7 +31,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run test check vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall
+.PHONY: all build run test check vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test
 
 all: build
 
@@ -110,6 +110,12 @@ fuzz:
 	.ci/fuzz-one FuzzResolve      ./fsxfer $(FUZZTIME)
 	.ci/fuzz-one FuzzExtractTar   ./fsxfer $(FUZZTIME)
 	.ci/fuzz-one FuzzDecode       ./sidecar/sandbox/initproc $(FUZZTIME)
+
+# vm-test: the isolation and lease checks inside Debian 12's kernel under qemu, once per
+# host kind (cgroup v2, v2 without Landlock, v1, v2 delegated); root, and qemu-system-x86,
+# busybox-static and cpio (.ci/run installs them). See test/vm/run.
+vm-test:
+	test/vm/run $(VM_VARIANTS)
 
 # soak: many leases acquiring, running, transferring and releasing against the built
 # daemon for a long time; exits non-zero on any error or leak (docs/reliability.md).

@@ -257,8 +257,8 @@ func TestLimitsContainOneLease(t *testing.T) {
 		t.Logf("fork bomb result: %+v", res)
 	}
 	info := must(d.client.Get(ctx, a.ID()))(t)
-	if info.Usage != nil && info.Usage.Pids > 64 {
-		t.Fatalf("pids over the limit: %+v", info.Usage)
+	if info.Usage == nil || info.Usage.Pids > 64 {
+		t.Fatalf("pids over the limit or no usage: %+v", info.Usage)
 	}
 	if r := must(b.Exec(ctx, sh(`echo alive`)))(t); r.Stdout != "alive\n" {
 		t.Fatalf("bystander: %+v", r)
@@ -271,6 +271,11 @@ func TestLimitsContainOneLease(t *testing.T) {
 	}
 	if r := must(b.Exec(ctx, sh(`echo alive`)))(t); r.Stdout != "alive\n" {
 		t.Fatalf("bystander after OOM: %+v", r)
+	}
+	// Inspection reports what the lease used, read from its cgroup.
+	info = must(d.client.Get(ctx, a.ID()))(t)
+	if u := info.Usage; u == nil || u.OOMKills < 1 || u.CPUSeconds <= 0 {
+		t.Fatalf("usage after the fork bomb and the OOM kill: %+v", u)
 	}
 }
 
@@ -296,7 +301,10 @@ func TestReleaseLeavesNothing(t *testing.T) {
 		}
 	}
 	if os.Geteuid() == 0 {
+		// v1 hierarchies, or v2 from the root cgroup or a delegated one.
 		matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
+		v2, _ := filepath.Glob("/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID())
+		matches = append(matches, v2...)
 		if len(matches) != 0 {
 			t.Fatalf("cgroups left: %v", matches)
 		}
