@@ -48,6 +48,11 @@ func startWorker() (setup, error) {
 	if err != nil {
 		return s, fmt.Errorf("landlock: %w", err)
 	}
+	// Nothing the daemon inherited (a descriptor its own parent leaked without
+	// close-on-exec) may reach the second stage: it keeps stdin, stdout and stderr only.
+	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return s, fmt.Errorf("close_range: %w", err)
+	}
 	b, err := json.Marshal(s)
 	if err != nil {
 		return s, err
