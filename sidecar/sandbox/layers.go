@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 
 	"golang.org/x/sys/unix"
@@ -122,10 +123,25 @@ func probeNamespaces() []string {
 	var missing []string
 	errc := make(chan error, 1)
 	go func() {
-		// The thread stays locked: it dies with this goroutine, and with it the mount
-		// namespace made here, so no other goroutine ever runs in it.
+		// The probe's thread must come back to the daemon's mount namespace before it is
+		// unlocked: a thread left locked in a private namespace would, if it were the main
+		// thread, stay alive and make /proc/self (read for the host's namespace) lie.
 		runtime.LockOSThread()
-		errc <- unix.Unshare(unix.CLONE_NEWNS)
+		host, err := os.Open("/proc/thread-self/ns/mnt")
+		if err != nil {
+			errc <- err
+			return // still locked: the thread dies with the goroutine
+		}
+		defer host.Close()
+		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+			runtime.UnlockOSThread() // nothing changed on this thread
+			errc <- err
+			return
+		}
+		if err := unix.Setns(int(host.Fd()), unix.CLONE_NEWNS); err == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- nil
 	}()
 	if err := <-errc; err != nil {
 		missing = append(missing, fmt.Sprintf("mount namespaces (unshare: %v)", err))

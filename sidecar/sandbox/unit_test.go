@@ -273,3 +273,34 @@ func TestClaimParent(t *testing.T) {
 	}
 	second.Close()
 }
+
+// The namespace probe leaves no thread of the daemon in a mount namespace of its own: a
+// thread left there (the main thread cannot die) would make /proc/self name the wrong
+// namespace, and with it the helpers' "not in a private mount namespace" check.
+func TestProbeNamespacesLeavesNoThreadBehind(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make namespaces")
+	}
+	host, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 { // the probe lands on the main thread now and then
+		if missing := probeNamespaces(); len(missing) > 0 {
+			t.Fatalf("probe: %v", missing)
+		}
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		ns, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/mnt")
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		if ns != host {
+			t.Errorf("thread %s is in mount namespace %s, the daemon in %s", task.Name(), ns, host)
+		}
+	}
+}
