@@ -69,6 +69,7 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	cfg := initproc.Config{
 		Argv: spec.Argv, Env: env, Dir: dir, UID: l.UID, GID: l.GID,
 		Landlock: s.landlockPolicy(l),
+		Rlimits:  LeaseRlimits, Seccomp: s.caps.Seccomp,
 	}
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if s.caps.PrivateTmp {

@@ -22,7 +22,13 @@ var badConfigs = map[string]string{
 	"wrong magic":          "sidecar-init/2\x00argv\x00true\x00uid\x000\x00gid\x000\x00",
 	"not NUL-terminated":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000",
 	"key without value":    "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00dir\x00",
-	"unknown key":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00off\x00",
+	"unknown key":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00colour\x00blue\x00",
+	"seccomp not 1":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00off\x00",
+	"seccomp twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x001\x00seccomp\x001\x00",
+	"unknown rlimit":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_fsize\x001\x00",
+	"rlimit prefix only":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_\x001\x00",
+	"rlimit twice":         "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_core\x000\x00rlimit_core\x000\x00",
+	"rlimit negative":      "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_nofile\x00-1\x00",
 	"uid twice":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00uid\x001\x00",
 	"dir twice":            "sidecar-init/1\x00argv\x00true\x00dir\x00/\x00dir\x00/\x00uid\x000\x00gid\x000\x00",
 	"no uid":               "sidecar-init/1\x00argv\x00true\x00gid\x000\x00",
@@ -173,6 +179,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", NetNS: true,
 		Landlock: &initproc.Landlock{MinABI: 6, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: true,
 	})
 	if err != nil {
 		f.Fatal(err)

@@ -54,10 +54,17 @@ func newTestSandbox(t testing.TB) *Sandbox {
 
 func newTestSandboxWith(t testing.TB, helper string) *Sandbox {
 	t.Helper()
+	return newTestSandboxConfig(t, Config{HelperPath: helper})
+}
+
+// newTestSandboxConfig is a strict sandbox with cfg (its cgroup parent the tests' own).
+func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: strict isolation (cgroups, uid switching, mounts); CI runs as root")
 	}
-	s, err := New(Config{CgroupParent: testCgroupParent, HelperPath: helper})
+	cfg.CgroupParent = testCgroupParent
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -13,19 +13,43 @@ import (
 	"sync"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/seccomp"
 )
 
 // Isolation modes.
 const (
 	IsolationStrict = "strict"
 	IsolationNone   = "none"
+	SeccompStrict   = "strict"
+	SeccompOff      = "off"
 )
+
+// LeaseRlimits are the resource limits of every lease process (soft = hard), set by the
+// helper before it drops privileges. The inherited ones are the daemon's (20,000 open files
+// in its unit), sized for a daemon, not for one of many tenants:
+//   - nofile 4096: also bounds what a lease holds of kernel objects per process (PTYs,
+//     sockets, inotify watches, epoll instances…);
+//   - core 0: a crashing lease program writes no core file (its size is the process's,
+//     written to the lease's disk or handed to the host's core_pattern handler);
+//   - memlock 64 KiB: locked memory cannot be reclaimed under host pressure;
+//   - msgqueue 800 KiB (Linux's default), sigpending 4096: kernel memory a uid may queue.
+//
+// RLIMIT_FSIZE is left alone: the disk quota bounds what a lease writes, and a size limit
+// would kill legitimate large files with SIGXFSZ.
+var LeaseRlimits = []initproc.Rlimit{
+	{Name: "nofile", Value: 4096},
+	{Name: "core", Value: 0},
+	{Name: "memlock", Value: 64 << 10},
+	{Name: "msgqueue", Value: 819200},
+	{Name: "sigpending", Value: 4096},
+}
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
 	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>, v2 → <daemon's own delegated cgroup>/sidecar/<lease>
 	Isolation    string // "strict" (default): New fails listing every missing piece (cgroups, uid switching = root, Landlock); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
+	Seccomp      string // "strict" (default): every lease process runs under package seccomp's filter; "off": none, loudly
 	Logger       *slog.Logger
 }
 
@@ -37,6 +61,7 @@ type Caps struct {
 	NetworkIsolation bool
 	LandlockABI      int
 	Isolation        string
+	Seccomp          bool // the system-call filter is on every lease process
 }
 
 // LeaseSpec is what Provision needs of a lease.
@@ -113,6 +138,12 @@ func New(cfg Config) (*Sandbox, error) {
 	if cfg.Isolation != IsolationStrict && cfg.Isolation != IsolationNone {
 		return nil, fmt.Errorf("%w: isolation %q (want strict or none)", ErrInvalid, cfg.Isolation)
 	}
+	if cfg.Seccomp == "" {
+		cfg.Seccomp = SeccompStrict
+	}
+	if cfg.Seccomp != SeccompStrict && cfg.Seccomp != SeccompOff {
+		return nil, fmt.Errorf("%w: seccomp %q (want strict or off)", ErrInvalid, cfg.Seccomp)
+	}
 	if !validCgroupParent(cfg.CgroupParent) {
 		return nil, fmt.Errorf("%w: cgroup parent %q", ErrInvalid, cfg.CgroupParent)
 	}
@@ -123,6 +154,11 @@ func New(cfg Config) (*Sandbox, error) {
 	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.LandlockABI = initproc.ABIVersion()
+	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
+	if cfg.Seccomp == SeccompOff {
+		cfg.Logger.Warn("seccomp is OFF: lease processes and script workers may create user namespaces, open raw sockets and reach the rest of the kernel surface the filter denies",
+			"seccomp", SeccompOff)
+	}
 	if cfg.Isolation == IsolationNone {
 		cfg.Logger.Warn("sandbox isolation is OFF: lease processes run as the daemon's user with no cgroup, no private /tmp and best-effort Landlock",
 			"isolation", IsolationNone, "landlock_abi", s.caps.LandlockABI)
@@ -135,6 +171,9 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	if s.caps.LandlockABI < minLandlockABI {
 		missing = append(missing, fmt.Sprintf("Landlock ABI >= %d (kernel has %d)", minLandlockABI, s.caps.LandlockABI))
+	}
+	if cfg.Seccomp == SeccompStrict && !s.caps.Seccomp {
+		missing = append(missing, "seccomp filters (CONFIG_SECCOMP_FILTER on amd64 or arm64; or SIDECAR_SECCOMP=off)")
 	}
 	if len(missing) == 0 { // cgroup setup writes to cgroupfs: only try it as root
 		cg, err := newCgroupDriver(cfg.CgroupParent, cfg.Logger)

@@ -17,7 +17,8 @@ import (
 // Repeated keys (argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
-// policy on; ll_* keys without it are an error. Unknown keys, a missing final NUL and
+// policy on; ll_* keys without it are an error. "seccomp" is "1" or absent; each
+// "rlimit_<name>" (a RlimitResources name) at most once. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
 
@@ -37,6 +38,8 @@ const (
 	keyRX          = "ll_rx"
 	keyRO          = "ll_ro"
 	keyDev         = "ll_dev"
+	keySeccomp     = "seccomp"
+	keyRlimit      = "rlimit_"
 )
 
 var errConfig = errors.New("bad config")
@@ -94,6 +97,15 @@ func Encode(cfg *Config) ([]byte, error) {
 		putAll(keyRX, p.RX)
 		putAll(keyRO, p.RO)
 		putAll(keyDev, p.Dev)
+	}
+	for _, r := range cfg.Rlimits {
+		if _, ok := RlimitResources[r.Name]; !ok {
+			err = fmt.Errorf("%w: unknown rlimit %q", errConfig, r.Name)
+		}
+		putID(keyRlimit+r.Name, r.Value)
+	}
+	if cfg.Seccomp {
+		put(keySeccomp, "1")
 	}
 	if err != nil {
 		return nil, err
@@ -156,6 +168,11 @@ func Decode(b []byte) (*Config, error) {
 				err = errors.New("not 1")
 			}
 			cfg.NetNS = true
+		case keySeccomp:
+			if v != "1" {
+				err = errors.New("not 1")
+			}
+			cfg.Seccomp = true
 		case keyLandlock:
 			ll.MinABI, err = parseID(v)
 		case keyRW:
@@ -167,7 +184,13 @@ func Decode(b []byte) (*Config, error) {
 		case keyDev:
 			ll.Dev = append(ll.Dev, v)
 		default:
-			return nil, fmt.Errorf("%w: unknown key %q", errConfig, key)
+			name, ok := strings.CutPrefix(key, keyRlimit)
+			if _, known := RlimitResources[name]; !ok || !known {
+				return nil, fmt.Errorf("%w: unknown key %q", errConfig, key)
+			}
+			r := Rlimit{Name: name}
+			r.Value, err = parseID(v)
+			cfg.Rlimits = append(cfg.Rlimits, r)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", errConfig, key, err)
