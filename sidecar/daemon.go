@@ -39,6 +39,7 @@ type Config struct {
 	UIDFirst, UIDLast        int
 	CgroupParent             string
 	Isolation                string // "strict" or "none"
+	Seccomp                  string // "strict" (default) or "off": the system-call filter on lease processes and script workers
 	AllowedOrigins           []string
 
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
@@ -119,6 +120,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	sb, err := sandbox.New(sandbox.Config{
 		CgroupParent: cfg.CgroupParent,
 		Isolation:    cfg.Isolation,
+		Seccomp:      cfg.Seccomp,
 		HelperPath:   sandboxHelper(cfg.HelperPath),
 		Logger:       log.With("component", "sandbox"),
 	})
@@ -223,6 +225,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 			Enabled:    true,
 			Workers:    cfg.ScriptWorkers,
 			HelperPath: cfg.HelperPath,
+			Seccomp:    cfg.Seccomp,
 			CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
 			Logger:     log.With("component", "script"),
 		})
@@ -273,7 +276,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
-	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups)
+	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups, "seccomp", sb.Caps().Seccomp)
 	return d, nil
 }
 

@@ -116,6 +116,7 @@ type Capabilities struct {
 	Landlock         int    `json:"landlock_abi"` // 0: not available
 	PrivateTmp       bool   `json:"private_tmp"`
 	Isolation        string `json:"isolation"` // "strict" or "none"
+	Seccomp          bool   `json:"seccomp"`   // lease processes run under the system-call filter
 }
 
 // ServiceLimits are the daemon-wide limits a client should know about.

@@ -55,6 +55,7 @@ type serveConfig struct {
 	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
+	Seccomp        string   `env:"SIDECAR_SECCOMP" envDefault:"strict"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
@@ -128,6 +129,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.Isolation != "strict" && c.Isolation != "none" {
 		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
+	}
+	if c.Seccomp != "strict" && c.Seccomp != "off" {
+		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
 	}
 	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
 		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
@@ -302,6 +306,7 @@ func runServe(ctx context.Context, args []string) error {
 		UIDLast:           uidLast,
 		CgroupParent:      c.CgroupParent,
 		Isolation:         c.Isolation,
+		Seccomp:           c.Seccomp,
 		AllowedOrigins:    c.AllowedOrigins,
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,
