@@ -45,6 +45,7 @@ type Config struct {
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
 	OutputBufferBytes int64 // replay buffer per background process
 	MaxProcesses      int   // background processes per lease
+	MaxPTYs           int   // PTYs per lease (its own devpts instance); default sandbox.DefaultMaxPTYs
 
 	ScriptEnabled bool
 	ScriptWorkers int
@@ -121,6 +122,8 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		CgroupParent: cfg.CgroupParent,
 		Isolation:    cfg.Isolation,
 		Seccomp:      cfg.Seccomp,
+		PTYRoot:      filepath.Join(cfg.StateDir, "pts"),
+		MaxPTYs:      cfg.MaxPTYs,
 		HelperPath:   sandboxHelper(cfg.HelperPath),
 		Logger:       log.With("component", "sandbox"),
 	})

@@ -151,7 +151,7 @@ enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
-	const char *dir, *tmp_dir, *host_mount_ns;
+	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir;
 	long uid, gid, ll_min_abi;
 	int netns, landlock, have_uid, have_gid, seccomp;
 	long rlimit[NRLIMITS];
@@ -281,7 +281,7 @@ static void parse_config(char *buf, size_t len, struct config *c)
 	if (len < mlen || memcmp(buf, CONFIG_MAGIC, mlen) != 0)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
-		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_uid = 0, seen_gid = 0;
+		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
 		int seen_netns = 0, seen_ll = 0, seen_rules = 0, seen_seccomp = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
@@ -308,6 +308,8 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				set_once(&c->tmp_dir, &seen_tmp, key, v);
 			} else if (strcmp(key, "host_mount_ns") == 0) {
 				set_once(&c->host_mount_ns, &seen_mns, key, v);
+			} else if (strcmp(key, "pts_dir") == 0) {
+				set_once(&c->pts_dir, &seen_pts, key, v);
 			} else if (strcmp(key, "uid") == 0) {
 				c->uid = parse_id_once(&seen_uid, key, v);
 			} else if (strcmp(key, "gid") == 0) {
@@ -347,7 +349,7 @@ static void parse_config(char *buf, size_t len, struct config *c)
 					fail(EXIT_SETUP, "config", "out of memory");
 				lists[i]->n = 0;
 			}
-			c->dir = c->tmp_dir = c->host_mount_ns = NULL;
+			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = NULL;
 			c->netns = c->seccomp = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
@@ -396,6 +398,26 @@ static void private_tmp(const struct config *c)
 		fail(EXIT_SETUP, "setup", "bind %s on /tmp: %s", c->tmp_dir, strerror(errno));
 	if (mount("", "/tmp", NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "remount /tmp nosuid,nodev: %s", strerror(errno));
+}
+
+/* private_pts binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in the
+ * private mount namespace only (private_tmp made the mounts private). */
+static void private_pts(const struct config *c)
+{
+	char ns[256];
+	ssize_t n = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
+	if (n < 0)
+		fail(EXIT_SETUP, "setup", "mount namespace: %s", strerror(errno));
+	if ((size_t)n >= sizeof ns - 1)
+		fail(EXIT_SETUP, "setup", "mount namespace: name too long");
+	ns[n] = '\0';
+	if (c->tmp_dir == NULL || c->tmp_dir[0] == '\0' || c->host_mount_ns == NULL || c->host_mount_ns[0] == '\0' ||
+	    strcmp(ns, c->host_mount_ns) == 0)
+		fail(EXIT_SETUP, "setup", "refusing to mount /dev/pts: not in a private mount namespace");
+	if (mount(c->pts_dir, "/dev/pts", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on /dev/pts: %s", c->pts_dir, strerror(errno));
+	if (mount("/dev/pts/ptmx", "/dev/ptmx", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind /dev/pts/ptmx on /dev/ptmx: %s", strerror(errno));
 }
 
 static int landlock_abi(void)
@@ -611,6 +633,8 @@ static void setup(const struct config *c)
 		if (c->uid != 0 && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
 			fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
 	}
+	if (c->pts_dir != NULL && c->pts_dir[0] != '\0')
+		private_pts(c);
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
 	set_rlimits(c);

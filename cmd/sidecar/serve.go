@@ -61,6 +61,7 @@ type serveConfig struct {
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
 	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`
 	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`
+	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`
 	MaxHeaderBytes    int   `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"`
 	MaxBodyBytes      int64 `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"`
 
@@ -129,6 +130,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.Isolation != "strict" && c.Isolation != "none" {
 		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
+	}
+	if c.MaxPTYs < 1 || c.MaxPTYs > 4096 {
+		errs = append(errs, fmt.Errorf("SIDECAR_MAX_PTYS must be 1 to 4096, not %d", c.MaxPTYs))
 	}
 	if c.Seccomp != "strict" && c.Seccomp != "off" {
 		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
@@ -311,6 +315,7 @@ func runServe(ctx context.Context, args []string) error {
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,
 		MaxProcesses:      c.MaxProcesses,
+		MaxPTYs:           c.MaxPTYs,
 		ScriptEnabled:     c.ScriptEnabled,
 		ScriptWorkers:     c.ScriptWorkers,
 		HTTP:              sidecar.HTTPLimits{MaxHeaderBytes: c.MaxHeaderBytes, MaxJSONBytes: c.MaxBodyBytes},

@@ -16,7 +16,10 @@ import (
 
 var errNotFound = exec.ErrNotFound
 
-var _ process.Execer = (*Sandbox)(nil)
+var (
+	_ process.Execer    = (*Sandbox)(nil)
+	_ process.PTYOpener = (*Sandbox)(nil)
+)
 
 // Command prepares spec to run in the lease: the returned command starts the helper, which
 // enters the command's own child cgroup, the lease's namespaces, uid and Landlock policy
@@ -31,8 +34,9 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	le := s.leases[leaseID]
 	var l LeaseSpec
 	var netns *os.File
+	var pts string
 	if le != nil {
-		l, netns = le.spec, le.netns
+		l, netns, pts = le.spec, le.netns, le.pts
 	}
 	s.mu.Unlock()
 	if le == nil {
@@ -74,6 +78,7 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if s.caps.PrivateTmp {
 		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
+		cfg.PTSDir = pts
 		attr.Cloneflags = syscall.CLONE_NEWNS
 	}
 	t := &tree{s: s, leaseID: leaseID}

@@ -50,6 +50,8 @@ type Config struct {
 	Isolation    string // "strict" (default): New fails listing every missing piece (cgroups, uid switching = root, Landlock); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
 	Seccomp      string // "strict" (default): every lease process runs under package seccomp's filter; "off": none, loudly
+	PTYRoot      string // strict isolation: each lease's devpts instance is mounted at <PTYRoot>/<lease> (a root-only directory, made if missing; instances left there by an earlier run are removed); "": leases use the host's PTYs
+	MaxPTYs      int    // PTYs per lease (its instance's max); default DefaultMaxPTYs
 	Logger       *slog.Logger
 }
 
@@ -102,6 +104,8 @@ type Sandbox struct {
 	helper  string
 	cg      cgroupDriver // nil without cgroups
 	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
+	ptyRoot string       // where leases' devpts instances are mounted; "" for the host's PTYs
+	maxPTYs int
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -112,6 +116,7 @@ type Sandbox struct {
 type lease struct {
 	spec     LeaseSpec
 	netns    *os.File        // nil unless Network == "none"
+	pts      string          // the lease's devpts instance (mounted); "" for the host's PTYs
 	next     int             // next child cgroup number
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
@@ -190,6 +195,21 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	if s.hostMNS, err = os.Readlink("/proc/self/ns/mnt"); err != nil {
 		return nil, fmt.Errorf("sandbox: mount namespace: %w", err)
+	}
+	if cfg.MaxPTYs <= 0 {
+		cfg.MaxPTYs = DefaultMaxPTYs
+	}
+	if cfg.PTYRoot != "" {
+		if !filepath.IsAbs(cfg.PTYRoot) {
+			return nil, fmt.Errorf("%w: PTY root %q is not absolute", ErrInvalid, cfg.PTYRoot)
+		}
+		if err := os.MkdirAll(cfg.PTYRoot, 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: PTY root: %w", err)
+		}
+		if err := sweepPTS(cfg.PTYRoot); err != nil {
+			return nil, fmt.Errorf("sandbox: PTY instances of an earlier run: %w", err)
+		}
+		s.ptyRoot, s.maxPTYs = cfg.PTYRoot, cfg.MaxPTYs
 	}
 	s.caps.Cgroups = s.cg.version()
 	s.caps.UIDIsolation = true
@@ -298,6 +318,10 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 			return fmt.Errorf("sandbox: lease %s cgroup: %w", l.ID, err)
 		}
 	}
+	pts, err := s.mountPTS(l.ID)
+	if err != nil {
+		return err
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -306,7 +330,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		le = &lease{}
 		s.leases[l.ID] = le
 	}
-	le.spec = l
+	le.spec, le.pts = l, pts
 	if l.Network == "none" && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
@@ -363,6 +387,9 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if le != nil && le.netns != nil {
 		// The namespace goes away with its last process, all killed above.
 		errs = append(errs, le.netns.Close())
+	}
+	if le != nil {
+		errs = append(errs, removePTS(le.pts))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)

@@ -39,6 +39,7 @@ const (
 	keyRO          = "ll_ro"
 	keyDev         = "ll_dev"
 	keySeccomp     = "seccomp"
+	keyPTSDir      = "pts_dir"
 	keyRlimit      = "rlimit_"
 )
 
@@ -87,6 +88,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.HostMountNS != "" {
 		put(keyHostMountNS, cfg.HostMountNS)
+	}
+	if cfg.PTSDir != "" {
+		put(keyPTSDir, cfg.PTSDir)
 	}
 	if cfg.NetNS {
 		put(keyNetNS, "1")
@@ -163,6 +167,8 @@ func Decode(b []byte) (*Config, error) {
 			cfg.TmpDir = v
 		case keyHostMountNS:
 			cfg.HostMountNS = v
+		case keyPTSDir:
+			cfg.PTSDir = v
 		case keyNetNS:
 			if v != "1" {
 				err = errors.New("not 1")

@@ -47,6 +47,9 @@ type Config struct {
 	// HostMountNS is the daemon's mount namespace (readlink of /proc/self/ns/mnt): the
 	// helper refuses to mount anything if it finds itself still in it.
 	HostMountNS string
+	// PTSDir is the lease's devpts instance, bound on /dev/pts (and its ptmx on /dev/ptmx)
+	// inside the helper's private mount namespace.
+	PTSDir string
 	// NetNS says NetNSFD is a network namespace to join.
 	NetNS bool
 	// Landlock is the filesystem policy; nil applies none.

@@ -76,6 +76,11 @@ func setup(cfg *Config) error {
 			}
 		}
 	}
+	if cfg.PTSDir != "" {
+		if err := privatePTS(cfg); err != nil {
+			return err
+		}
+	}
 	// The daemon protects itself from the OOM killer (OOMScoreAdjust=-900 in its unit);
 	// lease processes must not inherit that: under host memory pressure they go first.
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(LeaseOOMScoreAdj), 0); err != nil {
@@ -159,6 +164,26 @@ func privateProc() error {
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
 	if err := unix.Mount("proc", "/proc", "proc", flags, "hidepid=invisible"); err != nil {
 		return fmt.Errorf("mount private /proc: %w", err)
+	}
+	return nil
+}
+
+// privatePTS binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in
+// the private mount namespace only (privateTmp made its mounts private): PTYs the lease
+// opens come from its own instance, bounded by its max.
+func privatePTS(cfg *Config) error {
+	ns, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("mount namespace: %w", err)
+	}
+	if cfg.TmpDir == "" || cfg.HostMountNS == "" || ns == cfg.HostMountNS {
+		return errors.New("refusing to mount /dev/pts: not in a private mount namespace")
+	}
+	if err := unix.Mount(cfg.PTSDir, "/dev/pts", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /dev/pts: %w", cfg.PTSDir, err)
+	}
+	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind /dev/pts/ptmx on /dev/ptmx: %w", err)
 	}
 	return nil
 }
