@@ -20,4 +20,6 @@ var (
 	ErrInvalid = errors.New("sandbox: invalid request")
 	// ErrUnsupported: the request needs isolation this host or mode does not provide.
 	ErrUnsupported = errors.New("sandbox: not supported by this host's isolation")
+	// ErrLimit: the lease is at one of its own limits (every PTY of its instance open).
+	ErrLimit = errors.New("sandbox: lease limit reached")
 )

@@ -173,6 +173,9 @@ func (s *Sandbox) OpenPTY(leaseID string) (master, slave *os.File, err error) {
 		ptmx = filepath.Join(dir, "ptmx")
 	}
 	mfd, err := unix.Open(ptmx, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOSPC) && dir != "" {
+		return nil, nil, fmt.Errorf("%w: all %d PTYs of the lease are open", ErrLimit, s.maxPTYs)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("open %s: %w", ptmx, err)
 	}

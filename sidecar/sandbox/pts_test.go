@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"bufio"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -59,6 +60,8 @@ sys.stdin.read()`}})
 				m.Close()
 				sl.Close()
 				t.Error("OpenPTY in the full lease A succeeded")
+			} else if !errors.Is(err, ErrLimit) {
+				t.Errorf("OpenPTY in the full lease A: %v, want ErrLimit (429 lease_limit)", err)
 			}
 			// ...while B's is untouched, and so are the host's PTYs.
 			cmd, btr, err := s.Command(b.ID, process.Spec{Argv: []string{"/bin/sh", "-c", `tty && python3 -c 'import os; os.openpty(); print("openpty ok")'`}, TTY: true})
