@@ -73,7 +73,12 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	cfg := initproc.Config{
 		Argv: spec.Argv, Env: env, Dir: dir, UID: l.UID, GID: l.GID,
 		Landlock: s.landlockPolicy(l),
-		Rlimits:  LeaseRlimits, Seccomp: s.caps.Seccomp,
+		Seccomp:  s.caps.Seccomp,
+	}
+	if s.strict() {
+		// Not in isolation none: a daemon that is not root could not raise a hard limit
+		// below one of these (a 1,024-file hard limit, say), and every command would fail.
+		cfg.Rlimits = LeaseRlimits
 	}
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if s.caps.PrivateTmp {

@@ -24,8 +24,8 @@ const (
 	SeccompOff      = "off"
 )
 
-// LeaseRlimits are the resource limits of every lease process (soft = hard), set by the
-// helper before it drops privileges. The inherited ones are the daemon's (20,000 open files
+// LeaseRlimits are the resource limits of every lease process in strict isolation (soft =
+// hard), set by the helper before it drops privileges. The inherited ones are the daemon's (20,000 open files
 // in its unit), sized for a daemon, not for one of many tenants:
 //   - nofile 4096: also bounds what a lease holds of kernel objects per process (PTYs,
 //     sockets, inotify watches, epoll instances…);
