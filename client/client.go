@@ -132,3 +132,13 @@ func New(cfg Config) (*Client, error) {
 	c.ws = dialer
 	return c, nil
 }
+
+// CloseIdleConnections closes the connections kept alive for reuse that carry no request
+// now (both the HTTP/2 one and the HTTP/1.1 ones of bulk downloads). Requests still work
+// afterwards: they dial again.
+func (c *Client) CloseIdleConnections() {
+	c.hc.CloseIdleConnections()
+	if c.bulk != nil {
+		c.bulk.CloseIdleConnections()
+	}
+}

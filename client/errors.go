@@ -22,6 +22,7 @@ var (
 	ErrLeaseNotFound      = errors.New("lease not found")
 	ErrLeaseExpired       = errors.New("lease expired")
 	ErrLeaseLimit         = errors.New("lease limit reached")
+	ErrExecLimit          = errors.New("exec limit reached")
 	ErrProcessNotFound    = errors.New("process not found")
 	ErrPathOutsideWorkdir = errors.New("path outside workdir")
 	ErrNotADirectory      = errors.New("not a directory")
@@ -35,6 +36,13 @@ var (
 	ErrScriptTimeout      = errors.New("script timeout")
 	ErrUnavailable        = errors.New("service unavailable")
 	ErrInternal           = errors.New("internal server error")
+	// ErrPreconditionFailed: a conditional write found the file in another state
+	// (If-Match with a stale ETag, If-None-Match: * on an existing file).
+	ErrPreconditionFailed = errors.New("precondition failed")
+	// ErrOldTextNotFound and ErrOldTextNotUnique: an exact replacement found its old
+	// text nowhere, or more than once without All.
+	ErrOldTextNotFound  = errors.New("old text not found")
+	ErrOldTextNotUnique = errors.New("old text not unique")
 )
 
 var sentinelByCode = map[string]error{
@@ -45,6 +53,7 @@ var sentinelByCode = map[string]error{
 	apitype.CodeLeaseNotFound:      ErrLeaseNotFound,
 	apitype.CodeLeaseExpired:       ErrLeaseExpired,
 	apitype.CodeLeaseLimit:         ErrLeaseLimit,
+	apitype.CodeExecLimit:          ErrExecLimit,
 	apitype.CodeProcessNotFound:    ErrProcessNotFound,
 	apitype.CodePathOutsideWorkdir: ErrPathOutsideWorkdir,
 	apitype.CodeNotADirectory:      ErrNotADirectory,
@@ -58,6 +67,9 @@ var sentinelByCode = map[string]error{
 	apitype.CodeScriptTimeout:      ErrScriptTimeout,
 	apitype.CodeUnavailable:        ErrUnavailable,
 	apitype.CodeInternal:           ErrInternal,
+	apitype.CodePreconditionFailed: ErrPreconditionFailed,
+	apitype.CodeOldTextNotFound:    ErrOldTextNotFound,
+	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,
@@ -69,6 +81,7 @@ var codeByStatus = map[int]string{
 	http.StatusNotFound:              apitype.CodeNotFound,
 	http.StatusGone:                  apitype.CodeLeaseExpired,
 	http.StatusRequestEntityTooLarge: apitype.CodePayloadTooLarge,
+	http.StatusPreconditionFailed:    apitype.CodePreconditionFailed,
 	http.StatusTooManyRequests:       apitype.CodeLeaseLimit,
 	http.StatusInsufficientStorage:   apitype.CodeQuotaExceeded,
 	http.StatusInternalServerError:   apitype.CodeInternal,

@@ -3,10 +3,12 @@ package client
 import (
 	"context"
 	"encoding/pem"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/gorilla/websocket"
@@ -72,5 +74,56 @@ func TestCAFileHTTP2AndWebsocket(t *testing.T) {
 	}
 	if _, err := c2.Info(context.Background()); err == nil {
 		t.Fatal("untrusted certificate accepted")
+	}
+}
+
+// CloseIdleConnections closes the kept-alive connections of both transports (the HTTP/2
+// one and the HTTP/1.1 one of bulk downloads): the server sees every connection close.
+func TestCloseIdleConnections(t *testing.T) {
+	var mu sync.Mutex
+	open := map[net.Conn]bool{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/info" {
+			writeJSON(w, 200, apitype.Info{Version: "test"})
+			return
+		}
+		_, _ = w.Write([]byte("payload")) // a file download (bulk)
+	}))
+	srv.EnableHTTP2 = true
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch s {
+		case http.StateNew:
+			open[c] = true
+		case http.StateClosed, http.StateHijacked:
+			delete(open, c)
+		}
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.OpenLease("L1", "tok").ReadFile(ctx, "f"); err != nil {
+		t.Fatal(err)
+	}
+	openConns := func() int { mu.Lock(); defer mu.Unlock(); return len(open) }
+	if n := openConns(); n != 2 {
+		t.Fatalf("%d connections open after an HTTP/2 request and a bulk download, want 2", n)
+	}
+	c.CloseIdleConnections()
+	eventually(t, "every idle connection to close", func() bool { return openConns() == 0 })
+	if _, err := c.Info(ctx); err != nil {
+		t.Fatalf("a request after CloseIdleConnections: %v", err)
 	}
 }

@@ -15,6 +15,11 @@
 // into place; a tree is extracted into a staging directory and moved into place. A
 // failure removes what it made. Temporary names start with ".sidecar-tmp-".
 //
+// Agents' tools. Find, Grep and Watch walk with the directory descriptors they opened
+// (never a symlink, never another mount, never a directory of another uid) and read only
+// regular files of the lease uid, each bounded by explicit limits and a truncated flag;
+// Replace and conditional writes (IfMatch, Exclusive) go through the atomic write path.
+//
 // Memory stays flat: data moves in pooled 1 MiB buffers, hashing runs in a second
 // goroutine on the buffer just written, and all-zero blocks become holes.
 package fsxfer

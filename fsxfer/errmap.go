@@ -65,7 +65,8 @@ const errRootEscape = "path escapes from parent"
 
 func classify(err error) error {
 	for _, s := range []error{ErrOutside, ErrNotFound, ErrNotDir, ErrIsDir, ErrExists,
-		ErrNotEmpty, ErrQuota, ErrDigest, ErrOffsetMismatch, ErrNotRegular, ErrInvalid, ErrTooLarge} {
+		ErrNotEmpty, ErrQuota, ErrDigest, ErrOffsetMismatch, ErrNotRegular, ErrInvalid, ErrTooLarge,
+		ErrPrecondition, ErrNoMatch, ErrAmbiguous} {
 		if errors.Is(err, s) {
 			return err
 		}

@@ -23,6 +23,13 @@ var (
 	ErrNotRegular     = errors.New("not a regular file")
 	ErrInvalid        = errors.New("invalid request")
 	ErrTooLarge       = errors.New("too large")
+	// ErrPrecondition: the file is not in the state a conditional write asked for
+	// (If-Match: 412 precondition_failed).
+	ErrPrecondition = errors.New("precondition failed")
+	// ErrNoMatch and ErrAmbiguous: an exact replacement found its old text nowhere, or
+	// more than once when one was asked for.
+	ErrNoMatch   = errors.New("old text not found")
+	ErrAmbiguous = errors.New("old text found more than once")
 )
 
 // Refinements of the sentinels above: errors.Is matches both the refinement and the

@@ -44,6 +44,8 @@ type FS struct {
 	meter    *meter
 	log      *slog.Logger
 	leaseUID int // the uid a hard-linked file must belong to before it is served or replaced
+	watchers watcherSet
+	mnt      uint64 // mount ID of the workdir: Find, Grep and Watch stay on it
 }
 
 // Open opens the lease file area described by cfg. The workdir must exist; the uploads
@@ -93,6 +95,10 @@ func Open(cfg Config) (*FS, error) {
 	if f.leaseUID < 0 {
 		f.leaseUID = os.Geteuid()
 	}
+	if d, err := f.openDir("."); err == nil {
+		f.mnt = mustMnt(fd(d))
+		d.Close()
+	}
 	if cfg.UploadsDir != "" {
 		if err := os.MkdirAll(cfg.UploadsDir, 0o700); err != nil {
 			root.Close()
@@ -106,8 +112,10 @@ func Open(cfg Config) (*FS, error) {
 	return f, nil
 }
 
-// Close releases the descriptors held for the workdir and the uploads directory.
+// Close ends the watches and releases the descriptors held for the workdir and the
+// uploads directory.
 func (f *FS) Close() error {
+	f.closeWatchers()
 	err := f.root.Close()
 	if f.uploads != nil {
 		err = errors.Join(err, f.uploads.Close())

@@ -20,6 +20,7 @@ type Info struct {
 	Target  string // symlink target
 	Nlink   uint64
 	UID     int
+	GID     int
 }
 
 // Stat describes path with Lstat semantics: a symlink as the last element is described,
@@ -139,6 +140,7 @@ func infoFromStat(name string, st *unix.Stat_t, target string) Info {
 		Target:  target,
 		Nlink:   uint64(st.Nlink),
 		UID:     int(st.Uid),
+		GID:     int(st.Gid),
 	}
 }
 

@@ -22,6 +22,10 @@ type WriteOptions struct {
 	Mkdirs    bool        // create missing parent directories
 	SHA256    []byte      // expected digest of the whole file, or nil
 	Exclusive bool        // fail with ErrExists instead of replacing
+	// IfMatch, when set, is the ETag (Info.ETag) the file being replaced must have, or
+	// "*" for any existing file; checked before writing and again just before the
+	// rename: ErrPrecondition on a mismatch, and nothing is written.
+	IfMatch string
 }
 
 func (o WriteOptions) perm() uint32 {
@@ -68,6 +72,9 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, o WriteOption
 	if err != nil {
 		return false, wrap("write", rel, err)
 	}
+	if err := checkIfMatch(fd(d), base, o.IfMatch); err != nil {
+		return false, wrap("write", rel, err)
+	}
 	tmp, err := createTemp(fd(d))
 	if err != nil {
 		return false, wrap("write", rel, err)
@@ -97,6 +104,10 @@ func (f *FS) WriteFile(ctx context.Context, p string, r io.Reader, o WriteOption
 		return false, wrap("write", rel, err)
 	}
 	if err := ctx.Err(); err != nil {
+		tmp.discard()
+		return false, wrap("write", rel, err)
+	}
+	if err := checkIfMatch(fd(d), base, o.IfMatch); err != nil {
 		tmp.discard()
 		return false, wrap("write", rel, err)
 	}

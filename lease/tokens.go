@@ -90,6 +90,8 @@ func (t *Tokens) Issue(l Lease) (string, error) {
 // Verify checks a token's signature (current key first, then previous ones), algorithm,
 // issuer, audience, expiry and issue time, and returns the lease id it grants. Any failure
 // is ErrTokenInvalid wrapping the cause. The caller still checks that the lease is active.
+// Decoding is strict: the unused low bits of a segment's last base64url character must be
+// zero, so a token has exactly one spelling (lenient decoding let four strings verify).
 func (t *Tokens) Verify(token string) (leaseID string, err error) {
 	var claims jwt.RegisteredClaims
 	_, err = jwt.ParseWithClaims(token, &claims,
@@ -100,6 +102,7 @@ func (t *Tokens) Verify(token string) (leaseID string, err error) {
 		jwt.WithAudience(TokenAudience),
 		jwt.WithIssuedAt(),
 		jwt.WithTimeFunc(t.now),
+		jwt.WithStrictDecoding(),
 	)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrTokenInvalid, err)

@@ -233,3 +233,28 @@ func TestTokenSalt(t *testing.T) {
 		t.Errorf("NewTokens with a damaged salt: %v, want an error naming it", err)
 	}
 }
+
+// A token with its last character changed is refused, whatever it is changed to: the
+// signature's last character carries unused low bits, which lenient base64 ignores.
+func TestTokenLastCharacterEdited(t *testing.T) {
+	clock := newClock()
+	tk := newTokens(t, t.TempDir(), clock, secretA)
+	good, err := tk.Issue(testLease(clock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tk.Verify(good); err != nil {
+		t.Fatalf("the issued token: %v", err)
+	}
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	last := good[len(good)-1]
+	for _, c := range []byte(alphabet) {
+		if c == last {
+			continue
+		}
+		edited := good[:len(good)-1] + string(c)
+		if id, err := tk.Verify(edited); !errors.Is(err, ErrTokenInvalid) || id != "" {
+			t.Errorf("last character %q → %q: Verify = %q, %v; want ErrTokenInvalid", last, c, id, err)
+		}
+	}
+}

@@ -40,12 +40,17 @@ type Config struct {
 	CgroupParent             string
 	Isolation                string // "strict" or "none"
 	Seccomp                  string // "strict" (default) or "off": the system-call filter on lease processes and script workers
+	MinLandlockABI           int    // operator's floor: refuse to start below it; 0 none
+	RequireCgroup            string // operator's floor: "v1", "v2" or "" (either)
+	LandlockMaxABI           int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
 	AllowedOrigins           []string
 
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
 	OutputBufferBytes int64 // replay buffer per background process
 	MaxProcesses      int   // background processes per lease
 	MaxPTYs           int   // PTYs per lease (its own devpts instance); default sandbox.DefaultMaxPTYs
+	MaxExecs          int   // run-to-completion execs per lease at once
+	OutputBudgetBytes int64 // output all execs hold in memory, daemon-wide
 
 	ScriptEnabled bool
 	ScriptWorkers int
@@ -118,14 +123,22 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		}
 	}()
 
+	stateAbs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := sandbox.New(sandbox.Config{
-		CgroupParent: cfg.CgroupParent,
-		Isolation:    cfg.Isolation,
-		Seccomp:      cfg.Seccomp,
-		PTYRoot:      filepath.Join(cfg.StateDir, "pts"),
-		MaxPTYs:      cfg.MaxPTYs,
-		HelperPath:   sandboxHelper(cfg.HelperPath),
-		Logger:       log.With("component", "sandbox"),
+		CgroupParent:   cfg.CgroupParent,
+		Isolation:      cfg.Isolation,
+		HelperPath:     sandboxHelper(cfg.HelperPath),
+		Logger:         log.With("component", "sandbox"),
+		MinLandlockABI: cfg.MinLandlockABI,
+		RequireCgroup:  cfg.RequireCgroup,
+		LandlockMaxABI: cfg.LandlockMaxABI,
+		Owner:          stateAbs,
+		Seccomp:        cfg.Seccomp,
+		PTYRoot:        filepath.Join(cfg.StateDir, "pts"),
+		MaxPTYs:        cfg.MaxPTYs,
 	})
 	if err != nil {
 		return nil, err
@@ -139,13 +152,15 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 
 	procs, err := process.New(process.Config{
-		Execer:         sb,
-		StateDir:       filepath.Join(cfg.StateDir, "processes"),
-		MaxOutputBytes: cfg.MaxOutputBytes,
-		BufferBytes:    cfg.OutputBufferBytes,
-		MaxProcesses:   cfg.MaxProcesses,
-		Now:            cfg.Now,
-		Logger:         log.With("component", "process"),
+		Execer:            sb,
+		StateDir:          filepath.Join(cfg.StateDir, "processes"),
+		MaxOutputBytes:    cfg.MaxOutputBytes,
+		BufferBytes:       cfg.OutputBufferBytes,
+		MaxProcesses:      cfg.MaxProcesses,
+		MaxExecs:          cfg.MaxExecs,
+		OutputBudgetBytes: cfg.OutputBudgetBytes,
+		Now:               cfg.Now,
+		Logger:            log.With("component", "process"),
 	})
 	if err != nil {
 		return nil, err
@@ -279,7 +294,12 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
-	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups, "seccomp", sb.Caps().Seccomp)
+	caps := sb.Caps()
+	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", caps.Isolation,
+		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","), "seccomp", caps.Seccomp)
+	for _, gap := range caps.Gaps() {
+		log.Warn("isolation layer missing on this kernel", "landlock_abi", caps.LandlockABI, "gap", gap)
+	}
 	return d, nil
 }
 
@@ -347,7 +367,7 @@ func traversable(workRoot, stateDir string) error {
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
 			if dir != stateAbs {
-				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs", abs, dir, fi.Mode().Perm())
+				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs; set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) to a directory every ancestor of which others may traverse, e.g. /var/lib/sidecar", abs, dir, fi.Mode().Perm())
 			}
 			if err := os.Chmod(dir, fi.Mode().Perm()|0o011); err != nil {
 				return fmt.Errorf("state dir: %w", err)

@@ -61,6 +61,12 @@ var (
 func helperBinary(t testing.TB) string {
 	t.Helper()
 	helperOnce.Do(func() {
+		// The VM tests (test/vm) boot without Go or make: they ship the binaries built.
+		if dir := os.Getenv(prebuiltEnv); dir != "" {
+			helperPath = filepath.Join(dir, "sidecar")
+			_, helperErr = os.Stat(helperPath)
+			return
+		}
 		if helperDir, helperErr = os.MkdirTemp("/var/tmp", "sidecar-e2e-bin-"); helperErr != nil {
 			return
 		}
@@ -78,6 +84,10 @@ func helperBinary(t testing.TB) string {
 	}
 	return helperPath
 }
+
+// prebuiltEnv names a directory holding a built sidecar and sidecar-init to use instead
+// of building them.
+const prebuiltEnv = "SIDECAR_TEST_PREBUILT"
 
 const testToken = "test-shared-token-0123456789abcdefghijklmnop"
 
@@ -189,6 +199,7 @@ func (d *testDaemon) cleanup() {
 	}
 	d.stop()
 	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent)
+	parents = append(parents, "/sys/fs/cgroup/"+d.cfg.CgroupParent) // v2 from the root cgroup
 	for _, p := range parents {
 		_ = syscall.Rmdir(p) // rmdir removes only an empty cgroup
 	}

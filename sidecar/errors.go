@@ -60,6 +60,7 @@ var sentinels = []struct {
 	{process.ErrNotFound, http.StatusNotFound, apitype.CodeProcessNotFound},
 	{process.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{process.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
+	{process.ErrExecLimit, http.StatusTooManyRequests, apitype.CodeExecLimit},
 	{process.ErrExited, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrStdinClosed, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
@@ -80,6 +81,10 @@ var sentinels = []struct {
 	{fsxfer.ErrNotRegular, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{fsxfer.ErrTooLarge, http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge},
 	{fsxfer.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{fsxfer.ErrPrecondition, http.StatusPreconditionFailed, apitype.CodePreconditionFailed},
+	{fsxfer.ErrNoMatch, http.StatusConflict, apitype.CodeOldTextNotFound},
+	{fsxfer.ErrAmbiguous, http.StatusConflict, apitype.CodeOldTextNotUnique},
+	{fsxfer.ErrTooMany, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
 	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{script.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 }

@@ -178,6 +178,43 @@ func TestFaultClientStopsReading(t *testing.T) {
 	settleGoroutines(t, base+2, "goroutines after a stalled client was cut") // +2: the client's own conn
 }
 
+// A client that stops reading is cut once a write has been blocked for WSWriteTimeout,
+// whatever the reader's own deadline (two pings plus the write timeout): here pings are
+// an hour apart, so only the cut can end the stream. The process keeps running.
+func TestFaultStalledReaderCut(t *testing.T) {
+	d := startFaultDaemon(t, func(c *sidecar.Config) {
+		c.HTTP.WSWriteTimeout = time.Second
+		c.HTTP.WSPingInterval = time.Hour
+	})
+	l := d.acquire("stalled-reader")
+	ctx := context.Background()
+	// A steady trickle (about 2.5 MB/s) that never ends: something is always to be written.
+	if _, err := l.Start(ctx, apitype.StartRequest{ID: "trickle", Argv: []string{"sh", "-c", "while :; do head -c 262144 /dev/zero; sleep 0.1; done"}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, _, _ := d.rawAttach(t, "/v1/leases/"+l.ID()+"/processes/trickle/attach?since=-1", true)
+	defer conn.Close()
+	if streamHandlers() == 0 {
+		t.Fatal("no stream handler is running after the attach")
+	}
+	// Read nothing: the daemon must end the stream (its handler returns) well before the
+	// reader's own deadline of two hours. (What the client reads afterwards depends on
+	// the kernel's handling of the orphaned socket, so it is not asserted.)
+	waitFor(t, "the daemon to end the stream of a client that reads nothing", time.Minute, func() bool {
+		return streamHandlers() == 0
+	})
+	if pr := must(l.Process(ctx, "trickle"))(t); pr.State != apitype.ProcessRunning {
+		t.Fatalf("the process behind a cut viewer: %+v", pr)
+	}
+}
+
+// streamHandlers counts the goroutines serving a websocket stream in this process.
+func streamHandlers() int {
+	buf := make([]byte, 4<<20)
+	n := runtime.Stack(buf, true)
+	return strings.Count(string(buf[:n]), "sidecar.(*Server).stream(")
+}
+
 // A slow reader against a fast writer: it gets what it can, the rest is counted in
 // bytes_lost, and delivered + lost is exactly what the process wrote.
 func TestFaultSlowReader(t *testing.T) {

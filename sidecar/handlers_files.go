@@ -98,11 +98,26 @@ func (s *Server) handlePutFile(w http.ResponseWriter, r *http.Request, _ princip
 	if err != nil {
 		return err
 	}
+	// Conditional writes (RFC 9110 13.1): If-Match names the version being replaced;
+	// If-None-Match: * creates only. Both answer 412 when the file is not so.
+	opts.IfMatch = r.Header.Get("If-Match")
+	createOnly := false
+	if inm := strings.TrimSpace(r.Header.Get("If-None-Match")); inm == "*" {
+		opts.Exclusive, createOnly = true, true
+	} else if inm != "" {
+		return badRequest("If-None-Match on PUT takes only *")
+	}
 	body := &countingReader{r: r.Body}
 	created, err := f.WriteFile(r.Context(), r.PathValue("path"), body, opts)
 	s.metrics.bytes.WithLabelValues("in").Add(float64(body.n))
+	if createOnly && errors.Is(err, fsxfer.ErrExists) {
+		return errorf(http.StatusPreconditionFailed, apitype.CodePreconditionFailed, "If-None-Match: * and the file exists")
+	}
 	if err != nil {
 		return err
+	}
+	if info, err := f.Stat(r.PathValue("path")); err == nil && info.Type == "file" {
+		w.Header().Set("ETag", info.ETag())
 	}
 	if created {
 		w.WriteHeader(http.StatusCreated)
@@ -200,9 +215,7 @@ func (s *Server) handleHeadFile(w http.ResponseWriter, r *http.Request, _ princi
 	return nil
 }
 
-func etag(info fsxfer.Info) string {
-	return fmt.Sprintf(`"%x-%x"`, info.ModTime.UnixNano(), info.Size)
-}
+func etag(info fsxfer.Info) string { return info.ETag() }
 
 func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, _ principal) error {
 	f, err := s.leaseFS(r)
@@ -210,6 +223,10 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, _ princip
 		return err
 	}
 	path := r.PathValue("path")
+	q := r.URL.Query()
+	if q.Has("line_offset") || q.Has("line_limit") {
+		return s.handleReadLines(w, r, f)
+	}
 	info, err := f.Stat(path)
 	if err != nil {
 		return err
@@ -312,6 +329,8 @@ func (s *Server) handleFileOp(w http.ResponseWriter, r *http.Request, _ principa
 		}
 		w.WriteHeader(http.StatusCreated)
 		return nil
+	case "replace":
+		return s.handleReplace(w, r, f)
 	case "move":
 		to := q.Get("to")
 		if to == "" {
@@ -323,7 +342,7 @@ func (s *Server) handleFileOp(w http.ResponseWriter, r *http.Request, _ principa
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}
-	return badRequest("op must be mkdir or move")
+	return badRequest("op must be mkdir, move or replace")
 }
 
 func (s *Server) handlePutArchive(w http.ResponseWriter, r *http.Request, _ principal) error {

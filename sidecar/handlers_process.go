@@ -66,17 +66,22 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal)
 	if req.Stdin != nil {
 		stdin = strings.NewReader(*req.Stdin)
 	}
-	res, err := s.opts.Processes.Exec(r.Context(), l.ID, process.ExecRequest{
+	replied := false
+	_, err = s.opts.Processes.Exec(r.Context(), l.ID, process.ExecRequest{
 		Spec:        process.Spec{Argv: req.Argv, Env: req.Env, Dir: req.Cwd},
 		Stdin:       stdin,
 		Timeout:     timeout,
 		IdleTimeout: idle,
+		// Written while the exec still holds its slot and its share of the output
+		// budget, so a client that reads its reply slowly stays within both.
+		Reply: func(res process.ExecResult) error { replied = true; return writeExecResult(w, res) },
 	})
-	s.metrics.procStart("exec", err)
-	if err != nil {
-		return err
+	if replied {
+		s.metrics.procStart("exec", nil) // the run went well; err is the reply's
+	} else {
+		s.metrics.procStart("exec", err)
 	}
-	return writeJSON(w, http.StatusOK, res)
+	return err
 }
 
 func (s *Server) handleStart(w http.ResponseWriter, r *http.Request, _ principal) error {

@@ -36,6 +36,10 @@ func (s *Server) routes() {
 	s.route("POST /v1/leases/{id}/files/{path...}", leaseScope, s.handleFileOp)
 	s.route("PUT /v1/leases/{id}/archive/{path...}", leaseScope, s.handlePutArchive)
 	s.route("GET /v1/leases/{id}/archive/{path...}", leaseScope, s.handleGetArchive)
+	s.route("GET /v1/leases/{id}/find/{path...}", leaseScope, s.handleFind)
+	s.route("GET /v1/leases/{id}/grep/{path...}", leaseScope, s.handleGrep)
+	s.route("GET /v1/leases/{id}/stat/{path...}", leaseScope, s.handleStat)
+	s.route("GET /v1/leases/{id}/watch/{path...}", leaseScope, s.handleWatch)
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
 

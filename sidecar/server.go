@@ -90,6 +90,11 @@ type Server struct {
 	ln      net.Listener
 
 	streams streamSet // hijacked websocket connections, closed on shutdown
+
+	// stopping ends long-lived plain HTTP streams (watches) at Shutdown, which would
+	// otherwise wait for them until its deadline.
+	stopping context.Context
+	stop     context.CancelFunc
 }
 
 // NewServer builds the server and its routes; Listen and Serve start it.
@@ -107,6 +112,7 @@ func NewServer(opts ServerOptions) *Server {
 		auth: newAuthenticator(opts.SharedTokens, opts.Tokens, opts.Leases),
 		mux:  http.NewServeMux(),
 	}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.metrics = newMetrics(s)
 	s.routes()
 	s.http = &http.Server{
@@ -162,6 +168,7 @@ func (s *Server) Serve() error {
 // Shutdown stops accepting, lets in-flight requests finish within the deadline, cuts
 // websocket streams (their background processes keep running) and returns.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.stop()
 	err := s.http.Shutdown(ctx)
 	s.streams.closeAll()
 	if errors.Is(err, context.DeadlineExceeded) {

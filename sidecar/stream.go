@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -75,6 +76,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 	log := s.log.With("lease", r.PathValue("id"), "pid", p.ID(), "remote", r.RemoteAddr)
 
 	ctx, cancel := context.WithCancel(context.Background())
+	readWait := 2*lim.WSPingInterval + lim.WSWriteTimeout
+	reading := &readDeadline{conn: conn}
 	out := make(chan frame, 16)
 	writerDone := make(chan struct{})
 	go func() { // the one writer
@@ -93,11 +96,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 			}
 			_ = conn.SetWriteDeadline(time.Now().Add(lim.WSWriteTimeout))
 			if err := writeFrame(conn, f); err != nil {
+				// A client that stopped reading (past WSWriteTimeout) or died: end the
+				// stream now, not when the reader's own deadline passes (70 s later).
+				reading.cut(time.Now())
 				return
 			}
 			if f.kind == websocket.CloseMessage {
 				// Give the peer a moment to answer the close, then let the reader end.
-				_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				reading.cut(time.Now().Add(5 * time.Second))
 				return
 			}
 		}
@@ -136,9 +142,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 
 	// Reader: the handler goroutine. A missed pong or a dead peer ends it.
 	conn.SetReadLimit(lim.WSReadLimit)
-	readWait := 2*lim.WSPingInterval + lim.WSWriteTimeout
-	_ = conn.SetReadDeadline(time.Now().Add(readWait))
-	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(readWait)) })
+	_ = reading.extend(readWait)
+	conn.SetPongHandler(func(string) error { return reading.extend(readWait) })
 	closeWith := func(code int, reason string) {
 		send(frame{kind: websocket.CloseMessage, data: websocket.FormatCloseMessage(code, reason)})
 	}
@@ -150,7 +155,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 			}
 			break
 		}
-		_ = conn.SetReadDeadline(time.Now().Add(readWait))
+		_ = reading.extend(readWait)
 		if kind != websocket.BinaryMessage || len(msg) == 0 {
 			closeWith(websocket.CloseUnsupportedData, "binary channel frames only")
 			break
@@ -174,6 +179,34 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 		}
 	}
 	return nil
+}
+
+// readDeadline is the reader's deadline, which the reader pushes forward as messages
+// and pongs arrive and the writer cuts short for good when the stream must end: a cut
+// made while the reader handles a message is not undone by its next extend.
+type readDeadline struct {
+	mu     sync.Mutex
+	conn   *websocket.Conn
+	cutsAt time.Time // zero until cut
+}
+
+func (d *readDeadline) extend(wait time.Duration) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := time.Now().Add(wait)
+	if !d.cutsAt.IsZero() && d.cutsAt.Before(t) {
+		t = d.cutsAt
+	}
+	return d.conn.SetReadDeadline(t)
+}
+
+func (d *readDeadline) cut(at time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cutsAt.IsZero() || at.Before(d.cutsAt) {
+		d.cutsAt = at
+	}
+	_ = d.conn.SetReadDeadline(d.cutsAt)
 }
 
 // control applies one client frame.

@@ -69,6 +69,7 @@ const (
 	CodeLeaseNotFound      = "lease_not_found"
 	CodeLeaseExpired       = "lease_expired"
 	CodeLeaseLimit         = "lease_limit"
+	CodeExecLimit          = "exec_limit"
 	CodeProcessNotFound    = "process_not_found"
 	CodePathOutsideWorkdir = "path_outside_workdir"
 	CodeNotADirectory      = "not_a_directory"
@@ -88,6 +89,10 @@ const (
 	CodeConflict           = "conflict"
 	CodeRangeUnsatisfied   = "range_not_satisfiable"
 	CodePreconditionFailed = "precondition_failed"
+	// CodeOldTextNotFound and CodeOldTextNotUnique (409): an exact replacement found its
+	// old text nowhere, or more than once without "all".
+	CodeOldTextNotFound  = "old_text_not_found"
+	CodeOldTextNotUnique = "old_text_not_unique"
 )
 
 // Problem is an RFC 9457 problem details body.
@@ -117,6 +122,9 @@ type Capabilities struct {
 	PrivateTmp       bool   `json:"private_tmp"`
 	Isolation        string `json:"isolation"` // "strict" or "none"
 	Seccomp          bool   `json:"seccomp"`   // lease processes run under the system-call filter
+	// Layers are the isolation layers in force, e.g. "cgroup-v2", "uid", "mount-ns",
+	// "net-ns", "landlock-fs", "landlock-scope" (docs/api.md lists them all).
+	Layers []string `json:"layers"`
 }
 
 // ServiceLimits are the daemon-wide limits a client should know about.

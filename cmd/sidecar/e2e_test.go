@@ -183,6 +183,56 @@ func TestServeAndCLI(t *testing.T) {
 	if b, _ := os.ReadFile(back); string(b) != "round trip\n" {
 		t.Fatalf("cp round trip: %q", b)
 	}
+	// The file tools.
+	if out, code = cli("", "find", "--name", "*.txt", l.ID+":"); code != 0 || out != "in/file.txt\n" {
+		t.Fatalf("find: exit %d, out %q", code, out)
+	}
+	if out, code = cli("", "grep", "-F", "trip", l.ID+":"); code != 0 || out != "in/file.txt:1:round trip\n" {
+		t.Fatalf("grep: exit %d, out %q", code, out)
+	}
+	if _, code = cli("", "grep", "absent", l.ID+":"); code != 1 {
+		t.Fatalf("grep without a match: exit %d, want 1", code)
+	}
+	if out, code = cli("", "stat", "-o", "json", l.ID+":in/file.txt"); code != 0 || !strings.Contains(out, `"size": 11`) {
+		t.Fatalf("stat: exit %d, out %q", code, out)
+	}
+	if _, code = cli("", "stat", l.ID+":nothing"); code != 1 {
+		t.Fatalf("stat of a missing path: exit %d, want 1", code)
+	}
+	if _, code = cli("", "edit", "--old", "round", "--new", "square", l.ID+":in/file.txt"); code != 0 {
+		t.Fatalf("edit: exit %d", code)
+	}
+	if _, code = cli("", "edit", "--old", "round", "--new", "square", l.ID+":in/file.txt"); code == 0 {
+		t.Fatal("edit of absent text succeeded")
+	}
+	if out, _ = cli("", "exec", l.ID, "--", "cat", "in/file.txt"); out != "square trip\n" {
+		t.Fatalf("after edit: %q", out)
+	}
+	watch := exec.Command(bin, "watch", "-r", l.ID+":in")
+	watch.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work}
+	for k, v := range env {
+		watch.Env = append(watch.Env, k+"="+v)
+	}
+	watchOut, watchErr := &lockedBuffer{}, &lockedBuffer{}
+	watch.Stdout, watch.Stderr = watchOut, watchErr
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor := func(b *lockedBuffer, s string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(b.String(), s); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("watch: no %q in %q (stderr %q)", s, watchOut.String(), watchErr.String())
+			}
+		}
+	}
+	waitFor(watchErr, "watching")
+	cli("", "exec", l.ID, "--", "touch", "in/new")
+	waitFor(watchOut, "create new\n")
+	watch.Process.Signal(syscall.SIGINT)
+	if err := watch.Wait(); err != nil {
+		t.Fatalf("watch after SIGINT: %v (%s)", err, watchErr.String())
+	}
 	if out, code = cli("", "leases", "show", l.ID); code != 0 || !strings.Contains(out, `"session_id": "cli-session"`) {
 		t.Fatalf("leases show: exit %d:\n%s", code, out)
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
@@ -52,15 +55,19 @@ type serveConfig struct {
 	DefaultLimits limitsEnv     `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
 	MaxLimits     maxLimitsEnv  `envPrefix:"SIDECAR_MAX_LIMITS_"`
 
-	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
+	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT"` // default: defaultCgroupParent(StateDir)
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
+	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
+	RequireCgroup  string   `env:"SIDECAR_REQUIRE_CGROUP"`
 	Seccomp        string   `env:"SIDECAR_SECCOMP" envDefault:"strict"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
 	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`
 	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`
+	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`
+	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"`
 	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`
 	MaxHeaderBytes    int   `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"`
 	MaxBodyBytes      int64 `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"`
@@ -131,6 +138,12 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.Isolation != "strict" && c.Isolation != "none" {
 		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
 	}
+	if c.MinLandlockABI < 0 || c.MinLandlockABI > sandbox.MaxKnownLandlockABI {
+		errs = append(errs, fmt.Errorf("SIDECAR_MIN_LANDLOCK_ABI must be 0 to %d, not %d", sandbox.MaxKnownLandlockABI, c.MinLandlockABI))
+	}
+	if c.RequireCgroup != "" && c.RequireCgroup != "v1" && c.RequireCgroup != "v2" {
+		errs = append(errs, fmt.Errorf("SIDECAR_REQUIRE_CGROUP must be v1, v2 or empty, not %q", c.RequireCgroup))
+	}
 	if c.MaxPTYs < 1 || c.MaxPTYs > 4096 {
 		errs = append(errs, fmt.Errorf("SIDECAR_MAX_PTYS must be 1 to 4096, not %d", c.MaxPTYs))
 	}
@@ -163,6 +176,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.MaxOutputBytes < 1024 || c.OutputBufferBytes < 1024 {
 		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES and SIDECAR_OUTPUT_BUFFER_BYTES must be at least 1024"))
 	}
+	if c.MaxExecs < 1 || c.OutputBudgetBytes < 2*c.MaxOutputBytes {
+		errs = append(errs, errors.New("SIDECAR_MAX_EXECS_PER_LEASE must be positive and SIDECAR_OUTPUT_BUDGET_BYTES at least twice SIDECAR_MAX_OUTPUT_BYTES"))
+	}
 	if _, err := logLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
@@ -175,7 +191,26 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.WorkRoot == "" {
 		c.WorkRoot = filepath.Join(c.StateDir, "leases")
 	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = defaultCgroupParent(c.StateDir)
+	}
 	return c, errors.Join(errs...)
+}
+
+// defaultCgroupParent gives each state dir a cgroup parent of its own, so that a second
+// daemon on the host (a developer's beside the service) never shares one with the first:
+// "sidecar" for the service's /var/lib/sidecar, "sidecar-<8 hex digits of the state dir's
+// absolute path>" for any other.
+func defaultCgroupParent(stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	if abs == "/var/lib/sidecar" {
+		return "sidecar"
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return "sidecar-" + hex.EncodeToString(sum[:4])
 }
 
 // secret reads a secret from its variable, its _FILE variant or, under systemd, the
@@ -310,11 +345,15 @@ func runServe(ctx context.Context, args []string) error {
 		UIDLast:           uidLast,
 		CgroupParent:      c.CgroupParent,
 		Isolation:         c.Isolation,
+		MinLandlockABI:    c.MinLandlockABI,
+		RequireCgroup:     c.RequireCgroup,
 		Seccomp:           c.Seccomp,
 		AllowedOrigins:    c.AllowedOrigins,
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,
 		MaxProcesses:      c.MaxProcesses,
+		MaxExecs:          c.MaxExecs,
+		OutputBudgetBytes: c.OutputBudgetBytes,
 		MaxPTYs:           c.MaxPTYs,
 		ScriptEnabled:     c.ScriptEnabled,
 		ScriptWorkers:     c.ScriptWorkers,

@@ -13,11 +13,14 @@ const (
 	// MinBufferBytes keeps at least two full reads in a replay buffer.
 	MinBufferBytes      = 2 * readSize
 	DefaultMaxProcesses = 64
-	DefaultMaxExited    = 64
-	DefaultRows         = 24
-	DefaultCols         = 80
-	MaxRows             = 1000
-	MaxCols             = 1000
+	DefaultMaxExecs     = 16
+	// DefaultOutputBudgetBytes is 128 full-size Exec outputs (two streams of 1 MiB).
+	DefaultOutputBudgetBytes = 256 << 20
+	DefaultMaxExited         = 64
+	DefaultRows              = 24
+	DefaultCols              = 80
+	MaxRows                  = 1000
+	MaxCols                  = 1000
 	// MaxIDLength bounds a client-chosen process id.
 	MaxIDLength = 64
 )
@@ -46,6 +49,14 @@ type Config struct {
 	BufferBytes int64
 	// MaxProcesses bounds the running background processes of one lease. Default 64.
 	MaxProcesses int
+	// MaxExecs bounds the Execs of one lease running (or replying) at once; beyond it
+	// Exec fails with ErrExecLimit. Default 16.
+	MaxExecs int
+	// OutputBudgetBytes bounds the output all Execs of the daemon hold in memory at once
+	// (capture capacity, held until the reply is written). A capture that cannot grow
+	// within it keeps what it has and drops the rest, flagged truncated as at
+	// MaxOutputBytes: a run never waits for another lease's output. Default 256 MiB.
+	OutputBudgetBytes int64
 	// MaxExited bounds the finished processes a lease keeps for Get, List and replay;
 	// beyond it the oldest finished one is forgotten. Default 64.
 	MaxExited int
@@ -59,7 +70,8 @@ func (c *Config) setDefaults() error {
 	if c.Execer == nil {
 		return fmt.Errorf("%w: Config.Execer is required", ErrInvalid)
 	}
-	if c.MaxOutputBytes < 0 || c.BufferBytes < 0 || c.MaxProcesses < 0 || c.MaxExited < 0 {
+	if c.MaxOutputBytes < 0 || c.BufferBytes < 0 || c.MaxProcesses < 0 || c.MaxExited < 0 ||
+		c.MaxExecs < 0 || c.OutputBudgetBytes < 0 {
 		return fmt.Errorf("%w: negative limit in Config", ErrInvalid)
 	}
 	if c.MaxOutputBytes == 0 {
@@ -73,6 +85,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxProcesses == 0 {
 		c.MaxProcesses = DefaultMaxProcesses
+	}
+	if c.MaxExecs == 0 {
+		c.MaxExecs = DefaultMaxExecs
+	}
+	if c.OutputBudgetBytes == 0 {
+		c.OutputBudgetBytes = DefaultOutputBudgetBytes
 	}
 	if c.MaxExited == 0 {
 		c.MaxExited = DefaultMaxExited

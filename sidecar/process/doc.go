@@ -29,6 +29,9 @@
 //     stops even if something outside the tree holds a pipe). So a background job
 //     started with "cmd &" by a shell that then exits does not outlive the shell, and
 //     no grandchild can keep a process from ending.
+//   - An Exec holds one of its lease's MaxExecs slots, and the capacity of its output
+//     buffers against the daemon-wide OutputBudgetBytes, from admission until its Reply
+//     returns (or Exec returns, without one).
 //   - Timeouts and idle timeouts kill the whole tree (Tree.Kill) and mark TimedOut.
 //   - A process killed by a signal reports ExitCode 128+signo (the shell convention)
 //     and Signal set to the name without "SIG", e.g. "KILL".

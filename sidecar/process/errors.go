@@ -12,6 +12,8 @@ var (
 	// ErrLimit: the lease already runs MaxProcesses background processes (invalid_request
 	// or a 429; the v1 table has no dedicated code).
 	ErrLimit = errors.New("process: too many running processes")
+	// ErrExecLimit: the lease already runs MaxExecs Execs (a 429, exec_limit).
+	ErrExecLimit = errors.New("process: too many execs running")
 	// ErrStart wraps why a command could not be started, e.g. exec.ErrNotFound
 	// (invalid_request when errors.Is(err, exec.ErrNotFound), else internal).
 	ErrStart = errors.New("process: cannot start")

@@ -1,11 +1,12 @@
 package process
 
 import (
-	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
@@ -20,17 +21,26 @@ type ExecRequest struct {
 	// Timeout kills the whole tree once passed; IdleTimeout once no output came for that
 	// long. Either sets TimedOut; the output so far is kept. Zero: none.
 	Timeout, IdleTimeout time.Duration
+	// Reply, when set, gets the result of a run that ended without error, before Exec
+	// returns: the exec's slot (MaxExecs) and its output's share of OutputBudgetBytes are
+	// held until Reply returns, so a caller that writes its reply there (to a client that
+	// may read slowly) stays within both. Its error is Exec's.
+	Reply func(ExecResult) error
 }
 
 // ExecResult is the wire result of a finished command.
 type ExecResult = apitype.ExecResult
 
 // Exec runs a command to completion and returns its exit status and output (each
-// stream capped at MaxOutputBytes; beyond it output is drained, dropped and flagged).
-// A start failure is an error wrapping ErrStart. When ctx ends the tree is killed and
-// the result so far is returned with ctx's error. A TTY Spec runs on a PTY of 24x80
-// whose output is all Stdout; its input ends with the terminal's EOF character after
-// r.Stdin (at once without it), see Process.CloseStdin.
+// stream capped at MaxOutputBytes, all Execs together at OutputBudgetBytes; beyond either,
+// output is drained, dropped and flagged truncated). A lease runs at most MaxExecs at
+// once: beyond, ErrExecLimit. A start failure is an error wrapping ErrStart. When ctx
+// ends the tree is killed and the result so far is returned with ctx's error. A TTY Spec
+// runs on a PTY of 24x80 whose output is all Stdout; its input ends with the terminal's
+// EOF character after r.Stdin (at once without it), see Process.CloseStdin.
+//
+// The result's Stdout and Stderr share memory with the capture: the budget is given back
+// when Exec returns, so a caller that keeps the result long should write it in r.Reply.
 func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (ExecResult, error) {
 	if err := checkSpec(r.Spec); err != nil {
 		return ExecResult{}, err
@@ -46,14 +56,26 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 		m.mu.Unlock()
 		return ExecResult{}, ErrClosed
 	}
+	lp := m.leaseLocked(leaseID)
+	if lp.slots >= m.cfg.MaxExecs {
+		m.mu.Unlock()
+		return ExecResult{}, fmt.Errorf("%w: %d at once per lease", ErrExecLimit, m.cfg.MaxExecs)
+	}
+	lp.slots++
 	m.mu.Unlock()
+	out := &capture{limit: m.cfg.MaxOutputBytes, budget: m.output}
+	defer func() {
+		out.release()
+		m.mu.Lock()
+		lp.slots--
+		m.mu.Unlock()
+	}()
 
 	stdin := r.Stdin
 	if stdin == nil && r.Spec.TTY {
 		// A terminal cannot be /dev/null: empty input is an immediate end of file.
 		stdin = strings.NewReader("")
 	}
-	out := &capture{limit: m.cfg.MaxOutputBytes}
 	began := m.cfg.Now()
 	run, err := startRun(m.cfg.Execer, leaseID, runOptions{
 		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: stdin,
@@ -62,7 +84,6 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 		return ExecResult{}, err
 	}
 	m.mu.Lock()
-	lp := m.leaseLocked(leaseID)
 	lp.execs[run] = struct{}{}
 	m.mu.Unlock()
 	defer func() {
@@ -76,8 +97,8 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	res := ExecResult{
 		ExitCode:        run.status.code,
 		Signal:          run.status.signal,
-		Stdout:          out.streams[0].String(),
-		Stderr:          out.streams[1].String(),
+		Stdout:          out.string(0),
+		Stderr:          out.string(1),
 		StdoutTruncated: out.truncated[0],
 		StderrTruncated: out.truncated[1],
 		TimedOut:        run.timedOut.Load(),
@@ -87,25 +108,75 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	if run.canceled.Load() {
 		return res, ctx.Err()
 	}
+	if r.Reply != nil {
+		return res, r.Reply(res)
+	}
 	return res, nil
 }
 
-// capture keeps the first limit bytes of stdout and of stderr. Each stream has its own
-// pump goroutine and its own slot, so no lock is needed; the result is read after the
-// pumps ended.
+// minCapture is the first allocation of a capture stream, outside the budget: most
+// outputs are small, and these always arrive whole however much big ones hold.
+const minCapture = 4 << 10
+
+// capture keeps the first limit bytes of stdout and of stderr, in buffers whose capacity
+// beyond minCapture is charged to the daemon's output budget. Each stream has its own
+// pump goroutine and its own slot, and the budget is atomic, so no lock is needed; the
+// result is read after the pumps ended.
 type capture struct {
 	limit     int64
-	streams   [2]bytes.Buffer
+	budget    *budget
+	streams   [2][]byte
+	charged   [2]int64 // capacity taken from the budget, per stream
 	truncated [2]bool
 }
 
 func (c *capture) write(channel byte, p []byte) bool {
 	i := int(channel - apitype.ChannelStdout)
-	room := c.limit - int64(c.streams[i].Len())
-	if int64(len(p)) > room {
+	buf := c.streams[i]
+	if room := c.limit - int64(len(buf)); int64(len(p)) > room {
 		p = p[:max(room, 0)]
 		c.truncated[i] = true
 	}
-	c.streams[i].Write(p)
+	if cap(buf) == 0 && len(p) > 0 {
+		buf = make([]byte, 0, min(minCapture, c.limit))
+	}
+	if need := len(buf) + len(p); need > cap(buf) {
+		// Grow by doubling (bounded by the limit) when the budget allows, else by what
+		// this write needs, else by what is left of the budget.
+		want := min(max(2*int64(cap(buf)), int64(need), minCapture), c.limit)
+		got := c.budget.take(want - int64(cap(buf)))
+		if got < want-int64(cap(buf)) {
+			c.budget.give(got)
+			got = c.budget.take(int64(need - cap(buf)))
+		}
+		if int64(len(buf))+int64(len(p)) > int64(cap(buf))+got {
+			p = p[:int64(cap(buf))+got-int64(len(buf))]
+			c.truncated[i] = true
+		}
+		if got > 0 {
+			grown := make([]byte, len(buf), int64(cap(buf))+got)
+			copy(grown, buf)
+			buf = grown
+			c.charged[i] += got
+		}
+	}
+	c.streams[i] = append(buf, p...)
 	return false
+}
+
+// string returns stream i without a copy: the bytes never change once the pumps ended.
+func (c *capture) string(i int) string {
+	b := c.streams[i]
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// release gives the buffers' capacity back to the budget.
+func (c *capture) release() {
+	for i := range c.charged {
+		c.budget.give(c.charged[i])
+		c.charged[i] = 0
+	}
 }

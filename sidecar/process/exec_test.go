@@ -206,3 +206,89 @@ func TestExecTTY(t *testing.T) {
 		t.Fatalf("result %+v", res)
 	}
 }
+
+// A lease runs at most MaxExecs at once, counted until each reply is written; other
+// leases are not affected, and a slot frees once its reply is done.
+func TestExecLimitPerLease(t *testing.T) {
+	m := newManager(t, Config{MaxExecs: 2}, "other")
+	replying := make(chan struct{}, 2)
+	hold := make(chan struct{})
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := m.Exec(context.Background(), "lease", ExecRequest{Spec: sh("true"), Reply: func(ExecResult) error {
+				replying <- struct{}{}
+				<-hold
+				return nil
+			}})
+			errs <- err
+		}()
+	}
+	<-replying
+	<-replying
+	if _, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("echo never")}); !errors.Is(err, ErrExecLimit) {
+		t.Fatalf("third exec of a lease with two replying: %v, want ErrExecLimit", err)
+	}
+	if res, err := m.Exec(t.Context(), "other", ExecRequest{Spec: sh("echo ok")}); err != nil || res.Stdout != "ok\n" {
+		t.Fatalf("another lease's exec: %+v %v", res, err)
+	}
+	close(hold)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("echo again")}); err != nil || res.Stdout != "again\n" {
+		t.Fatalf("exec after the slots freed: %+v %v", res, err)
+	}
+}
+
+// Output that Execs hold is bounded daemon-wide: while one exec's reply holds its output,
+// another gets what is left of the budget, flagged truncated (the process is never held
+// back), small output still arrives whole, and once the reply is written the whole
+// budget is back.
+func TestExecOutputBudget(t *testing.T) {
+	const limit, budget = 100 << 10, 150 << 10
+	m := newManager(t, Config{MaxOutputBytes: limit, OutputBudgetBytes: budget})
+	replying := make(chan struct{})
+	hold := make(chan struct{})
+	first := make(chan ExecResult, 1)
+	go func() {
+		res, err := m.Exec(context.Background(), "lease", ExecRequest{Spec: sh("head -c 200000 /dev/zero"), Reply: func(ExecResult) error {
+			close(replying)
+			<-hold
+			return nil
+		}})
+		if err != nil {
+			t.Error(err)
+		}
+		first <- res
+	}()
+	<-replying
+	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("head -c 200000 /dev/zero; echo done >&2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first minCapture bytes of each stream are outside the budget.
+	if want := budget - (limit - minCapture) + minCapture; len(res.Stdout) != want || !res.StdoutTruncated || res.ExitCode != 0 {
+		t.Fatalf("exec beside a held reply: %d bytes of stdout (truncated %v, exit %d), want %d truncated, exit 0",
+			len(res.Stdout), res.StdoutTruncated, res.ExitCode, want)
+	}
+	if free, want := m.output.free.Load(), int64(budget-(limit-minCapture)); free != want {
+		t.Fatalf("budget while one reply holds it: %d free, want %d", free, want)
+	}
+	// Small output arrives whole even with the budget spent.
+	if res.Stderr != "done\n" || res.StderrTruncated {
+		t.Fatalf("small stderr beside a spent budget: %q truncated %v, want it whole", res.Stderr, res.StderrTruncated)
+	}
+	close(hold)
+	if r := <-first; len(r.Stdout) != limit || !r.StdoutTruncated {
+		t.Fatalf("held exec: %d bytes (truncated %v), want %d truncated", len(r.Stdout), r.StdoutTruncated, limit)
+	}
+	if free := m.output.free.Load(); free != budget {
+		t.Fatalf("budget after every exec replied: %d free of %d", free, budget)
+	}
+	if res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("head -c 200000 /dev/zero")}); err != nil || len(res.Stdout) != limit {
+		t.Fatalf("exec with the budget back: %d bytes, %v; want %d", len(res.Stdout), err, limit)
+	}
+}

@@ -21,6 +21,7 @@ type Manager struct {
 	logger *slog.Logger
 	store  store
 
+	output   *budget       // what Execs hold, daemon-wide
 	stop     chan struct{} // closed by Shutdown
 	watchers sync.WaitGroup
 
@@ -33,6 +34,7 @@ type Manager struct {
 type leaseProcs struct {
 	procs map[string]*Process // by id, including those still starting
 	execs map[*run]struct{}   // Execs in flight, killed by ReleaseLease
+	slots int                 // Execs admitted and not yet replied, at most MaxExecs
 }
 
 func (m *Manager) leaseLocked(leaseID string) *leaseProcs {
@@ -54,6 +56,7 @@ func New(cfg Config) (*Manager, error) {
 		cfg:    cfg,
 		logger: cfg.Logger,
 		store:  store{dir: cfg.StateDir},
+		output: newBudget(cfg.OutputBudgetBytes),
 		stop:   make(chan struct{}),
 		leases: map[string]*leaseProcs{},
 	}

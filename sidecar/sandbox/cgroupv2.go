@@ -22,33 +22,12 @@ type cgroupV2 struct {
 
 var v2Controllers = []string{"memory", "cpu", "pids"}
 
-// v2Paths computes, from /proc/self/cgroup, the daemon's leaf ("" when the daemon sits
-// in the root cgroup, where the rule does not apply) and the parent of lease cgroups.
-func v2Paths(procSelfCgroup, mount, parent string) (leaf, base string, err error) {
-	for line := range strings.SplitSeq(procSelfCgroup, "\n") {
-		own, ok := strings.CutPrefix(line, "0::")
-		if !ok {
-			continue
-		}
-		own = filepath.Clean("/" + own)
-		ownDir := filepath.Join(mount, own)
-		if own == "/" {
-			return "", filepath.Join(mount, parent), nil
-		}
-		if filepath.Base(own) == "daemon" { // already moved by an earlier New
-			ownDir = filepath.Dir(ownDir)
-		}
-		return filepath.Join(ownDir, "daemon"), filepath.Join(ownDir, parent), nil
-	}
-	return "", "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
-}
-
 func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
 	self, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return nil, err
 	}
-	leaf, base, err := v2Paths(string(self), mount, parent)
+	leaf, base, err := v2Paths(string(self), mount, parent, hostV2Delegated)
 	if err != nil {
 		return nil, err
 	}
@@ -59,16 +38,34 @@ func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
 		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
 			return nil, fmt.Errorf("cgroup v2: move daemon into its leaf: %w", err)
 		}
-		if err := enableControllers(filepath.Dir(leaf)); err != nil {
-			return nil, err
-		}
 		log.Info("moved the daemon into its own cgroup leaf", "cgroup", leaf)
 	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
+	// Every level from the daemon's own cgroup down to base hands the controllers on
+	// (base's parent may be the root cgroup, which starts with none enabled, and the
+	// parent setting may have several parts).
+	top := filepath.Dir(leaf)
+	if leaf == "" {
+		top = mount
+	}
+	if err := enableControllers(top); err != nil {
+		if errors.Is(err, syscall.EBUSY) { // the no-internal-processes rule
+			return nil, fmt.Errorf("cgroup v2: %s holds processes other than the daemon, so it cannot hand controllers to lease cgroups: run the daemon alone in its cgroup (systemd: Delegate=yes) or from the root cgroup: %w", top, err)
+		}
+		return nil, err
+	}
+	rel, err := filepath.Rel(top, base)
+	if err != nil {
 		return nil, fmt.Errorf("cgroup v2: %w", err)
 	}
-	if err := enableControllers(base); err != nil {
-		return nil, err
+	dir := top
+	for part := range strings.SplitSeq(rel, "/") {
+		dir = filepath.Join(dir, part)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("cgroup v2: %w", err)
+		}
+		if err := enableControllers(dir); err != nil {
+			return nil, err
+		}
 	}
 	return &cgroupV2{base: base}, nil
 }

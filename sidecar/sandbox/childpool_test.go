@@ -3,20 +3,20 @@ package sandbox
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
-// children lists the child cgroups of a lease in every v1 hierarchy, failing the test if
-// the hierarchies disagree.
+// children lists the child cgroups of a lease in every hierarchy (several on v1), failing
+// the test if the hierarchies disagree.
 func children(t *testing.T, s *Sandbox, leaseID string) []string {
 	t.Helper()
 	var first []string
-	for i, ctrl := range v1Controllers {
-		names, err := listDirs(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent, leaseID))
+	dirs := cgroupDirs(s, leaseID)
+	for i, dir := range dirs {
+		names, err := listDirs(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -24,7 +24,7 @@ func children(t *testing.T, s *Sandbox, leaseID string) []string {
 		if i == 0 {
 			first = names
 		} else if !slices.Equal(names, first) {
-			t.Fatalf("%s children %q, %s children %q", v1Controllers[0], first, ctrl, names)
+			t.Fatalf("%s children %q, %s children %q", dirs[0], first, dir, names)
 		}
 	}
 	return first
@@ -34,9 +34,6 @@ func children(t *testing.T, s *Sandbox, leaseID string) []string {
 // the background; Close removes the spares and leaves the lease.
 func TestChildCgroupsAheadAndBehind(t *testing.T) {
 	s := newTestSandbox(t)
-	if s.cg.version() != "v1" {
-		t.Skip("checks the v1 hierarchies; CI is a cgroup v1 host")
-	}
 	l := newTestLease(t, s, nil)
 	var prev string
 	for i := range 5 {
@@ -67,7 +64,7 @@ func TestChildCgroupsAheadAndBehind(t *testing.T) {
 	if left := children(t, s, l.ID); len(left) != 0 {
 		t.Errorf("after Close: children %q", left)
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", testCgroupParent, l.ID)); err != nil {
+	if _, err := os.Stat(cgroupDir(s, "memory", l.ID)); err != nil {
 		t.Errorf("Close removed the lease's cgroup: %v", err)
 	}
 	// After Close commands still work, without spares, and clean up at once.
@@ -89,9 +86,9 @@ func TestTeardownRacesBackgroundWork(t *testing.T) {
 		if err := s.Teardown(context.Background(), l.ID); err != nil {
 			t.Fatalf("Teardown: %v", err)
 		}
-		for _, ctrl := range v1Controllers {
-			if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent, l.ID)); !os.IsNotExist(err) {
-				t.Fatalf("%s cgroup of the lease still there (%v)", ctrl, err)
+		for _, dir := range cgroupDirs(s, l.ID) {
+			if _, err := os.Stat(dir); !os.IsNotExist(err) {
+				t.Fatalf("lease cgroup %s still there (%v)", dir, err)
 			}
 		}
 	}

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == HelperArg {
 		InitMain()
 	}
+	if len(os.Args) > 1 && os.Args[1] == probeArg {
+		os.Exit(probeMain(os.Args[2:]))
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	if os.Geteuid() == 0 {
 		if err := BecomeSubreaper(); err != nil {
@@ -38,10 +41,43 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	cleanup()
 	stop()
-	for _, ctrl := range v1Controllers { // the shared test parent, empty by now
-		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent))
-	}
+	removeCgroupParent(testCgroupParent) // the shared test parent, empty by now
 	os.Exit(code)
+}
+
+// removeCgroupParent removes an empty lease parent of either cgroup version.
+func removeCgroupParent(parent string) {
+	for _, ctrl := range v1Controllers {
+		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, parent))
+	}
+	if self, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		if _, base, err := v2Paths(string(self), "/sys/fs/cgroup", parent, hostV2Delegated); err == nil {
+			syscall.Rmdir(base)
+		}
+	}
+}
+
+// cgroupDir is the directory of a lease's cgroup (parts: lease id, child) for controller
+// ctrl: one hierarchy per controller on v1, one for all on v2.
+func cgroupDir(s *Sandbox, ctrl string, parts ...string) string {
+	switch c := s.cg.(type) {
+	case *cgroupV1:
+		return filepath.Join(append([]string{c.mounts[ctrl], c.parent}, parts...)...)
+	case *cgroupV2:
+		return c.dir(parts...)
+	}
+	panic("sandbox without cgroups")
+}
+
+// cgroupDirs are the directories of a lease's cgroup in every hierarchy.
+func cgroupDirs(s *Sandbox, parts ...string) []string {
+	var dirs []string
+	for _, ctrl := range v1Controllers {
+		if d := cgroupDir(s, ctrl, parts...); !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
 
 const testCgroupParent = "sidecar-test"
@@ -58,7 +94,7 @@ func newTestSandboxWith(t testing.TB, helper string) *Sandbox {
 	return newTestSandboxConfig(t, Config{HelperPath: helper})
 }
 
-// newTestSandboxConfig is a strict sandbox with cfg (its cgroup parent the tests' own).
+// newTestSandboxConfig is a strict sandbox on the test cgroup parent configured by cfg.
 func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,7 +37,7 @@ func testForkBombStopsAtPidsLimit(t *testing.T, s *Sandbox) {
 		t.Fatal(err)
 	}
 	// v1 counts refused forks in the forking cgroup: the command's child.
-	events := filepath.Join("/sys/fs/cgroup/pids", testCgroupParent, a.ID, tr.(*tree).child, "pids.events")
+	events := filepath.Join(cgroupDir(s, "pids", a.ID, tr.(*tree).child), "pids.events")
 	waitFor(t, "a fork refused by pids.max", func() bool {
 		n, _ := readKey(events, "max")
 		return n > 0
@@ -62,7 +63,9 @@ func TestMemoryHogIsOOMKilled(t *testing.T) { forEachHelper(t, testMemoryHogIsOO
 
 func testMemoryHogIsOOMKilled(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.MemoryBytes = 32 << 20 })
-	r := run(t, s, l.ID, process.Spec{Argv: []string{"/usr/bin/python3", "-c", "b = bytearray(512 << 20); print('survived')"}})
+	// The shell doubles a string until the limit stops it (no interpreter needed: the VM
+	// tests have only busybox).
+	r := run(t, s, l.ID, sh(`a=x; while :; do a="$a$a"; done; echo survived`))
 	if !r.signaled || !r.oom || strings.Contains(r.stdout, "survived") {
 		t.Fatalf("memory hog: %+v, want OOM-killed", r)
 	}
@@ -79,7 +82,7 @@ func TestTreeKillTakesEverything(t *testing.T) { forEachHelper(t, testTreeKillTa
 
 func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	cmd, tr, err := s.Command(l.ID, sh(`sleep 100 & setsid sleep 100 & (sh -c 'sleep 100 &' &) ; sh -c 'sleep 100' & echo ready; wait`))
+	cmd, tr, err := s.Command(l.ID, sh(`sleep 100.1 & setsid sleep 100.2 & (sh -c 'sleep 100.3 &' &) ; sh -c 'sleep 100.4' & echo ready; wait`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,13 +94,8 @@ func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
 		t.Fatalf("got %q", line)
 	}
-	child := tr.(*tree).child
-	dir := filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID, child)
-	var pids []int
-	waitFor(t, "five processes", func() bool {
-		pids, _ = readPids(dir)
-		return len(pids) >= 6
-	})
+	dir := cgroupDir(s, "freezer", l.ID, tr.(*tree).child)
+	pids := waitForSleepers(t, dir, "100.1", "100.2", "100.3", "100.4")
 	if err := tr.Kill(); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
@@ -114,9 +112,50 @@ func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	}
 }
 
-// alive: exists and is not a zombie (an orphan may wait for its reaper).
+// waitForSleepers waits until the cgroup dir (and its descendants) holds a `sleep D` for
+// each duration D, and returns all its pids. Durations mark the processes: which of the
+// shells exec their last command instead of forking differs between shells (dash,
+// busybox ash), the sleepers do not.
+func waitForSleepers(t *testing.T, dir string, durations ...string) []int {
+	t.Helper()
+	var pids []int
+	var seen []string
+	err := pollUntil(context.Background(), 10*time.Second, func() (bool, error) {
+		pids, _ = readPids(dir)
+		seen = seen[:0]
+		for _, pid := range pids {
+			b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
+			seen = append(seen, strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " ")))
+		}
+		for _, d := range durations {
+			if !slices.Contains(seen, "sleep "+d) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for sleep %v in %s: %v; processes there: %q", durations, dir, err, seen)
+	}
+	return pids
+}
+
+// alive: exists, is not a zombie (an orphan may wait for its reaper) and is not exiting.
+// A killed process leaves its cgroup, which may then report itself empty, before it is a
+// zombie; from the start of its exit it has PF_EXITING set and never runs user code again.
 func alive(pid int) bool {
-	return syscall.Kill(pid, 0) == nil && !isZombie(pid)
+	const pfExiting = 0x4
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
+	f := strings.Fields(string(b)[i+2:])    // state ppid pgrp session tty tpgid flags ...
+	if len(f) < 7 || f[0] == "Z" || f[0] == "X" {
+		return false
+	}
+	flags, err := strconv.ParseUint(f[6], 10, 64)
+	return err != nil || flags&pfExiting == 0
 }
 
 func TestNetworkNone(t *testing.T) { forEachHelper(t, testNetworkNone) }
@@ -151,7 +190,7 @@ func TestTeardownLeavesNothing(t *testing.T) { forEachHelper(t, testTeardownLeav
 
 func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
-	cmd, tr, err := s.Command(l.ID, sh(`(setsid sh -c 'sleep 100 & sleep 100' &); echo ready; sleep 100`))
+	cmd, tr, err := s.Command(l.ID, sh(`(setsid sh -c 'sleep 100.1 & sleep 100.2' &); echo ready; sleep 100.3`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,12 +200,7 @@ func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 		t.Fatal(err)
 	}
 	bufio.NewReader(out).ReadString('\n')
-	freezer := filepath.Join("/sys/fs/cgroup/freezer", testCgroupParent, l.ID)
-	var pids []int
-	waitFor(t, "the lease's processes", func() bool {
-		pids, _ = readPids(freezer)
-		return len(pids) >= 4
-	})
+	pids := waitForSleepers(t, cgroupDir(s, "freezer", l.ID), "100.1", "100.2", "100.3")
 	s.mu.Lock()
 	var st syscall.Stat_t
 	syscall.Fstat(int(s.leases[l.ID].netns.Fd()), &st)
@@ -182,9 +216,9 @@ func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 			t.Errorf("pid %d alive after Teardown", pid)
 		}
 	}
-	for _, ctrl := range v1Controllers {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", ctrl, testCgroupParent, l.ID)); !os.IsNotExist(err) {
-			t.Errorf("%s cgroup of the lease still there (%v)", ctrl, err)
+	for _, dir := range cgroupDirs(s, l.ID) {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("lease cgroup %s still there (%v)", dir, err)
 		}
 	}
 	links, _ := filepath.Glob("/proc/[0-9]*/ns/net")
@@ -208,11 +242,7 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, ctrl := range []string{"memory", "cpu", "cpuacct", "pids", "freezer"} {
-			syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, parent))
-		}
-	})
+	t.Cleanup(func() { removeCgroupParent(parent) })
 	kept := newTestLease(t, old, nil)
 	orphan := newTestLease(t, old, nil)
 	cmd, tr, err := old.Command(orphan.ID, process.Spec{Argv: []string{"sleep", "100"}})
@@ -240,10 +270,10 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	if len(ids) != 1 || ids[0] != orphan.ID || len(pids) != 1 || pids[0] != cmd.Process.Pid {
 		t.Errorf("Sweep = %v, %v; want [%s], [%d]", ids, pids, orphan.ID, cmd.Process.Pid)
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", parent, orphan.ID)); !os.IsNotExist(err) {
+	if _, err := os.Stat(cgroupDir(old, "memory", orphan.ID)); !os.IsNotExist(err) {
 		t.Errorf("orphan cgroup still there")
 	}
-	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory", parent, kept.ID)); err != nil {
+	if _, err := os.Stat(cgroupDir(old, "memory", kept.ID)); err != nil {
 		t.Errorf("known lease's cgroup removed: %v", err)
 	}
 }

@@ -74,6 +74,9 @@ echo owners $(for p in /proc/[0-9]*; do stat -c %u "$p"; done | sort -u)`))
 func TestLandlockConfines(t *testing.T) { forEachHelper(t, testLandlockConfines) }
 
 func testLandlockConfines(t *testing.T, s *Sandbox) {
+	if s.Caps().LandlockABI == 0 {
+		t.Skip("no Landlock on this kernel (not in lsm=, or too old): no landlock-fs layer to check; TestIsolationAtEachLandlockABI checks what holds without it")
+	}
 	l := newTestLease(t, s, nil)
 	base := filepath.Dir(l.Workdir) // removed by newTestLease's cleanup
 	readable, shared := filepath.Join(base, "readable"), filepath.Join(base, "shared")

@@ -1,0 +1,570 @@
+package fsxfer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"regexp/syntax"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// Limits of Grep.
+const (
+	DefaultGrepMatches   = 1000
+	MaxGrepMatches       = 100_000
+	DefaultGrepFileBytes = 8 << 20
+	MaxGrepFileBytes     = 64 << 20
+	MaxGrepContext       = 10
+	MaxGrepLineBytes     = 1024     // a longer line is cut (Cut set) at a UTF-8 boundary
+	MaxGrepResultBytes   = 16 << 20 // text of matches and context lines in one result
+	DefaultGrepTimeout   = 30 * time.Second
+	MaxGrepTimeout       = 120 * time.Second
+)
+
+// GrepOptions select and bound a Grep. Include and Exclude apply to file paths (an
+// excluded directory is not entered).
+type GrepOptions struct {
+	TreeOptions
+	Pattern      string // RE2 syntax (Go regexp), or a fixed string with Fixed
+	Fixed        bool
+	IgnoreCase   bool
+	Context      int           // lines before and after each match, 0..MaxGrepContext
+	MaxMatches   int           // matching lines returned; 0: DefaultGrepMatches
+	MaxFileBytes int64         // larger files are skipped unread; 0: DefaultGrepFileBytes
+	Timeout      time.Duration // 0: DefaultGrepTimeout
+}
+
+// GrepMatch is one matching line. Line and Column are 1-based; Column counts bytes to
+// the first match on the line. Text is the line without its newline.
+type GrepMatch struct {
+	Path   string
+	Line   int
+	Column int
+	Text   string
+	Cut    bool     // Text was longer than MaxGrepLineBytes
+	Before []string // context lines (each cut like Text)
+	After  []string
+}
+
+// GrepResult lists matches in walk order (files by name, parents first; lines in
+// order). Truncated says a limit stopped the search: Reason is "matches", "bytes" or
+// "time". Files with a NUL byte are binary and skipped; larger than MaxFileBytes skipped
+// unread.
+type GrepResult struct {
+	Matches       []GrepMatch
+	Truncated     bool
+	Reason        string
+	Files         int // files searched
+	SkippedBinary int
+	SkippedLarge  int
+}
+
+func (o *GrepOptions) normalize() error {
+	if o.Context < 0 || o.Context > MaxGrepContext {
+		return fmt.Errorf("%w: context must be 0..%d", ErrInvalid, MaxGrepContext)
+	}
+	if o.MaxMatches < 0 || o.MaxMatches > MaxGrepMatches {
+		return fmt.Errorf("%w: max matches must be 0..%d", ErrInvalid, MaxGrepMatches)
+	}
+	if o.MaxMatches == 0 {
+		o.MaxMatches = DefaultGrepMatches
+	}
+	if o.MaxFileBytes < 0 || o.MaxFileBytes > MaxGrepFileBytes {
+		return fmt.Errorf("%w: max file bytes must be 0..%d", ErrInvalid, MaxGrepFileBytes)
+	}
+	if o.MaxFileBytes == 0 {
+		o.MaxFileBytes = DefaultGrepFileBytes
+	}
+	if o.Timeout < 0 || o.Timeout > MaxGrepTimeout {
+		return fmt.Errorf("%w: timeout must be at most %s", ErrInvalid, MaxGrepTimeout)
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultGrepTimeout
+	}
+	return nil
+}
+
+// matcher finds matching lines in a whole file. A fixed, case-sensitive pattern is a
+// plain byte search. A regexp runs first over the whole buffer as a prefilter in which
+// text anchors become line anchors (so a line that matches is never missed), and
+// every candidate line is then checked with the pattern itself: results are exactly
+// those of matching line by line, at the speed of one pass over the buffer.
+type matcher struct {
+	literal []byte
+	line    *regexp.Regexp
+	pre     *regexp.Regexp
+}
+
+func newMatcher(pattern string, fixed, ignoreCase bool) (*matcher, error) {
+	if fixed && !ignoreCase {
+		return &matcher{literal: []byte(pattern)}, nil
+	}
+	expr := pattern
+	if fixed {
+		expr = regexp.QuoteMeta(pattern)
+	}
+	if ignoreCase {
+		expr = "(?i)" + expr
+	}
+	line, err := regexp.Compile(expr)
+	if err != nil {
+		return nil, fmt.Errorf("%w: pattern: %v", ErrInvalid, err)
+	}
+	if lit, complete := line.LiteralPrefix(); complete {
+		return &matcher{literal: []byte(lit)}, nil
+	}
+	m := &matcher{line: line}
+	if tree, err := syntax.Parse(expr, syntax.Perl); err == nil {
+		lineAnchors(tree)
+		m.pre, _ = regexp.Compile(tree.String()) // nil: check every line
+	}
+	return m, nil
+}
+
+func lineAnchors(re *syntax.Regexp) {
+	switch re.Op {
+	case syntax.OpBeginText:
+		re.Op = syntax.OpBeginLine
+	case syntax.OpEndText:
+		re.Op, re.Flags = syntax.OpEndLine, re.Flags&^syntax.WasDollar
+	}
+	for _, sub := range re.Sub {
+		lineAnchors(sub)
+	}
+}
+
+// each calls fn for every matching line of buf, in order, until fn returns false.
+func (m *matcher) each(buf []byte, fn func(start, end, col int) bool) {
+	pos := 0
+	for pos < len(buf) {
+		var s int
+		switch {
+		case m.line == nil:
+			i := bytes.Index(buf[pos:], m.literal)
+			if i < 0 {
+				return
+			}
+			s = pos + i
+		case m.pre != nil:
+			loc := m.pre.FindIndex(buf[pos:])
+			if loc == nil {
+				return
+			}
+			s = pos + loc[0]
+		default:
+			s = pos
+		}
+		if s == len(buf) && buf[len(buf)-1] == '\n' {
+			return // no line starts here
+		}
+		start := bytes.LastIndexByte(buf[:s], '\n') + 1
+		end := bytes.IndexByte(buf[s:], '\n')
+		if end < 0 {
+			end = len(buf)
+		} else {
+			end += s
+		}
+		col := s - start
+		if m.line != nil {
+			loc := m.line.FindIndex(buf[start:end])
+			col = -1
+			if loc != nil {
+				col = loc[0]
+			}
+		}
+		if col >= 0 && !fn(start, end, col+1) {
+			return
+		}
+		pos = end + 1
+	}
+}
+
+// cutLine bounds a line for the result.
+func cutLine(b []byte) (string, bool) {
+	if len(b) <= MaxGrepLineBytes {
+		return string(b), false
+	}
+	n := MaxGrepLineBytes
+	for n > 0 && !utf8.RuneStart(b[n]) {
+		n--
+	}
+	return string(b[:n]), true
+}
+
+// grepJob is a run of files of one directory, consecutive in walk order: batching
+// them keeps the hand-offs between goroutines at one per run, not one per file.
+// grepJob is a run of files of one directory, consecutive in walk order. Workers
+// take jobs in order from a shared list and leave their results in them: under CPU
+// contention, a hand-off per file (or per job) through channels costs more in waiting
+// for the scheduler than the search itself, so the walk and the workers meet only at
+// a lock when one of them runs ahead.
+type grepJob struct {
+	dir   *dirRef // held until the job is searched (or dropped)
+	files []grepName
+	outs  []grepOut
+	done  bool
+}
+
+type grepName struct {
+	rel, name string
+	ino       uint64 // from the directory entry: 0 when unknown
+}
+
+// grepOut is what one file gave.
+type grepOut struct {
+	matches []GrepMatch
+	binary  bool
+	large   bool
+	skipped bool // not searched: gone, or not a regular file of the lease
+}
+
+const (
+	maxGrepBatch = 64     // files in one job
+	maxGrepLead  = 16_384 // files the walk may list ahead of the workers
+)
+
+var grepBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+
+// grepRun is one Grep: the job list shared by the walk and the workers.
+type grepRun struct {
+	f    *FS
+	m    *matcher
+	opts GrepOptions
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	jobs    []*grepJob
+	next    int // the next job to take
+	listed  int // files in jobs
+	taken   int // files in jobs[:next]
+	walked  bool
+	stopped atomic.Bool // enough matches (or bytes) found, or the time is up
+	matches atomic.Int64
+	bytes   atomic.Int64
+}
+
+// Grep searches the regular files below the directory p (or the file p itself) for
+// lines matching opts.Pattern. Files are opened in directories the walk opened (never
+// through a symlink, never across a mount, only the lease's) and searched in parallel;
+// results come in walk order whatever order the searches finish in.
+func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, error) {
+	if err := opts.normalize(); err != nil {
+		return GrepResult{}, err
+	}
+	m, err := newMatcher(opts.Pattern, opts.Fixed, opts.IgnoreCase)
+	if err != nil {
+		return GrepResult{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	g := &grepRun{f: f, m: m, opts: opts}
+	g.cond = sync.NewCond(&g.mu)
+	stopOnDone := context.AfterFunc(ctx, g.stop)
+	defer stopOnDone()
+
+	var walkErr error
+	walked := make(chan struct{})
+	go func() {
+		defer close(walked)
+		walkErr = g.walk(ctx, p)
+	}()
+	var wg sync.WaitGroup
+	for range min(max(runtime.GOMAXPROCS(0), 2), 8) - 1 {
+		wg.Go(g.work)
+	}
+	g.work() // this goroutine is a worker too
+	wg.Wait()
+	<-walked
+
+	// Assemble in walk order. A job left undone after a stop is searched here if the
+	// jobs before it did not reach the limits.
+	res := GrepResult{Matches: []GrepMatch{}}
+	total := 0
+	defer func() {
+		for _, j := range g.jobs {
+			if j.dir != nil {
+				j.dir.release()
+			}
+		}
+	}()
+	timedOut := ctx.Err() != nil
+	for _, j := range g.jobs {
+		if !j.done {
+			if timedOut {
+				res.Truncated, res.Reason = true, "time"
+				return res, nil
+			}
+			g.search(j)
+		}
+		for _, o := range j.outs {
+			switch {
+			case o.skipped:
+				continue
+			case o.large:
+				res.SkippedLarge++
+				continue
+			case o.binary:
+				res.SkippedBinary++
+				continue
+			}
+			res.Files++
+			for _, mt := range o.matches {
+				if len(res.Matches) == opts.MaxMatches {
+					res.Truncated, res.Reason = true, "matches"
+					return res, nil
+				}
+				if total += lineBytes(mt); total > MaxGrepResultBytes {
+					res.Truncated, res.Reason = true, "bytes"
+					return res, nil
+				}
+				res.Matches = append(res.Matches, mt)
+			}
+		}
+	}
+	if errors.Is(walkErr, errStopWalk) {
+		walkErr = nil
+	}
+	if timedOut && (walkErr == nil || errors.Is(walkErr, context.DeadlineExceeded)) {
+		res.Truncated, res.Reason, walkErr = true, "time", nil
+	}
+	if walkErr != nil {
+		return GrepResult{}, walkErr
+	}
+	return res, nil
+}
+
+func (g *grepRun) stop() {
+	g.stopped.Store(true)
+	g.mu.Lock()
+	g.cond.Broadcast()
+	g.mu.Unlock()
+}
+
+// walk lists the files to search into jobs, waiting when it runs too far ahead.
+func (g *grepRun) walk(ctx context.Context, p string) error {
+	var batch *grepJob
+	add := func() error {
+		if batch == nil {
+			return nil
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		g.jobs = append(g.jobs, batch)
+		g.listed += len(batch.files)
+		batch = nil
+		g.cond.Broadcast()
+		for g.listed-g.taken > maxGrepLead && !g.stopped.Load() {
+			g.cond.Wait()
+		}
+		if g.stopped.Load() {
+			return errStopWalk
+		}
+		return nil
+	}
+	visit := func(e *treeEntry) error {
+		if e.mode == unix.S_IFDIR {
+			return add() // files below it come later in walk order
+		}
+		if e.mode != unix.S_IFREG || (len(g.opts.Include) > 0 && !globMatch(g.opts.Include, e.rel)) {
+			return nil
+		}
+		if batch != nil && (batch.dir != e.dir || len(batch.files) == maxGrepBatch) {
+			if err := add(); err != nil {
+				return err
+			}
+		}
+		if batch == nil {
+			e.dir.hold()
+			batch = &grepJob{dir: e.dir}
+		}
+		batch.files = append(batch.files, grepName{e.rel, e.name, e.ino})
+		return nil
+	}
+	err := g.f.grepTargets(ctx, p, g.opts.TreeOptions, visit)
+	if err == nil {
+		err = add()
+	} else if batch != nil {
+		batch.dir.release()
+	}
+	g.mu.Lock()
+	g.walked = true
+	g.cond.Broadcast()
+	g.mu.Unlock()
+	return err
+}
+
+// work searches jobs in order until there are none left or the search stops.
+func (g *grepRun) work() {
+	for {
+		g.mu.Lock()
+		for g.next == len(g.jobs) && !g.walked && !g.stopped.Load() {
+			g.cond.Wait()
+		}
+		if g.next == len(g.jobs) || g.stopped.Load() {
+			g.mu.Unlock()
+			return
+		}
+		j := g.jobs[g.next]
+		g.next++
+		g.taken += len(j.files)
+		if g.listed-g.taken <= maxGrepLead {
+			g.cond.Broadcast() // the walk may be waiting
+		}
+		g.mu.Unlock()
+		g.search(j)
+	}
+}
+
+// search searches the files of one job and counts what it found towards the limits.
+func (g *grepRun) search(j *grepJob) {
+	j.outs = make([]grepOut, len(j.files))
+	n, size := 0, 0
+	for i, fn := range j.files {
+		j.outs[i] = g.f.grepFile(j.dir.fd, fn, g.m, g.opts)
+		n += len(j.outs[i].matches)
+		for _, mt := range j.outs[i].matches {
+			size += lineBytes(mt)
+		}
+	}
+	j.dir.release()
+	j.dir, j.done = nil, true
+	if g.matches.Add(int64(n)) > int64(g.opts.MaxMatches) || g.bytes.Add(int64(size)) > MaxGrepResultBytes {
+		g.stop()
+	}
+}
+
+func lineBytes(m GrepMatch) int {
+	n := len(m.Text)
+	for _, s := range m.Before {
+		n += len(s)
+	}
+	for _, s := range m.After {
+		n += len(s)
+	}
+	return n
+}
+
+// grepTargets walks the directory p, or visits p alone when it is a regular file.
+func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit func(*treeEntry) error) error {
+	rel, err := f.clean(p)
+	if err != nil {
+		return err
+	}
+	if rel != "." {
+		d, base, err := f.openParent(rel)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		if err := f.onWorkdirMount(fd(d)); err != nil {
+			return wrap("grep", rel, err)
+		}
+		info, err := statAt(fd(d), base, rel)
+		if err != nil {
+			return err
+		}
+		if info.Type != "dir" {
+			if info.Type != "file" || info.UID != f.leaseUID {
+				return wrap("grep", rel, ErrNotRegular)
+			}
+			dfd, err := unix.Dup(fd(d))
+			if err != nil {
+				return wrap("grep", rel, err)
+			}
+			dir := &dirRef{fd: dfd}
+			dir.hold()
+			defer dir.release()
+			return visit(&treeEntry{rel: rel, dir: dir, name: base, mode: unix.S_IFREG})
+		}
+	}
+	return f.walkTree(ctx, p, opts, visit, nil)
+}
+
+// grepFile searches one file: never through a symlink, only a regular file of the
+// lease, and one over the size cap is not read at all. An unchanged file comes from the
+// content cache for the price of one stat.
+func (f *FS) grepFile(dirfd int, j grepName, m *matcher, opts GrepOptions) grepOut {
+	var out grepOut
+	var st unix.Stat_t
+	if (j.ino == 0 || contentCache.has(j.ino)) && unix.Fstatat(dirfd, j.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
+		st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == f.leaseUID && st.Size <= opts.MaxFileBytes {
+		if buf := contentCache.get(&st); buf != nil {
+			return f.grepBuf(out, j, buf, m, opts)
+		}
+	}
+	readAt := cacheNow()
+	nfd, fst, err := f.openFileAt(dirfd, j.name)
+	if err != nil {
+		out.skipped = true
+		return out
+	}
+	defer unix.Close(nfd)
+	if fst.Size > opts.MaxFileBytes {
+		out.large = true
+		return out
+	}
+	bp := grepBufs.Get().(*[]byte)
+	defer grepBufs.Put(bp)
+	buf, err := readFD(nfd, *bp, fst.Size)
+	*bp = buf
+	if err != nil {
+		out.skipped = true
+		return out
+	}
+	contentCache.put(fst, buf, readAt)
+	return f.grepBuf(out, j, buf, m, opts)
+}
+
+func (f *FS) grepBuf(out grepOut, j grepName, buf []byte, m *matcher, opts GrepOptions) grepOut {
+	if bytes.IndexByte(buf, 0) >= 0 {
+		out.binary = true
+		return out
+	}
+	line, lineAt, size := 1, 0, 0
+	m.each(buf, func(start, end, col int) bool {
+		line += bytes.Count(buf[lineAt:start], []byte{'\n'})
+		lineAt = start
+		text, cut := cutLine(buf[start:end])
+		mt := GrepMatch{Path: j.rel, Line: line, Column: col, Text: text, Cut: cut}
+		if opts.Context > 0 {
+			mt.Before, mt.After = contextLines(buf, start, end, opts.Context)
+		}
+		out.matches = append(out.matches, mt)
+		size += lineBytes(mt)
+		// One more than asked tells truncation.
+		return len(out.matches) <= opts.MaxMatches && size <= MaxGrepResultBytes
+	})
+	return out
+}
+
+func contextLines(buf []byte, start, end, n int) (before, after []string) {
+	s := start
+	for k := 0; k < n && s > 0; k++ {
+		ps := bytes.LastIndexByte(buf[:s-1], '\n') + 1
+		t, _ := cutLine(buf[ps : s-1])
+		before = append([]string{t}, before...)
+		s = ps
+	}
+	e := end
+	for k := 0; k < n && e+1 < len(buf); k++ {
+		ns := e + 1
+		ne := bytes.IndexByte(buf[ns:], '\n')
+		if ne < 0 {
+			ne = len(buf)
+		} else {
+			ne += ns
+		}
+		t, _ := cutLine(buf[ns:ne])
+		after = append(after, t)
+		e = ne
+	}
+	return before, after
+}

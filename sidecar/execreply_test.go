@@ -1,0 +1,63 @@
+package sidecar
+
+import (
+	"bytes"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// The streamed exec reply is byte for byte what encoding/json made of the whole result:
+// invalid UTF-8, multi-byte runes across piece boundaries, HTML and line separators.
+func TestWriteExecResultMatchesEncodingJSON(t *testing.T) {
+	if n := reflect.TypeFor[apitype.ExecResult]().NumField(); n != 9 {
+		t.Fatalf("ExecResult has %d fields: writeExecResult writes 9; teach it the new ones", n)
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	random := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rnd.UintN(256))
+		}
+		return string(b)
+	}
+	// A rune of 2, 3 or 4 bytes starting at every offset around the piece boundary.
+	var straddling []string
+	for _, r := range []string{"é", "€", "😀"} {
+		for off := replyPiece - 4; off <= replyPiece+1; off++ {
+			straddling = append(straddling, strings.Repeat("a", off)+r+"tail")
+		}
+	}
+	cases := []apitype.ExecResult{
+		{},
+		{ExitCode: 137, Signal: "KILL", TimedOut: true, OOMKilled: true, DurationMS: 12},
+		{Stdout: "hi\n", Stderr: "err\n", StdoutTruncated: true, StderrTruncated: true},
+		{Stdout: "<a href=\"x\">&amp;</a>\u2028\u2029\x00\x1f\t\\", Stderr: "\xff\xfe\xc3"},
+		{Stdout: random(3*replyPiece + 17), Stderr: random(replyPiece)},
+		{Stdout: strings.Repeat("\x80", 2*replyPiece+3), Stderr: strings.Repeat("é", replyPiece)},
+	}
+	for _, s := range straddling {
+		cases = append(cases, apitype.ExecResult{Stdout: s, Stderr: "\xe2\x82" + s})
+	}
+	for i, res := range cases {
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(res); err != nil {
+			t.Fatal(err)
+		}
+		rec := httptest.NewRecorder()
+		if err := writeExecResult(rec, res); err != nil {
+			t.Fatal(err)
+		}
+		if got := rec.Body.Bytes(); !bytes.Equal(got, want.Bytes()) {
+			t.Fatalf("case %d: streamed reply differs from encoding/json:\n got %.200q\nwant %.200q", i, got, want.Bytes())
+		}
+		if ct := rec.Header().Get("Content-Type"); rec.Code != 200 || ct != "application/json" {
+			t.Fatalf("case %d: %d %q", i, rec.Code, ct)
+		}
+	}
+}

@@ -1,0 +1,282 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
+)
+
+// Handlers of the agents' file tools: find, grep, stat, replace, watch. The rules live
+// in fsxfer; these decode query parameters and encode results.
+
+// queryInt reads a non-negative integer parameter; absent is 0.
+func queryInt(q url.Values, name string) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, badRequest("%s must be a non-negative integer", name)
+	}
+	return n, nil
+}
+
+func treeOptions(q url.Values) (fsxfer.TreeOptions, error) {
+	depth, err := queryInt(q, "max_depth")
+	if err != nil {
+		return fsxfer.TreeOptions{}, err
+	}
+	return fsxfer.TreeOptions{
+		MaxDepth:  depth,
+		Hidden:    queryBool(q.Get("hidden")),
+		GitIgnore: queryBool(q.Get("gitignore")),
+		Include:   q["glob"],
+		Exclude:   q["exclude"],
+	}, nil
+}
+
+func queryTimeout(q url.Values) (time.Duration, error) {
+	ms, err := queryInt(q, "timeout_ms")
+	return time.Duration(ms) * time.Millisecond, err
+}
+
+func (s *Server) handleFind(w http.ResponseWriter, r *http.Request, _ principal) error {
+	f, err := s.leaseFS(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	tree, err := treeOptions(q)
+	if err != nil {
+		return err
+	}
+	limit, err := queryInt(q, "limit")
+	if err != nil {
+		return err
+	}
+	timeout, err := queryTimeout(q)
+	if err != nil {
+		return err
+	}
+	res, err := f.Find(r.Context(), r.PathValue("path"), fsxfer.FindOptions{
+		TreeOptions: tree, Type: q.Get("type"), After: q.Get("after"), Limit: limit, Timeout: timeout, Stat: queryBool(q.Get("stat")),
+	})
+	if err != nil {
+		return err
+	}
+	out := apitype.FindResult{Entries: make([]apitype.FoundEntry, 0, len(res.Entries)), Truncated: res.Truncated, Reason: res.Reason, Next: res.Next}
+	for _, e := range res.Entries {
+		fe := apitype.FoundEntry{Path: e.Path, Type: e.Type, Mount: e.Mount}
+		if !e.ModTime.IsZero() { // stat=1
+			fe.Size, fe.Mode, fe.UID, fe.ModTime, fe.Target = e.Size, fmt.Sprintf("%04o", e.Mode.Perm()), e.UID, e.ModTime, e.Target
+		}
+		out.Entries = append(out.Entries, fe)
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleGrep(w http.ResponseWriter, r *http.Request, _ principal) error {
+	f, err := s.leaseFS(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	if !q.Has("pattern") {
+		return badRequest("pattern is required")
+	}
+	tree, err := treeOptions(q)
+	if err != nil {
+		return err
+	}
+	opts := fsxfer.GrepOptions{TreeOptions: tree, Pattern: q.Get("pattern"), Fixed: queryBool(q.Get("fixed")), IgnoreCase: queryBool(q.Get("ignore_case"))}
+	if opts.Context, err = queryInt(q, "context"); err != nil {
+		return err
+	}
+	if opts.MaxMatches, err = queryInt(q, "max_matches"); err != nil {
+		return err
+	}
+	maxBytes, err := queryInt(q, "max_file_bytes")
+	if err != nil {
+		return err
+	}
+	opts.MaxFileBytes = int64(maxBytes)
+	if opts.Timeout, err = queryTimeout(q); err != nil {
+		return err
+	}
+	res, err := f.Grep(r.Context(), r.PathValue("path"), opts)
+	if err != nil {
+		return err
+	}
+	out := apitype.GrepResult{Matches: make([]apitype.GrepMatch, 0, len(res.Matches)), Truncated: res.Truncated, Reason: res.Reason,
+		Files: res.Files, SkippedBinary: res.SkippedBinary, SkippedLarge: res.SkippedLarge}
+	for _, m := range res.Matches {
+		out.Matches = append(out.Matches, apitype.GrepMatch(m))
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) handleStat(w http.ResponseWriter, r *http.Request, _ principal) error {
+	f, err := s.leaseFS(r)
+	if err != nil {
+		return err
+	}
+	p := r.PathValue("path")
+	info, err := f.Stat(p)
+	if errors.Is(err, fsxfer.ErrNotFound) {
+		return writeJSON(w, http.StatusOK, apitype.FileStat{Path: p})
+	}
+	if err != nil {
+		return err
+	}
+	st := apitype.FileStat{Path: p, Exists: true, Type: info.Type, Size: info.Size, Mode: fmt.Sprintf("%04o", info.Mode.Perm()),
+		UID: info.UID, GID: info.GID, ModTime: info.ModTime, Target: info.Target}
+	if info.Type == "file" {
+		st.ETag = info.ETag()
+	}
+	return writeJSON(w, http.StatusOK, st)
+}
+
+// handleReplace is POST …/files/{path}?op=replace.
+func (s *Server) handleReplace(w http.ResponseWriter, r *http.Request, f *fsxfer.FS) error {
+	var req apitype.ReplaceRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	n, info, err := f.Replace(r.Context(), r.PathValue("path"), fsxfer.ReplaceOptions{
+		Old: req.Old, New: req.New, All: req.All, IfMatch: r.Header.Get("If-Match"),
+	})
+	if err != nil {
+		return err
+	}
+	w.Header().Set("ETag", info.ETag())
+	return writeJSON(w, http.StatusOK, apitype.ReplaceResult{Replacements: n, ETag: info.ETag()})
+}
+
+// handleReadLines is GET …/files/{path}?line_offset=N&line_limit=M.
+func (s *Server) handleReadLines(w http.ResponseWriter, r *http.Request, f *fsxfer.FS) error {
+	q := r.URL.Query()
+	offset, err := queryInt(q, "line_offset")
+	if err != nil {
+		return err
+	}
+	limit, err := queryInt(q, "line_limit")
+	if err != nil {
+		return err
+	}
+	lines, err := f.ReadLines(r.PathValue("path"), offset, limit)
+	if err != nil {
+		return err
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("ETag", lines.Info.ETag())
+	h.Set(apitype.HeaderLineOffset, strconv.Itoa(offset))
+	h.Set(apitype.HeaderLineCount, strconv.Itoa(lines.Count))
+	h.Set(apitype.HeaderLinesMore, sfBool(lines.More))
+	h.Set("Content-Length", strconv.Itoa(len(lines.Data)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(lines.Data)
+	s.metrics.bytes.WithLabelValues("out").Add(float64(len(lines.Data)))
+	return nil
+}
+
+// watchHeartbeat keeps idle event streams (and proxies in between) alive.
+const watchHeartbeat = 20 * time.Second
+
+// handleWatch streams the changes below a directory as server-sent events until the
+// client goes away, the lease ends (its FS closes the watch) or the daemon stops.
+func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request, _ principal) error {
+	f, err := s.leaseFS(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	opts := fsxfer.WatchOptions{Recursive: queryBool(q.Get("recursive"))}
+	if opts.MaxDirs, err = queryInt(q, "max_dirs"); err != nil {
+		return err
+	}
+	if opts.Queue, err = queryInt(q, "queue"); err != nil {
+		return err
+	}
+	watcher, err := f.Watch(r.PathValue("path"), opts)
+	if err != nil {
+		return err
+	}
+	defer watcher.Close()
+	rc := http.NewResponseController(w)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.stopping, cancel)
+	defer stop()
+
+	events := make(chan fsxfer.WatchEvent)
+	nextErr := make(chan error, 1)
+	go func() {
+		for {
+			e, err := watcher.Next(ctx)
+			if err != nil {
+				nextErr <- err
+				return
+			}
+			select {
+			case events <- e:
+			case <-ctx.Done():
+				nextErr <- ctx.Err()
+				return
+			}
+		}
+	}()
+	send := func(e apitype.WatchEvent) error {
+		b, _ := json.Marshal(e)
+		_ = rc.SetWriteDeadline(time.Now().Add(s.opts.Limits.WSWriteTimeout))
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", e.Type, b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	if err := send(apitype.WatchEvent{Type: apitype.WatchReady}); err != nil {
+		return nil
+	}
+	beat := time.NewTicker(watchHeartbeat)
+	defer beat.Stop()
+	for {
+		select {
+		case e := <-events:
+			if err := send(apitype.WatchEvent{Type: e.Type, Path: e.Path, OldPath: e.OldPath, Dir: e.Dir, Dropped: e.Dropped}); err != nil {
+				return nil // the client went away or stopped reading
+			}
+		case <-beat.C:
+			_ = rc.SetWriteDeadline(time.Now().Add(s.opts.Limits.WSWriteTimeout))
+			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil || rc.Flush() != nil {
+				return nil
+			}
+		case err := <-nextErr:
+			reason := "watched directory removed or lease released"
+			switch {
+			case s.stopping.Err() != nil:
+				reason = "daemon stopping"
+			case r.Context().Err() != nil:
+				return nil
+			case !errors.Is(err, io.EOF) && !errors.Is(err, context.Canceled):
+				reason = "watch failed"
+			}
+			_ = send(apitype.WatchEvent{Type: apitype.WatchEnd, Reason: reason})
+			return nil
+		}
+	}
+}
