@@ -92,9 +92,11 @@ func sweepPTS(root string) error {
 	return errors.Join(errs...)
 }
 
-// devptsAt reports whether a devpts is mounted on dir, from /proc/self/mountinfo.
+// devptsAt reports whether a devpts is mounted on dir, from this thread's mountinfo: the
+// process's (/proc/self, the main thread's) can be another namespace, e.g. when a locked
+// goroutine that unshared one ended on the main thread, which Go then never releases.
 func devptsAt(dir string) (bool, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return false, err
 	}
