@@ -39,6 +39,7 @@ type Config struct {
 	UIDFirst, UIDLast        int
 	CgroupParent             string
 	Isolation                string // "strict" or "none"
+	Seccomp                  string // "strict" (default) or "off": the system-call filter on lease processes and script workers
 	MinLandlockABI           int    // operator's floor: refuse to start below it; 0 none
 	RequireCgroup            string // operator's floor: "v1", "v2" or "" (either)
 	LandlockMaxABI           int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
@@ -47,6 +48,7 @@ type Config struct {
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
 	OutputBufferBytes int64 // replay buffer per background process
 	MaxProcesses      int   // background processes per lease
+	MaxPTYs           int   // PTYs per lease (its own devpts instance); default sandbox.DefaultMaxPTYs
 	MaxExecs          int   // run-to-completion execs per lease at once
 	OutputBudgetBytes int64 // output all execs hold in memory, daemon-wide
 
@@ -134,6 +136,9 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		RequireCgroup:  cfg.RequireCgroup,
 		LandlockMaxABI: cfg.LandlockMaxABI,
 		Owner:          stateAbs,
+		Seccomp:        cfg.Seccomp,
+		PTYRoot:        filepath.Join(cfg.StateDir, "pts"),
+		MaxPTYs:        cfg.MaxPTYs,
 	})
 	if err != nil {
 		return nil, err
@@ -238,6 +243,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 			Enabled:    true,
 			Workers:    cfg.ScriptWorkers,
 			HelperPath: cfg.HelperPath,
+			Seccomp:    cfg.Seccomp,
 			CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
 			Logger:     log.With("component", "script"),
 		})
@@ -290,7 +296,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
 	caps := sb.Caps()
 	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", caps.Isolation,
-		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","))
+		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","), "seccomp", caps.Seccomp)
 	for _, gap := range caps.Gaps() {
 		log.Warn("isolation layer missing on this kernel", "landlock_abi", caps.LandlockABI, "gap", gap)
 	}

@@ -313,3 +313,18 @@ func TestReleaseLeavesNothing(t *testing.T) {
 		t.Fatalf("exec on a released lease: %v", err)
 	}
 }
+
+// Through the real daemon, a lease can neither make a user namespace nor open a raw socket
+// (the helper's seccomp filter; sandbox's TestKernelSurfaceDenied probes each call), and has
+// the documented open-file limit.
+func TestExecKernelSurfaceDenied(t *testing.T) {
+	needRoot(t)
+	d := startDaemon(t)
+	l := d.acquire("seccomp")
+	ctx := context.Background()
+	res := must(l.Exec(ctx, sh(`unshare -Ur true && echo userns; unshare -rn true && echo netns; `+
+		`python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)' 2>/dev/null && echo raw; ulimit -n`)))(t)
+	if res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "4096" {
+		t.Fatalf("exit %d, stdout %q (want only the open-file limit 4096), stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}

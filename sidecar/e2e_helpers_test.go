@@ -206,15 +206,16 @@ func (d *testDaemon) cleanup() {
 }
 
 // stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
-// /tmp, so a work root under it would be hidden from the lease. Mounts happen only in
-// the lease processes' own namespaces, so removing the tree cannot cross one.
+// /tmp, so a work root under it would be hidden from the lease. The daemon mounts the
+// leases' devpts instances under <state>/pts and unmounts them when it stops: a mount
+// still there is a leak the cleanup reports instead of removing through it.
 func stateDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() { removeUnmounted(t, dir) })
 	return dir
 }
 

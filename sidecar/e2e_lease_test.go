@@ -268,6 +268,9 @@ func TestMetricsAndInfo(t *testing.T) {
 	if info.Capabilities.Isolation != isolation() {
 		t.Fatalf("info says isolation %q, want %q", info.Capabilities.Isolation, isolation())
 	}
+	if !info.Capabilities.Seccomp {
+		t.Fatal("info says seccomp is off; SIDECAR_SECCOMP defaults to strict")
+	}
 	status, _, body := d.raw("GET", "/metrics", testToken, nil, nil)
 	if status != 200 {
 		t.Fatalf("metrics: %d", status)

@@ -68,6 +68,7 @@ var sentinels = []struct {
 	{sandbox.ErrUnsupported, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{sandbox.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{sandbox.ErrUnknownLease, http.StatusNotFound, apitype.CodeLeaseNotFound},
+	{sandbox.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
 	{fsxfer.ErrOutside, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
 	{fsxfer.ErrNotFound, http.StatusNotFound, apitype.CodeNotFound},
 	{fsxfer.ErrNotDir, http.StatusBadRequest, apitype.CodeNotADirectory},

@@ -364,7 +364,7 @@ func tempNames(paths []string) []string {
 
 // removeUnmounted removes a test's tree after checking that no mount lies inside it:
 // RemoveAll through a mount would delete what the mount holds.
-func removeUnmounted(t *testing.T, dir string) {
+func removeUnmounted(t testing.TB, dir string) {
 	info, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Errorf("read mountinfo: %v", err)

@@ -37,6 +37,7 @@ func (s *Server) info() apitype.Info {
 		Landlock:         caps.LandlockABI,
 		PrivateTmp:       caps.PrivateTmp,
 		Isolation:        caps.Isolation,
+		Seccomp:          caps.Seccomp,
 		Layers:           caps.Layers,
 	}
 	return info

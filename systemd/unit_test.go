@@ -152,6 +152,11 @@ func TestUnitContract(t *testing.T) {
 			t.Errorf("CapabilityBoundingSet grants %s", c)
 		}
 	}
+	// The helper installs a seccomp filter on every lease process (and the sandbox checks
+	// at start that it can): the unit's own filter must let seccomp(2) through.
+	if filter := strings.Join(s["SystemCallFilter"], " "); !slices.Contains(strings.Fields(filter), "seccomp") {
+		t.Errorf("SystemCallFilter=%q lacks seccomp: every lease command would fail", filter)
+	}
 	// The unit may not make the cgroup tree read-only: lease cgroups are created there.
 	if v := s["ProtectControlGroups"]; len(v) > 0 && v[0] != "no" {
 		t.Errorf("ProtectControlGroups=%v would stop lease cgroups", v)
@@ -159,7 +164,7 @@ func TestUnitContract(t *testing.T) {
 }
 
 // daemonEnv lists the variables sidecar.env may set (docs/api.md, Configuration).
-var daemonEnv = regexp.MustCompile(`^(SIDECAR_(LISTEN_ADDR|STATE_DIR|WORK_ROOT|TLS_CERT_FILE|TLS_KEY_FILE|TLS_CLIENT_CA_FILE|TLS_SELF_SIGNED|TLS_HOSTS|MAX_LEASES|LEASE_TTL|LEASE_MAX_TTL|DEFAULT_LIMITS_[A-Z_]+|CGROUP_PARENT|UID_RANGE|ISOLATION|ALLOWED_ORIGINS|LOG_LEVEL|LOG_FORMAT)|SCRIPT_ENABLED)$`)
+var daemonEnv = regexp.MustCompile(`^(SIDECAR_(LISTEN_ADDR|STATE_DIR|WORK_ROOT|TLS_CERT_FILE|TLS_KEY_FILE|TLS_CLIENT_CA_FILE|TLS_SELF_SIGNED|TLS_HOSTS|MAX_LEASES|LEASE_TTL|LEASE_MAX_TTL|DEFAULT_LIMITS_[A-Z_]+|CGROUP_PARENT|UID_RANGE|ISOLATION|SECCOMP|MAX_PTYS|ALLOWED_ORIGINS|LOG_LEVEL|LOG_FORMAT)|SCRIPT_ENABLED)$`)
 
 func TestEnvExample(t *testing.T) {
 	data, err := os.ReadFile(envFile)

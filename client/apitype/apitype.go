@@ -121,6 +121,7 @@ type Capabilities struct {
 	Landlock         int    `json:"landlock_abi"` // 0: not available
 	PrivateTmp       bool   `json:"private_tmp"`
 	Isolation        string `json:"isolation"` // "strict" or "none"
+	Seccomp          bool   `json:"seccomp"`   // lease processes run under the system-call filter
 	// Layers are the isolation layers in force, e.g. "cgroup-v2", "uid", "mount-ns",
 	// "net-ns", "landlock-fs", "landlock-scope" (docs/api.md lists them all).
 	Layers []string `json:"layers"`

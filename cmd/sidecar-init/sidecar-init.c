@@ -17,13 +17,14 @@
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
- * oom_score_adj 500, setgroups(0)/setresgid/setresuid, no_new_privs, Landlock, chdir,
- * close-on-exec on every fd above 2, then an execvp-like PATH search.
+ * oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
+ * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
+ * an execvp-like PATH search.
  *
  * Security rules: every system call is checked; every length is bounded; untrusted data
  * is only ever a "%s" argument; on any doubt the helper exits 125 with a report.
  *
- * Build: cc -O2 -static -Wall -Wextra -Werror -o sidecar-init sidecar-init.c
+ * Build: cc -O2 -static -Wall -Wextra -Werror -o sidecar-init sidecar-init.c -lseccomp
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -36,9 +37,15 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#ifndef SIDECAR_INIT_PARSE_ONLY
+#include <seccomp.h>
+#endif
 
 enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5 };
 enum { EXIT_SETUP = 125, EXIT_CANNOT_EXEC = 126, EXIT_NOT_FOUND = 127 };
@@ -130,11 +137,25 @@ struct list {
 	size_t n;
 };
 
+/* The resource limits a config may set (key "rlimit_<name>", soft = hard = value), as
+ * initproc.rlimitResources. */
+static const struct {
+	const char *key;
+	int resource;
+} rlimit_keys[] = {
+	{"rlimit_nofile", RLIMIT_NOFILE},	{"rlimit_core", RLIMIT_CORE},
+	{"rlimit_memlock", RLIMIT_MEMLOCK},	{"rlimit_msgqueue", RLIMIT_MSGQUEUE},
+	{"rlimit_sigpending", RLIMIT_SIGPENDING},
+};
+enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
+
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
-	const char *dir, *tmp_dir, *host_mount_ns;
+	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir;
 	long uid, gid, ll_min_abi, ll_max_abi;
-	int netns, landlock, have_uid, have_gid;
+	int netns, landlock, have_uid, have_gid, seccomp;
+	long rlimit[NRLIMITS];
+	int have_rlimit[NRLIMITS];
 };
 
 /* fail reports "<code> <stage>: <message>" on the report pipe and stderr, then exits. The
@@ -260,8 +281,9 @@ static void parse_config(char *buf, size_t len, struct config *c)
 	if (len < mlen || memcmp(buf, CONFIG_MAGIC, mlen) != 0)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
-		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_uid = 0, seen_gid = 0;
-		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0;
+		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
+		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0;
+		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
 		while (off < len) {
 			/* Every string ends before len: buf[len-1] is NUL. */
@@ -286,6 +308,8 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				set_once(&c->tmp_dir, &seen_tmp, key, v);
 			} else if (strcmp(key, "host_mount_ns") == 0) {
 				set_once(&c->host_mount_ns, &seen_mns, key, v);
+			} else if (strcmp(key, "pts_dir") == 0) {
+				set_once(&c->pts_dir, &seen_pts, key, v);
 			} else if (strcmp(key, "uid") == 0) {
 				c->uid = parse_id_once(&seen_uid, key, v);
 			} else if (strcmp(key, "gid") == 0) {
@@ -301,6 +325,20 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				if (strcmp(one, "1") != 0)
 					fail(EXIT_SETUP, "config", "bad config: netns: not 1");
 				c->netns = 1;
+			} else if (strcmp(key, "seccomp") == 0) {
+				const char *one;
+				set_once(&one, &seen_seccomp, key, v);
+				if (strcmp(one, "1") != 0)
+					fail(EXIT_SETUP, "config", "bad config: seccomp: not 1");
+				c->seccomp = 1;
+			} else if (strncmp(key, "rlimit_", 7) == 0) {
+				size_t i = 0;
+				while (i < NRLIMITS && strcmp(key, rlimit_keys[i].key) != 0)
+					i++;
+				if (i == NRLIMITS)
+					fail(EXIT_SETUP, "config", "bad config: unknown key \"%s\"", key);
+				c->rlimit[i] = parse_id_once(&seen_rlimit[i], key, v);
+				c->have_rlimit[i] = 1;
 			} else {
 				fail(EXIT_SETUP, "config", "bad config: unknown key \"%s\"", key);
 			}
@@ -314,8 +352,9 @@ static void parse_config(char *buf, size_t len, struct config *c)
 					fail(EXIT_SETUP, "config", "out of memory");
 				lists[i]->n = 0;
 			}
-			c->dir = c->tmp_dir = c->host_mount_ns = NULL;
-			c->netns = 0;
+			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = NULL;
+			c->netns = c->seccomp = 0;
+			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
 		}
 		if (c->argv.n == 0 || c->argv.v[0][0] == '\0')
@@ -362,6 +401,26 @@ static void private_tmp(const struct config *c)
 		fail(EXIT_SETUP, "setup", "bind %s on /tmp: %s", c->tmp_dir, strerror(errno));
 	if (mount("", "/tmp", NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "remount /tmp nosuid,nodev: %s", strerror(errno));
+}
+
+/* private_pts binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in the
+ * private mount namespace only (private_tmp made the mounts private). */
+static void private_pts(const struct config *c)
+{
+	char ns[256];
+	ssize_t n = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
+	if (n < 0)
+		fail(EXIT_SETUP, "setup", "mount namespace: %s", strerror(errno));
+	if ((size_t)n >= sizeof ns - 1)
+		fail(EXIT_SETUP, "setup", "mount namespace: name too long");
+	ns[n] = '\0';
+	if (c->tmp_dir == NULL || c->tmp_dir[0] == '\0' || c->host_mount_ns == NULL || c->host_mount_ns[0] == '\0' ||
+	    strcmp(ns, c->host_mount_ns) == 0)
+		fail(EXIT_SETUP, "setup", "refusing to mount /dev/pts: not in a private mount namespace");
+	if (mount(c->pts_dir, "/dev/pts", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on /dev/pts: %s", c->pts_dir, strerror(errno));
+	if (mount("/dev/pts/ptmx", "/dev/ptmx", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind /dev/pts/ptmx on /dev/ptmx: %s", strerror(errno));
 }
 
 static int landlock_abi(void)
@@ -442,6 +501,125 @@ static void restrict_self(const struct config *c)
 		fail(EXIT_SETUP, "setup", "landlock ruleset close: %s", strerror(errno));
 }
 
+#ifndef SIDECAR_INIT_PARSE_ONLY
+/* The seccomp denylist, the same as package seccomp's Denied (TestDenylistParity compares
+ * them; see sidecar/sandbox/seccomp for why a denylist and why these calls): refused with
+ * EPERM whatever the arguments. Names this architecture lacks are skipped. */
+static const char *const seccomp_denied[] = {
+	"setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "open_tree_attr",
+	"fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+	"keyctl", "add_key", "request_key",
+	"bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
+	"init_module", "finit_module", "delete_module", "create_module", "get_kernel_syms", "query_module",
+	"iopl", "ioperm", "swapon", "swapoff", "reboot", "acct", "settimeofday", "clock_settime",
+	"quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl", "vm86", "uselib", "_sysctl", "sysfs",
+	"ustat", "syslog", "vhangup", "sethostname", "setdomainname", "fanotify_init", "open_by_handle_at",
+	"io_uring_setup", "io_uring_enter", "io_uring_register",
+	"lsm_get_self_attr", "lsm_set_self_attr", "lsm_list_modules",
+	"kcmp", "pidfd_getfd", "process_madvise",
+	"get_mempolicy", "set_mempolicy", "set_mempolicy_home_node", "mbind", "migrate_pages", "move_pages",
+};
+
+/* Calls newer than some libseccomp releases: from 424 on, every architecture but alpha,
+ * mips and ia64 numbers them alike, so an older libseccomp still gets them right. */
+static const struct {
+	const char *name;
+	int nr;
+} seccomp_new_calls[] = {
+	{"io_uring_setup", 425}, {"io_uring_enter", 426}, {"io_uring_register", 427}, {"open_tree", 428},
+	{"move_mount", 429}, {"fsopen", 430}, {"fsconfig", 431}, {"fsmount", 432}, {"fspick", 433},
+	{"clone3", 435}, {"pidfd_getfd", 438}, {"process_madvise", 440}, {"mount_setattr", 442},
+	{"quotactl_fd", 443}, {"set_mempolicy_home_node", 450}, {"lsm_get_self_attr", 459},
+	{"lsm_set_self_attr", 460}, {"lsm_list_modules", 461}, {"open_tree_attr", 467},
+};
+
+/* As package seccomp: CLONE_NEW* for clone (whose low byte is the exit signal, so no
+ * CLONE_NEWTIME), and CLONE_NEWTIME too for unshare. */
+#define SECCOMP_NS_FLAGS 0x7E020000UL
+#define SECCOMP_UNSHARE_FLAGS (SECCOMP_NS_FLAGS | 0x80UL)
+#define LOW32 0xffffffffULL
+
+static int seccomp_nr(const char *name)
+{
+	int nr = seccomp_syscall_resolve_name(name);
+	if (nr != __NR_SCMP_ERROR)
+		return nr;
+	for (size_t i = 0; i < sizeof seccomp_new_calls / sizeof seccomp_new_calls[0]; i++)
+		if (strcmp(name, seccomp_new_calls[i].name) == 0)
+			return seccomp_new_calls[i].nr;
+	fail(EXIT_SETUP, "setup", "seccomp: libseccomp does not know %s", name);
+}
+
+#define SECCOMP_RULE(ctx, action, name, ...)                                                                    \
+	do {                                                                                                    \
+		int rc_ = seccomp_rule_add(ctx, action, seccomp_nr(name), __VA_ARGS__);                         \
+		if (rc_ < 0)                                                                                    \
+			fail(EXIT_SETUP, "setup", "seccomp rule %s: %s", name, strerror(-rc_));                 \
+	} while (0)
+
+/* install_seccomp loads the filter on this process, last before exec: every argument is
+ * compared on its low 32 bits only (masked), as the kernel reads them as int. */
+static void install_seccomp(void)
+{
+	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+	if (ctx == NULL)
+		fail(EXIT_SETUP, "setup", "seccomp_init failed");
+	/* Only the native architecture is in the filter; anything else (i386 through int 0x80,
+	 * x32 on x86_64) kills the process. */
+	int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
+	if (rc < 0)
+		fail(EXIT_SETUP, "setup", "seccomp bad-arch action: %s", strerror(-rc));
+	for (size_t i = 0; i < sizeof seccomp_denied / sizeof seccomp_denied[0]; i++)
+		SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), seccomp_denied[i], 0);
+	/* clone3's flags are in memory a filter cannot read: ENOSYS makes libc use clone. */
+	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(ENOSYS), "clone3", 0);
+	for (unsigned long bit = 1; bit != 0 && bit <= SECCOMP_UNSHARE_FLAGS; bit <<= 1) {
+		if (bit & SECCOMP_NS_FLAGS)
+			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "clone", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
+		if (bit & SECCOMP_UNSHARE_FLAGS)
+			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "unshare", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
+	}
+	/* No packet sockets, no raw or SOCK_PACKET inet sockets, no netfilter netlink. */
+	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, AF_PACKET));
+	const int families[] = {AF_INET, AF_INET6}, types[] = {SOCK_RAW, SOCK_PACKET};
+	for (size_t f = 0; f < 2; f++)
+		for (size_t t = 0; t < 2; t++)
+			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 2, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, families[f]),
+				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, types[t]));
+	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 2, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, AF_NETLINK),
+		     SCMP_A2(SCMP_CMP_MASKED_EQ, LOW32, 12 /* NETLINK_NETFILTER */));
+	/* personality: only 0, 8, 0x20000, 0x20008 and the query 0xffffffff (moby's set). A rule
+	 * compares an argument once, so the complement is spelled bit by bit: bit 31 clear and
+	 * a bit other than 3 or 17 set, or bit 31 set and any lower bit clear. */
+	for (unsigned long b = 0; b < 31; b++) {
+		unsigned long bit = 1UL << b, top = 1UL << 31;
+		if (b != 3 && b != 17)
+			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "personality", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit | top, bit));
+		SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "personality", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit | top, top));
+	}
+	/* no_new_privs is set already. */
+	rc = seccomp_load(ctx);
+	if (rc < 0)
+		fail(EXIT_SETUP, "setup", "seccomp_load: %s", strerror(-rc));
+	seccomp_release(ctx);
+}
+#else
+/* The parse-only test build links no libseccomp and never gets this far. */
+static void install_seccomp(void) { fail(EXIT_SETUP, "setup", "seccomp: parse-only build"); }
+#endif
+
+/* set_rlimits sets each configured limit, soft and hard. */
+static void set_rlimits(const struct config *c)
+{
+	for (size_t i = 0; i < NRLIMITS; i++) {
+		if (!c->have_rlimit[i])
+			continue;
+		struct rlimit rl = {.rlim_cur = (rlim_t)c->rlimit[i], .rlim_max = (rlim_t)c->rlimit[i]};
+		if (setrlimit(rlimit_keys[i].resource, &rl) < 0)
+			fail(EXIT_SETUP, "setup", "%s: %s", rlimit_keys[i].key, strerror(errno));
+	}
+}
+
 /* setup runs the steps in the order that keeps each possible: cgroups, namespaces and
  * mounts need root; then the uid drop, no_new_privs (Landlock needs it), Landlock, and the
  * working directory, entered as the lease's uid under the policy. */
@@ -461,8 +639,11 @@ static void setup(const struct config *c)
 		if (c->uid != 0 && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
 			fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
 	}
+	if (c->pts_dir != NULL && c->pts_dir[0] != '\0')
+		private_pts(c);
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
+	set_rlimits(c);
 	if (c->uid != 0) {
 		/* Raw system calls, like the Go helper: this process has one thread. */
 		if (syscall(SYS_setgroups, 0, NULL) < 0)
@@ -482,6 +663,9 @@ static void setup(const struct config *c)
 	 * exec failure can still be told. */
 	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
 		fail(EXIT_SETUP, "setup", "close_range: %s", strerror(errno));
+	/* Last: the filter needs no_new_privs, and nothing above may need a denied call. */
+	if (c->seccomp)
+		install_seccomp();
 }
 
 static int exec_code(int err) { return err == ENOENT || err == ENOTDIR ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC; }

@@ -60,6 +60,7 @@ type serveConfig struct {
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
 	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
 	RequireCgroup  string   `env:"SIDECAR_REQUIRE_CGROUP"`
+	Seccomp        string   `env:"SIDECAR_SECCOMP" envDefault:"strict"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
@@ -67,6 +68,7 @@ type serveConfig struct {
 	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`
 	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`
 	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"`
+	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`
 	MaxHeaderBytes    int   `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"`
 	MaxBodyBytes      int64 `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"`
 
@@ -141,6 +143,12 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.RequireCgroup != "" && c.RequireCgroup != "v1" && c.RequireCgroup != "v2" {
 		errs = append(errs, fmt.Errorf("SIDECAR_REQUIRE_CGROUP must be v1, v2 or empty, not %q", c.RequireCgroup))
+	}
+	if c.MaxPTYs < 1 || c.MaxPTYs > 4096 {
+		errs = append(errs, fmt.Errorf("SIDECAR_MAX_PTYS must be 1 to 4096, not %d", c.MaxPTYs))
+	}
+	if c.Seccomp != "strict" && c.Seccomp != "off" {
+		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
 	}
 	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
 		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
@@ -339,12 +347,14 @@ func runServe(ctx context.Context, args []string) error {
 		Isolation:         c.Isolation,
 		MinLandlockABI:    c.MinLandlockABI,
 		RequireCgroup:     c.RequireCgroup,
+		Seccomp:           c.Seccomp,
 		AllowedOrigins:    c.AllowedOrigins,
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,
 		MaxProcesses:      c.MaxProcesses,
 		MaxExecs:          c.MaxExecs,
 		OutputBudgetBytes: c.OutputBudgetBytes,
+		MaxPTYs:           c.MaxPTYs,
 		ScriptEnabled:     c.ScriptEnabled,
 		ScriptWorkers:     c.ScriptWorkers,
 		HTTP:              sidecar.HTTPLimits{MaxHeaderBytes: c.MaxHeaderBytes, MaxJSONBytes: c.MaxBodyBytes},

@@ -44,6 +44,7 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		"SIDECAR_MAX_LEASES":          "many",
 		"SIDECAR_LEASE_TTL":           "forever",
 		"SIDECAR_ISOLATION":           "partial",
+		"SIDECAR_SECCOMP":             "relaxed",
 		"SIDECAR_UID_RANGE":           "5-1",
 		"SIDECAR_LOG_FORMAT":          "xml",
 		"SIDECAR_DEFAULT_LIMITS_PIDS": "100000",
@@ -56,7 +57,7 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		t.Fatal("bad config accepted")
 	}
 	msg := err.Error()
-	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
+	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_SECCOMP", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
 		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2", "SIDECAR_OUTPUT_BUDGET_BYTES"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not name %s:\n%s", want, msg)

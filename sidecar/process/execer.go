@@ -1,6 +1,7 @@
 package process
 
 import (
+	"os"
 	"os/exec"
 	"syscall"
 )
@@ -24,6 +25,14 @@ type Spec struct {
 // and then calls Tree.Close.
 type Execer interface {
 	Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error)
+}
+
+// PTYOpener is implemented by an Execer whose leases have PTYs of their own (a devpts
+// instance each, package sandbox): a TTY command's PTY comes from OpenPTY, not from the
+// host's /dev/ptmx, so that no lease can take the host's PTYs. master and slave are
+// close-on-exec; the slave becomes the command's 0-2.
+type PTYOpener interface {
+	OpenPTY(leaseID string) (master, slave *os.File, err error)
 }
 
 // Tree is everything one started command may fork: its own child cgroup (or, without

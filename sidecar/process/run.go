@@ -96,7 +96,7 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, then func
 	}
 
 	if o.spec.TTY {
-		master, slave, err := openPTY(o.rows, o.cols)
+		master, slave, err := openPTY(execer, leaseID, o.rows, o.cols)
 		if err != nil {
 			return fail(err)
 		}
@@ -152,11 +152,16 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, then func
 	return r, nil
 }
 
-// openPTY opens a PTY of the given size. creack/pty leaves the master in blocking mode
-// (it calls Fd), so the master is re-made as a non-blocking, pollable file: that lets
-// wait stop a read with a deadline, and Close unblock it.
-func openPTY(rows, cols uint16) (master, slave *os.File, err error) {
-	m, slave, err := pty.Open()
+// openPTY opens a PTY of the given size, from the lease's own PTYs when the Execer has
+// them. The master is re-made as a non-blocking, pollable file (creack/pty's is blocking,
+// as Fd makes it): that lets wait stop a read with a deadline, and Close unblock it.
+func openPTY(execer Execer, leaseID string, rows, cols uint16) (master, slave *os.File, err error) {
+	var m *os.File
+	if p, ok := execer.(PTYOpener); ok {
+		m, slave, err = p.OpenPTY(leaseID)
+	} else {
+		m, slave, err = pty.Open()
+	}
 	if err != nil {
 		return nil, nil, err
 	}

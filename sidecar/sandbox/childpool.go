@@ -94,10 +94,11 @@ func (s *Sandbox) dropChild(id, child string) error {
 	return nil
 }
 
-// Close waits for the background cgroup work and removes the leases' spare child
-// cgroups; the leases themselves stay, for a restarted daemon to adopt. Call it at
-// shutdown, after the last command has finished; later commands still work but keep no
-// spares.
+// Close waits for the background cgroup work, removes the leases' spare child cgroups and
+// unmounts their PTY instances; the leases themselves stay, for a restarted daemon to
+// adopt (Provision mounts their instances again). Call it at shutdown, after the last
+// command has finished; later commands still work but keep no spares and use the host's
+// PTYs.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	s.closed = true
@@ -106,14 +107,20 @@ func (s *Sandbox) Close() error {
 		s.owner = nil
 	}
 	les := make([]*lease, 0, len(s.leases))
+	var pts []string
 	for _, le := range s.leases {
 		les = append(les, le)
+		pts = append(pts, le.pts)
+		le.pts = ""
 	}
 	s.mu.Unlock()
-	if s.cg == nil {
-		return nil
-	}
 	var errs []error
+	for _, dir := range pts {
+		errs = append(errs, removePTS(dir))
+	}
+	if s.cg == nil {
+		return errors.Join(errs...)
+	}
 	for _, le := range les {
 		le.jobs.Wait()
 		s.mu.Lock()

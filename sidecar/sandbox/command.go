@@ -16,7 +16,10 @@ import (
 
 var errNotFound = exec.ErrNotFound
 
-var _ process.Execer = (*Sandbox)(nil)
+var (
+	_ process.Execer    = (*Sandbox)(nil)
+	_ process.PTYOpener = (*Sandbox)(nil)
+)
 
 // Command prepares spec to run in the lease: the returned command starts the helper, which
 // enters the command's own child cgroup, the lease's namespaces, uid and Landlock policy
@@ -31,8 +34,9 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	le := s.leases[leaseID]
 	var l LeaseSpec
 	var netns *os.File
+	var pts string
 	if le != nil {
-		l, netns = le.spec, le.netns
+		l, netns, pts = le.spec, le.netns, le.pts
 	}
 	s.mu.Unlock()
 	if le == nil {
@@ -69,10 +73,17 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 	cfg := initproc.Config{
 		Argv: spec.Argv, Env: env, Dir: dir, UID: l.UID, GID: l.GID,
 		Landlock: s.landlockPolicy(l),
+		Seccomp:  s.caps.Seccomp,
+	}
+	if s.strict() {
+		// Not in isolation none: a daemon that is not root could not raise a hard limit
+		// below one of these (a 1,024-file hard limit, say), and every command would fail.
+		cfg.Rlimits = LeaseRlimits
 	}
 	attr := &syscall.SysProcAttr{Setsid: true}
 	if s.caps.PrivateTmp {
 		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
+		cfg.PTSDir = pts
 		attr.Cloneflags = syscall.CLONE_NEWNS
 	}
 	t := &tree{s: s, leaseID: leaseID}

@@ -3,8 +3,9 @@
 // Landlock, and the one Execer every lease process is started through.
 //
 // Every lease process starts as the helper, which joins the command's cgroup, mounts the
-// lease's /tmp, drops to the lease's uid, sets no_new_privs and applies Landlock before it
-// execs the target, so the target is confined from its first instruction and the daemon
+// lease's /tmp, sets the lease's resource limits (LeaseRlimits), drops to the lease's uid,
+// sets no_new_privs, applies Landlock and, last, the system-call filter (package seccomp)
+// before it execs the target, so the target is confined from its first instruction and the daemon
 // never is. The helper is sidecar-init next to the daemon (the C one from
 // cmd/sidecar-init/sidecar-init.c, or its Go twin), else the daemon itself run as
 // `sidecar __sandbox-init` (package initproc); all read one config format (initproc.Encode).
@@ -19,4 +20,6 @@ var (
 	ErrInvalid = errors.New("sandbox: invalid request")
 	// ErrUnsupported: the request needs isolation this host or mode does not provide.
 	ErrUnsupported = errors.New("sandbox: not supported by this host's isolation")
+	// ErrLimit: the lease is at one of its own limits (every PTY of its instance open).
+	ErrLimit = errors.New("sandbox: lease limit reached")
 )

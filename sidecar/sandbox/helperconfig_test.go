@@ -23,7 +23,14 @@ var badConfigs = map[string]string{
 	"wrong magic":          "sidecar-init/2\x00argv\x00true\x00uid\x000\x00gid\x000\x00",
 	"not NUL-terminated":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000",
 	"key without value":    "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00dir\x00",
-	"unknown key":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00off\x00",
+	"unknown key":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00colour\x00blue\x00",
+	"seccomp not 1":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00off\x00",
+	"seccomp twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x001\x00seccomp\x001\x00",
+	"unknown rlimit":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_fsize\x001\x00",
+	"rlimit prefix only":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_\x001\x00",
+	"rlimit twice":         "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_core\x000\x00rlimit_core\x000\x00",
+	"rlimit negative":      "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_nofile\x00-1\x00",
+	"pts_dir twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00pts_dir\x00/p\x00pts_dir\x00/p\x00",
 	"uid twice":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00uid\x001\x00",
 	"dir twice":            "sidecar-init/1\x00argv\x00true\x00dir\x00/\x00dir\x00/\x00uid\x000\x00gid\x000\x00",
 	"no uid":               "sidecar-init/1\x00argv\x00true\x00gid\x000\x00",
@@ -136,6 +143,26 @@ func TestHelpersRefuseBadConfigs(t *testing.T) {
 	}
 }
 
+// Both helpers set the configured limits, and refuse to bind a devpts instance outside a
+// private mount namespace (before any mount: this runs in the test's own namespace).
+func TestHelpersSetup(t *testing.T) {
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			helper := h.usable(t)
+			cfg := initproc.Config{Argv: []string{"/bin/sh", "-c", "ulimit -n; ulimit -Hc"},
+				Rlimits: []initproc.Rlimit{{Name: "nofile", Value: 100}, {Name: "core", Value: 0}}}
+			if r := runHelper(t, helper, helperConfig(t, cfg), true); r.code != 0 || r.stdout != "100\n0\n" {
+				t.Errorf("rlimits: %+v; want 100 and 0", r)
+			}
+			cfg = initproc.Config{Argv: []string{"true"}, PTSDir: "/nonexistent"}
+			if r := runHelper(t, helper, helperConfig(t, cfg), true); r.code != initproc.ExitSetup ||
+				r.report != "125 setup: refusing to mount /dev/pts: not in a private mount namespace" {
+				t.Errorf("pts_dir without a private namespace: %+v", r)
+			}
+		})
+	}
+}
+
 // Exec failures: the same codes and reports from both helpers (like a shell's 126/127).
 func TestHelpersExecErrors(t *testing.T) {
 	for _, h := range testHelpers {
@@ -175,8 +202,9 @@ func FuzzHelperConfigParity(f *testing.F) {
 	}
 	full, err := initproc.Encode(&initproc.Config{
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
-		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", NetNS: true,
+		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: true,
 	})
 	if err != nil {
 		f.Fatal(err)

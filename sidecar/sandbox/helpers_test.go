@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -100,13 +101,26 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 		t.Skip("needs root: strict isolation (cgroups, uid switching, mounts); CI runs as root")
 	}
 	cfg.CgroupParent = testCgroupParent
+	if cfg.PTYRoot == "" {
+		// Not /tmp (leases hide it); removed with Remove, never RemoveAll: a devpts
+		// instance left mounted there fails the test instead of being walked into.
+		root, err := os.MkdirTemp("/var/tmp", "sidecar-pts-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.PTYRoot = root
+	}
 	s, err := New(cfg)
 	if err != nil {
+		os.Remove(cfg.PTYRoot)
 		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			t.Errorf("Sandbox.Close: %v", err)
+		}
+		if err := os.Remove(cfg.PTYRoot); err != nil {
+			t.Errorf("PTY root after Close: %v", err)
 		}
 	})
 	return s
@@ -218,3 +232,28 @@ func run(t testing.TB, s *Sandbox, leaseID string, spec process.Spec) result {
 func sh(script string) process.Spec { return process.Spec{Argv: []string{"/bin/sh", "-c", script}} }
 
 func lines(s string) []string { return strings.Split(strings.TrimSpace(s), "\n") }
+
+// runTTY starts cmd on a PTY of the lease's (as package process does) and returns what it
+// wrote until it exited.
+func runTTY(t *testing.T, s *Sandbox, leaseID string, cmd *exec.Cmd, tr process.Tree) string {
+	t.Helper()
+	master, slave, err := s.OpenPTY(leaseID)
+	if err != nil {
+		t.Fatalf("OpenPTY: %v", err)
+	}
+	defer master.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
+	err = cmd.Start()
+	slave.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.(*tree).Started(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	io.Copy(&out, master) // ends with EIO once the command exits
+	cmd.Wait()
+	return out.String()
+}

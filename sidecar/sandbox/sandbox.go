@@ -14,19 +14,45 @@ import (
 	"sync"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/seccomp"
 )
 
 // Isolation modes.
 const (
 	IsolationStrict = "strict"
 	IsolationNone   = "none"
+	SeccompStrict   = "strict"
+	SeccompOff      = "off"
 )
+
+// LeaseRlimits are the resource limits of every lease process in strict isolation (soft =
+// hard), set by the helper before it drops privileges. The inherited ones are the daemon's (20,000 open files
+// in its unit), sized for a daemon, not for one of many tenants:
+//   - nofile 4096: also bounds what a lease holds of kernel objects per process (PTYs,
+//     sockets, inotify watches, epoll instances…);
+//   - core 0: a crashing lease program writes no core file (its size is the process's,
+//     written to the lease's disk or handed to the host's core_pattern handler);
+//   - memlock 64 KiB: locked memory cannot be reclaimed under host pressure;
+//   - msgqueue 800 KiB (Linux's default), sigpending 4096: kernel memory a uid may queue.
+//
+// RLIMIT_FSIZE is left alone: the disk quota bounds what a lease writes, and a size limit
+// would kill legitimate large files with SIGXFSZ.
+var LeaseRlimits = []initproc.Rlimit{
+	{Name: "nofile", Value: 4096},
+	{Name: "core", Value: 0},
+	{Name: "memlock", Value: 64 << 10},
+	{Name: "msgqueue", Value: 819200},
+	{Name: "sigpending", Value: 4096},
+}
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
 	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (cgroupv2paths.go)
 	Isolation    string // "strict" (default): New fails listing every missing base layer (root, cgroups, namespaces); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
+	Seccomp      string // "strict" (default): every lease process runs under package seccomp's filter; "off": none, loudly
+	PTYRoot      string // strict isolation: each lease's devpts instance is mounted at <PTYRoot>/<lease> (a root-only directory, made if missing; instances left there by an earlier run are removed); "": leases use the host's PTYs
+	MaxPTYs      int    // PTYs per lease (its instance's max); default DefaultMaxPTYs
 	Logger       *slog.Logger
 
 	// Operator floors: New fails below them, naming what the host needs. 0 / "": none.
@@ -49,6 +75,7 @@ type Caps struct {
 	NetworkIsolation bool
 	LandlockABI      int // the ABI lease processes get, 0: no Landlock
 	Isolation        string
+	Seccomp          bool     // the system-call filter is on every lease process
 	Layers           []string // the layers in force, Layer* names
 }
 
@@ -89,6 +116,8 @@ type Sandbox struct {
 	helper  string
 	cg      cgroupDriver // nil without cgroups
 	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
+	ptyRoot string       // where leases' devpts instances are mounted; "" for the host's PTYs
+	maxPTYs int
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
 	owner       *os.File // the lock on the cgroup parent (owner.go), nil without Config.Owner
@@ -102,6 +131,7 @@ type Sandbox struct {
 type lease struct {
 	spec     LeaseSpec
 	netns    *os.File        // nil unless Network == "none"
+	pts      string          // the lease's devpts instance (mounted); "" for the host's PTYs
 	next     int             // next child cgroup number
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
@@ -128,6 +158,12 @@ func New(cfg Config) (*Sandbox, error) {
 	if cfg.Isolation != IsolationStrict && cfg.Isolation != IsolationNone {
 		return nil, fmt.Errorf("%w: isolation %q (want strict or none)", ErrInvalid, cfg.Isolation)
 	}
+	if cfg.Seccomp == "" {
+		cfg.Seccomp = SeccompStrict
+	}
+	if cfg.Seccomp != SeccompStrict && cfg.Seccomp != SeccompOff {
+		return nil, fmt.Errorf("%w: seccomp %q (want strict or off)", ErrInvalid, cfg.Seccomp)
+	}
 	if !validCgroupParent(cfg.CgroupParent) {
 		return nil, fmt.Errorf("%w: cgroup parent %q", ErrInvalid, cfg.CgroupParent)
 	}
@@ -146,6 +182,11 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI}
 	s.caps.Isolation = cfg.Isolation
+	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
+	if cfg.Seccomp == SeccompOff {
+		cfg.Logger.Warn("seccomp is OFF: lease processes and script workers may create user namespaces, open raw sockets and reach the rest of the kernel surface the filter denies",
+			"seccomp", SeccompOff)
+	}
 	kernelABI := initproc.ABIVersion()
 	s.caps.LandlockABI = appliedLandlockABI(kernelABI, cfg.LandlockMaxABI)
 
@@ -182,6 +223,9 @@ func New(cfg Config) (*Sandbox, error) {
 		s.cg = cg
 		missing = append(missing, probeNamespaces()...)
 	}
+	if cfg.Seccomp == SeccompStrict && !s.caps.Seccomp {
+		missing = append(missing, "seccomp filters (CONFIG_SECCOMP_FILTER on amd64 or arm64; or SIDECAR_SECCOMP=off)")
+	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("sandbox: isolation %q unavailable, missing: %s (set SIDECAR_ISOLATION=none to run without)",
 			IsolationStrict, strings.Join(missing, "; "))
@@ -193,6 +237,21 @@ func New(cfg Config) (*Sandbox, error) {
 		if s.owner, err = claimParent(ownerDir, parentKey(s.cg), cfg.Owner, cfg.Logger); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.MaxPTYs <= 0 {
+		cfg.MaxPTYs = DefaultMaxPTYs
+	}
+	if cfg.PTYRoot != "" {
+		if !filepath.IsAbs(cfg.PTYRoot) {
+			return nil, fmt.Errorf("%w: PTY root %q is not absolute", ErrInvalid, cfg.PTYRoot)
+		}
+		if err := os.MkdirAll(cfg.PTYRoot, 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: PTY root: %w", err)
+		}
+		if err := sweepPTS(cfg.PTYRoot); err != nil {
+			return nil, fmt.Errorf("sandbox: PTY instances of an earlier run: %w", err)
+		}
+		s.ptyRoot, s.maxPTYs = cfg.PTYRoot, cfg.MaxPTYs
 	}
 	s.caps.Cgroups = s.cg.version()
 	s.caps.UIDIsolation = true
@@ -303,6 +362,10 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 			return fmt.Errorf("sandbox: lease %s cgroup: %w", l.ID, err)
 		}
 	}
+	pts, err := s.mountPTS(l.ID)
+	if err != nil {
+		return err
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -311,7 +374,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		le = &lease{}
 		s.leases[l.ID] = le
 	}
-	le.spec = l
+	le.spec, le.pts = l, pts
 	if l.Network == "none" && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
@@ -368,6 +431,9 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if le != nil && le.netns != nil {
 		// The namespace goes away with its last process, all killed above.
 		errs = append(errs, le.netns.Close())
+	}
+	if le != nil {
+		errs = append(errs, removePTS(le.pts))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)

@@ -253,17 +253,22 @@ func TestToolsRun(t *testing.T) { forEachHelper(t, testToolsRun) }
 
 func testToolsRun(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	for _, argv := range [][]string{
-		{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"},
-		{"git", "init", "-q", "repo"},
-		{"node", "-e", "require('fs').writeFileSync('/tmp/n', 'x')"},
+	for _, c := range []struct {
+		tool string
+		argv []string
+	}{
+		{"python3", []string{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"}},
+		{"git", []string{"git", "init", "-q", "repo"}},
+		{"git", []string{"sh", "-c", "cd repo && echo x > f && git add f && git -c user.name=t -c user.email=t@t commit -qm x && git log --oneline | grep -q x"}},
+		{"cc", []string{"sh", "-c", `printf '#include <stdio.h>\nint main(void) { puts("hello"); }\n' > /tmp/h.c && cc -o /tmp/h /tmp/h.c && /tmp/h | grep -qx hello`}},
+		{"node", []string{"node", "-e", "require('fs').writeFileSync('/tmp/n', 'x')"}},
 	} {
-		if _, err := exec.LookPath(argv[0]); err != nil {
-			t.Logf("skipping %s: not installed", argv[0])
+		if _, err := exec.LookPath(c.tool); err != nil {
+			t.Logf("skipping %s: not installed", c.tool)
 			continue
 		}
-		if r := run(t, s, l.ID, process.Spec{Argv: argv}); r.exitCode != 0 {
-			t.Errorf("%q: exit %d: %s", argv, r.exitCode, r.stderr)
+		if r := run(t, s, l.ID, process.Spec{Argv: c.argv}); r.exitCode != 0 {
+			t.Errorf("%q: exit %d: %s", c.argv, r.exitCode, r.stderr)
 		}
 	}
 }

@@ -1,18 +1,14 @@
 package sandbox
 
 import (
-	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
@@ -215,8 +211,9 @@ func testIsolationNone(t *testing.T, helper string) {
 	}
 }
 
-// creack/pty adds Setsid and Setctty to the SysProcAttr Command set: the target gets the
-// terminal as its controlling tty.
+// A PTY from OpenPTY, started the way package process does (Setctty added to the
+// SysProcAttr Command set): the target gets the terminal, of the lease's own devpts
+// instance, as its controlling tty.
 func TestTTY(t *testing.T) { forEachHelper(t, testTTY) }
 
 func testTTY(t *testing.T, s *Sandbox) {
@@ -226,18 +223,7 @@ func testTTY(t *testing.T, s *Sandbox) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	ptmx, err := pty.Start(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ptmx.Close()
-	if err := tr.(*tree).Started(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	var out bytes.Buffer
-	io.Copy(&out, ptmx) // ends with EIO once the command exits
-	cmd.Wait()
-	got := out.String()
+	got := runTTY(t, s, l.ID, cmd, tr)
 	for _, want := range []string{"/dev/pts/", "isatty", "TERM=xterm-256color", "pts/"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output %q lacks %q", got, want)

@@ -173,6 +173,10 @@ func TestWorkerIdentity(t *testing.T) {
 	if !strings.Contains(string(status), "NoNewPrivs:\t1") {
 		t.Error("worker lacks no_new_privs")
 	}
+	// Mode 2: a filter (package seccomp's, tested against lease processes in sandbox).
+	if !strings.Contains(string(status), "Seccomp:\t2") {
+		t.Error("worker has no seccomp filter")
+	}
 	// The second stage was started with its setup (paths and limits) and nothing else.
 	env, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
 	if vars := strings.Split(strings.TrimRight(string(env), "\x00"), "\x00"); len(vars) != 1 || !strings.HasPrefix(vars[0], setupEnv+"=") {

@@ -10,14 +10,16 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/seccomp"
 )
 
 // setupEnv carries the setup frame from a worker's first stage to its second.
 const setupEnv = "SIDECAR_SCRIPT_SETUP"
 
 // startWorker returns the worker's setup. A worker starts twice: the first stage reads
-// the setup frame, gives its thread no_new_privs and a Landlock domain, and re-executes
-// itself; prctl and landlock_restrict_self apply to one thread, and an exec from that
+// the setup frame, gives its thread no_new_privs, a Landlock domain and the seccomp filter,
+// and re-executes itself; prctl and landlock_restrict_self apply to one thread, and an exec from that
 // thread makes them hold for every thread of the new image. The second stage finds the
 // setup in its (otherwise empty) environment.
 func startWorker() (setup, error) {
@@ -52,6 +54,12 @@ func startWorker() (setup, error) {
 	// close-on-exec) may reach the second stage: it keeps stdin, stdout and stderr only.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return s, fmt.Errorf("close_range: %w", err)
+	}
+	// The lease processes' filter, on this thread, carried into the second stage by the exec.
+	if s.Seccomp {
+		if err := seccomp.Install(); err != nil {
+			return s, err
+		}
 	}
 	b, err := json.Marshal(s)
 	if err != nil {

@@ -80,6 +80,7 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 		Root: r.root, CacheDir: r.cacheDir, MemoryBytes: r.cfg.DefaultMemoryBytes,
 		MaxResultBytes: r.cfg.MaxResultBytes, MaxLogBytes: r.cfg.MaxLogBytes, MaxLogLines: r.cfg.MaxLogLines,
 		GoMemoryLimit: workerBudget(r.cfg.MaxMemoryBytes),
+		Seccomp:       r.cfg.Seccomp != "off",
 	}
 	if p.cg == nil {
 		s.DataLimit = workerBudget(r.cfg.MaxMemoryBytes) + rlimitSlack

@@ -23,6 +23,7 @@ type setup struct {
 	GoMemoryLimit  int64  `json:"go_memory_limit"`      // debug.SetMemoryLimit for the worker
 	DataLimit      int64  `json:"data_limit,omitempty"` // RLIMIT_DATA when there is no cgroup
 	Landlock       int    `json:"landlock,omitempty"`   // set by the worker: ABI it applied
+	Seccomp        bool   `json:"seccomp,omitempty"`    // install package seccomp's filter
 }
 
 // job is one script to run.

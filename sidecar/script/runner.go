@@ -126,7 +126,12 @@ func (c *Config) fill() error {
 	if c.WorkerGID <= 0 {
 		c.WorkerGID = DefaultWorkerUID
 	}
+	if c.Seccomp == "" {
+		c.Seccomp = "strict"
+	}
 	switch {
+	case c.Seccomp != "strict" && c.Seccomp != "off":
+		return fmt.Errorf("script: seccomp %q (want strict or off)", c.Seccomp)
 	case c.DefaultTimeout > c.MaxTimeout:
 		return fmt.Errorf("script: default timeout %v over max %v", c.DefaultTimeout, c.MaxTimeout)
 	case c.DefaultMemoryBytes > c.MaxMemoryBytes || c.DefaultMemoryBytes < minMemoryBytes:

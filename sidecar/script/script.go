@@ -65,7 +65,10 @@ type Config struct {
 	CgroupName string
 	// WorkerUID/WorkerGID run workers when the daemon is root; default 65534 (nobody).
 	WorkerUID, WorkerGID int
-	Logger               *slog.Logger
+	// Seccomp is "strict" (default): workers run under the lease processes' system-call
+	// filter (package seccomp); or "off".
+	Seccomp string
+	Logger  *slog.Logger
 }
 
 // Request is one script run.

@@ -18,7 +18,8 @@ import (
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
 // policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
-// landlock_max_abi without "landlock" are an error. Unknown keys, a missing final NUL and
+// landlock_max_abi without "landlock" are an error. "seccomp" is "1" or absent; each
+// "rlimit_<name>" (a RlimitResources name) at most once. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
 
@@ -39,6 +40,9 @@ const (
 	keyRX          = "ll_rx"
 	keyRO          = "ll_ro"
 	keyDev         = "ll_dev"
+	keySeccomp     = "seccomp"
+	keyPTSDir      = "pts_dir"
+	keyRlimit      = "rlimit_"
 )
 
 var errConfig = errors.New("bad config")
@@ -87,6 +91,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	if cfg.HostMountNS != "" {
 		put(keyHostMountNS, cfg.HostMountNS)
 	}
+	if cfg.PTSDir != "" {
+		put(keyPTSDir, cfg.PTSDir)
+	}
 	if cfg.NetNS {
 		put(keyNetNS, "1")
 	}
@@ -99,6 +106,15 @@ func Encode(cfg *Config) ([]byte, error) {
 		putAll(keyRX, p.RX)
 		putAll(keyRO, p.RO)
 		putAll(keyDev, p.Dev)
+	}
+	for _, r := range cfg.Rlimits {
+		if _, ok := RlimitResources[r.Name]; !ok {
+			err = fmt.Errorf("%w: unknown rlimit %q", errConfig, r.Name)
+		}
+		putID(keyRlimit+r.Name, r.Value)
+	}
+	if cfg.Seccomp {
+		put(keySeccomp, "1")
 	}
 	if err != nil {
 		return nil, err
@@ -156,11 +172,18 @@ func Decode(b []byte) (*Config, error) {
 			cfg.TmpDir = v
 		case keyHostMountNS:
 			cfg.HostMountNS = v
+		case keyPTSDir:
+			cfg.PTSDir = v
 		case keyNetNS:
 			if v != "1" {
 				err = errors.New("not 1")
 			}
 			cfg.NetNS = true
+		case keySeccomp:
+			if v != "1" {
+				err = errors.New("not 1")
+			}
+			cfg.Seccomp = true
 		case keyLandlock:
 			ll.MinABI, err = parseID(v)
 		case keyLandlockMax:
@@ -174,7 +197,13 @@ func Decode(b []byte) (*Config, error) {
 		case keyDev:
 			ll.Dev = append(ll.Dev, v)
 		default:
-			return nil, fmt.Errorf("%w: unknown key %q", errConfig, key)
+			name, ok := strings.CutPrefix(key, keyRlimit)
+			if _, known := RlimitResources[name]; !ok || !known {
+				return nil, fmt.Errorf("%w: unknown key %q", errConfig, key)
+			}
+			r := Rlimit{Name: name}
+			r.Value, err = parseID(v)
+			cfg.Rlimits = append(cfg.Rlimits, r)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s: %v", errConfig, key, err)

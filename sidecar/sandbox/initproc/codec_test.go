@@ -14,6 +14,8 @@ func fullConfig() *Config {
 		CgroupProcs: []string{"/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"},
 		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true,
 		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+		Rlimits:  []Rlimit{{"nofile", 4096}, {"core", 0}, {"memlock", 65536}, {"msgqueue", 819200}, {"sigpending", 4096}},
+		Seccomp:  true,
 	}
 }
 
@@ -47,6 +49,8 @@ func TestEncodeRefuses(t *testing.T) {
 		"negative uid": func(c *Config) { c.UID = -1 },
 		"huge gid":     func(c *Config) { c.GID = 1 << 31 },
 		"too large":    func(c *Config) { c.Env = append(c.Env, strings.Repeat("x", MaxConfigSize)) },
+		"bad rlimit":   func(c *Config) { c.Rlimits = []Rlimit{{"fsize", 1}} },
+		"huge rlimit":  func(c *Config) { c.Rlimits = []Rlimit{{"nofile", 1 << 31}} },
 	} {
 		cfg := fullConfig()
 		mod(cfg)

@@ -6,6 +6,8 @@
 // build` installs when a C compiler exists); both read the one config format below.
 package initproc
 
+import "golang.org/x/sys/unix"
+
 // Descriptors the helper finds open; everything else above 2 is closed before the target runs.
 const (
 	// ConfigFD holds the encoded Config (a sealed memfd written by the daemon).
@@ -45,10 +47,32 @@ type Config struct {
 	// HostMountNS is the daemon's mount namespace (readlink of /proc/self/ns/mnt): the
 	// helper refuses to mount anything if it finds itself still in it.
 	HostMountNS string
+	// PTSDir is the lease's devpts instance, bound on /dev/pts (and its ptmx on /dev/ptmx)
+	// inside the helper's private mount namespace.
+	PTSDir string
 	// NetNS says NetNSFD is a network namespace to join.
 	NetNS bool
 	// Landlock is the filesystem policy; nil applies none.
 	Landlock *Landlock
+	// Rlimits are set (soft = hard) before the uid drop.
+	Rlimits []Rlimit
+	// Seccomp installs package seccomp's filter, the last step before exec.
+	Seccomp bool
+}
+
+// Rlimit is one resource limit: Name is a key of RlimitResources.
+type Rlimit struct {
+	Name  string
+	Value int
+}
+
+// RlimitResources are the limits a config may carry, by name (config key "rlimit_<name>").
+var RlimitResources = map[string]int{
+	"nofile":     unix.RLIMIT_NOFILE,
+	"core":       unix.RLIMIT_CORE,
+	"memlock":    unix.RLIMIT_MEMLOCK,
+	"msgqueue":   unix.RLIMIT_MSGQUEUE,
+	"sigpending": unix.RLIMIT_SIGPENDING,
 }
 
 // Landlock is a path policy. Paths that do not exist on this host are skipped.

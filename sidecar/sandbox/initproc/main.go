@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/seccomp"
 )
 
 // Main is the helper's entry point; it never returns. Every step runs on one locked OS
@@ -48,9 +50,10 @@ func readConfig() (*Config, error) {
 	return Decode(b)
 }
 
-// setup runs in the order that keeps each step possible: cgroups, namespaces and mounts
-// need root; the uid drop comes next, then no_new_privs (which Landlock requires), Landlock,
-// and the working directory, entered as the lease's uid under the policy.
+// setup runs in the order that keeps each step possible: cgroups, namespaces, mounts and
+// resource limits need root; the uid drop comes next, then no_new_privs (which Landlock
+// and seccomp require), Landlock, the working directory, entered as the lease's uid under
+// the policy, and the seccomp filter last.
 func setup(cfg *Config) error {
 	pid := strconv.Itoa(os.Getpid())
 	for _, procs := range cfg.CgroupProcs {
@@ -73,10 +76,18 @@ func setup(cfg *Config) error {
 			}
 		}
 	}
+	if cfg.PTSDir != "" {
+		if err := privatePTS(cfg); err != nil {
+			return err
+		}
+	}
 	// The daemon protects itself from the OOM killer (OOMScoreAdjust=-900 in its unit);
 	// lease processes must not inherit that: under host memory pressure they go first.
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(LeaseOOMScoreAdj), 0); err != nil {
 		return fmt.Errorf("oom_score_adj: %w", err)
+	}
+	if err := setRlimits(cfg.Rlimits); err != nil {
+		return err
 	}
 	if cfg.UID != 0 {
 		if err := dropPrivileges(cfg.UID, cfg.GID); err != nil {
@@ -100,6 +111,24 @@ func setup(cfg *Config) error {
 	// report pipe stays open until then so that an exec failure can still be told.
 	if err := unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("close_range: %w", err)
+	}
+	// Last: the filter needs no_new_privs, and nothing above may need a denied call.
+	if cfg.Seccomp {
+		if err := seccomp.Install(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setRlimits sets each limit, soft and hard; rlimits are per process, so the target
+// inherits them across the exec.
+func setRlimits(limits []Rlimit) error {
+	for _, r := range limits {
+		v := uint64(r.Value)
+		if err := unix.Setrlimit(RlimitResources[r.Name], &unix.Rlimit{Cur: v, Max: v}); err != nil {
+			return fmt.Errorf("rlimit_%s: %w", r.Name, err)
+		}
 	}
 	return nil
 }
@@ -135,6 +164,26 @@ func privateProc() error {
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
 	if err := unix.Mount("proc", "/proc", "proc", flags, "hidepid=invisible"); err != nil {
 		return fmt.Errorf("mount private /proc: %w", err)
+	}
+	return nil
+}
+
+// privatePTS binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in
+// the private mount namespace only (privateTmp made its mounts private): PTYs the lease
+// opens come from its own instance, bounded by its max.
+func privatePTS(cfg *Config) error {
+	ns, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("mount namespace: %w", err)
+	}
+	if cfg.TmpDir == "" || cfg.HostMountNS == "" || ns == cfg.HostMountNS {
+		return errors.New("refusing to mount /dev/pts: not in a private mount namespace")
+	}
+	if err := unix.Mount(cfg.PTSDir, "/dev/pts", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /dev/pts: %w", cfg.PTSDir, err)
+	}
+	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind /dev/pts/ptmx on /dev/ptmx: %w", err)
 	}
 	return nil
 }

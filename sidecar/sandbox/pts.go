@@ -1,0 +1,195 @@
+package sandbox
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultMaxPTYs is the PTYs one lease may hold at once (its devpts instance's max).
+const DefaultMaxPTYs = 64
+
+// Each lease has a devpts instance of its own, mounted by the daemon at <PTYRoot>/<lease>
+// (outside every lease directory, so that no removal of one ever walks into it) and bound on
+// /dev/pts and /dev/ptmx in each of the lease's mount namespaces by the helper; the daemon
+// opens the masters of the lease's TTY processes from the same instance (OpenPTY). A lease
+// that takes every PTY it can takes only its own max of them: other leases keep theirs, and
+// the host keeps kernel.pty.reserve (1,024 by default), which instances other than the
+// host's own cannot use.
+
+// mountPTS mounts lease id's instance unless it is mounted already, and returns where ("" when
+// leases use the host's PTYs).
+func (s *Sandbox) mountPTS(id string) (string, error) {
+	if s.ptyRoot == "" {
+		return "", nil
+	}
+	dir := filepath.Join(s.ptyRoot, id)
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("sandbox: lease %s pts: %w", id, err)
+	}
+	if mounted, err := devptsAt(dir); err != nil || mounted {
+		return dir, err // Provision again: the lease keeps its instance
+	}
+	opts := fmt.Sprintf("newinstance,ptmxmode=0666,mode=0620,max=%d", s.maxPTYs)
+	if err := unix.Mount("devpts", dir, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, opts); err != nil {
+		return "", fmt.Errorf("sandbox: lease %s: mount devpts: %w", id, err)
+	}
+	return dir, nil
+}
+
+// removePTS unmounts an instance (lazily: PTYs still open stay usable) and removes its
+// mount point.
+func removePTS(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := unmountPTS(dir); err != nil {
+		return err
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("sandbox: remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// unmountPTS detaches every devpts mounted on dir (a daemon killed between mount and
+// unmount can leave one; mounting twice stacks them).
+func unmountPTS(dir string) error {
+	for {
+		mounted, err := devptsAt(dir)
+		if err != nil || !mounted {
+			return err
+		}
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("sandbox: unmount %s: %w", dir, err)
+		}
+	}
+}
+
+// sweepPTS unmounts and removes every instance under root: at start, none belongs to a
+// live lease of this run (Provision mounts restored leases' again).
+func sweepPTS(root string) error {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		dir := filepath.Join(root, e.Name())
+		if err := unmountPTS(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := os.Remove(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// devptsAt reports whether a devpts is mounted on dir, from this thread's mountinfo: the
+// process's (/proc/self, the main thread's) can be another namespace, e.g. when a locked
+// goroutine that unshared one ended on the main thread, which Go then never releases.
+func devptsAt(dir string) (bool, error) {
+	f, err := os.Open("/proc/thread-self/mountinfo")
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint options [optional...] - fstype source ...
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, f := range fields {
+			if f == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		if unescapeMountinfo(fields[4]) == dir && fields[sep+1] == "devpts" {
+			return true, nil
+		}
+	}
+	return false, sc.Err()
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space, and so on).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, ok := octal(s[i+1 : i+4]); ok {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func octal(s string) (byte, bool) {
+	if len(s) != 3 {
+		return 0, false
+	}
+	v := 0
+	for _, c := range []byte(s) {
+		if c < '0' || c > '7' {
+			return 0, false
+		}
+		v = v*8 + int(c-'0')
+	}
+	return byte(v), v < 256
+}
+
+// OpenPTY opens a PTY in lease leaseID's own instance (the host's without one): the master,
+// close-on-exec, and its slave, which the caller hands to a TTY command as 0-2. It
+// implements process.PTYOpener.
+func (s *Sandbox) OpenPTY(leaseID string) (master, slave *os.File, err error) {
+	s.mu.Lock()
+	le := s.leases[leaseID]
+	var dir string
+	if le != nil {
+		dir = le.pts
+	}
+	s.mu.Unlock()
+	if le == nil {
+		return nil, nil, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
+	}
+	ptmx := "/dev/ptmx"
+	if dir != "" {
+		ptmx = filepath.Join(dir, "ptmx")
+	}
+	mfd, err := unix.Open(ptmx, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOSPC) && dir != "" {
+		return nil, nil, fmt.Errorf("%w: all %d PTYs of the lease are open", ErrLimit, s.maxPTYs)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s: %w", ptmx, err)
+	}
+	// unlockpt, then the slave through the master (no path lookup: TIOCGPTPEER, Linux 4.13).
+	if err := unix.IoctlSetPointerInt(mfd, unix.TIOCSPTLCK, 0); err != nil {
+		unix.Close(mfd)
+		return nil, nil, fmt.Errorf("unlockpt: %w", err)
+	}
+	sfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(mfd), unix.TIOCGPTPEER, unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC)
+	if errno != 0 {
+		unix.Close(mfd)
+		return nil, nil, fmt.Errorf("open PTY slave: %w", errno)
+	}
+	return os.NewFile(uintptr(mfd), ptmx), os.NewFile(sfd, "pty-slave"), nil
+}
