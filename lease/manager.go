@@ -122,6 +122,11 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 
 // restore brings back the directories and provisioning of a lease after a restart.
 func (m *Manager) restore(ctx context.Context, l Lease) error {
+	if d := m.cfg.Disk; d != nil {
+		if err := d.Attach(ctx, l.Dir, l.Limits.DiskBytes); err != nil {
+			return err
+		}
+	}
 	if err := ensureDirs(l); err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/disk"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -39,7 +40,11 @@ type Config struct {
 	UIDFirst, UIDLast        int
 	CgroupParent             string
 	Isolation                string // "strict" or "none"
-	AllowedOrigins           []string
+	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
+	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
+	// or "off" (the API meter only). See lease/disk.
+	DiskQuota      string
+	AllowedOrigins []string
 
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
 	OutputBufferBytes int64 // replay buffer per background process
@@ -66,6 +71,7 @@ type Daemon struct {
 	procs   *process.Manager
 	sandbox *sandbox.Sandbox
 	scripts *script.Runner
+	disk    *disk.Quotas
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -159,6 +165,18 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	// Token expiry and lease expiry must read the same clock.
 	tokens = tokens.WithClock(cfg.Now)
 
+	quotas, err := disk.New(ctx, disk.Config{
+		Mode:         cfg.DiskQuota,
+		WorkRoot:     cfg.WorkRoot,
+		DefaultBytes: cfg.DefaultLimits.DiskBytes,
+		Strict:       cfg.Isolation != "none",
+		Logger:       log.With("component", "disk"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { _ = quotas.Close() })
+
 	// Lease events feed the server's metrics; the server is built after the manager.
 	var srvRef atomic.Pointer[Server]
 	leases, err := lease.Open(ctx, lease.Config{
@@ -172,6 +190,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		UIDFirst:      cfg.UIDFirst,
 		UIDLast:       cfg.UIDLast,
 		Provisioner:   rt,
+		Disk:          quotas,
 		Now:           cfg.Now,
 		Logger:        log.With("component", "lease"),
 		OnEvent: func(e lease.Event) {
@@ -256,6 +275,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 				OutputBufferSize: cfg.OutputBufferBytes,
 				MaxLimits:        apiLimits(cfg.MaxLimits),
 			},
+			Capabilities:  apitype.Capabilities{DiskQuota: quotas.Mode()},
 			DefaultLimits: apiLimits(cfg.DefaultLimits),
 			DefaultTTL:    int64(cfg.DefaultTTL.Seconds()),
 		},
@@ -266,14 +286,14 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, sandbox: sb, scripts: scripts, cancel: cancel, serveErr: make(chan error, 1)}
+	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, sandbox: sb, scripts: scripts, disk: quotas, cancel: cancel, serveErr: make(chan error, 1)}
 	d.wg.Add(3)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
 	go func() { defer d.wg.Done(); leases.Run(runCtx, cfg.ReapInterval) }()
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
-	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups)
+	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups, "disk_quota", quotas.Mode())
 	return d, nil
 }
 
@@ -299,7 +319,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 		if d.scripts != nil {
 			_ = d.scripts.Close()
 		}
-		err = errors.Join(err, d.leases.Close())
+		err = errors.Join(err, d.leases.Close(), d.disk.Close()) // mounts stay: leases survive a restart
 		d.log.Info("sidecar stopped")
 	})
 	return err

@@ -37,6 +37,7 @@ func (s *Server) info() apitype.Info {
 		Landlock:         caps.LandlockABI,
 		PrivateTmp:       caps.PrivateTmp,
 		Isolation:        caps.Isolation,
+		DiskQuota:        s.opts.Info.Capabilities.DiskQuota,
 	}
 	return info
 }

@@ -116,6 +116,9 @@ type Capabilities struct {
 	Landlock         int    `json:"landlock_abi"` // 0: not available
 	PrivateTmp       bool   `json:"private_tmp"`
 	Isolation        string `json:"isolation"` // "strict" or "none"
+	// DiskQuota is what enforces limits.disk_bytes on lease processes: "loop" (a
+	// filesystem of that size per lease) or "off" (API uploads are metered, nothing else).
+	DiskQuota string `json:"disk_quota"`
 }
 
 // ServiceLimits are the daemon-wide limits a client should know about.

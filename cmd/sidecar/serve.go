@@ -55,6 +55,7 @@ type serveConfig struct {
 	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
+	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
@@ -128,6 +129,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.Isolation != "strict" && c.Isolation != "none" {
 		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
+	}
+	if c.DiskQuota != "auto" && c.DiskQuota != "loop" && c.DiskQuota != "off" {
+		errs = append(errs, fmt.Errorf("SIDECAR_DISK_QUOTA must be auto, loop or off, not %q", c.DiskQuota))
 	}
 	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
 		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
@@ -302,6 +306,7 @@ func runServe(ctx context.Context, args []string) error {
 		UIDLast:           uidLast,
 		CgroupParent:      c.CgroupParent,
 		Isolation:         c.Isolation,
+		DiskQuota:         c.DiskQuota,
 		AllowedOrigins:    c.AllowedOrigins,
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,
