@@ -153,18 +153,6 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 	closers = append(closers, func() { procs.Shutdown(context.Background()) })
 
-	rt := &Runtime{Sandbox: sb, Processes: procs, UploadIdle: cfg.UploadIdle, Logger: log}
-	secrets := [][]byte{[]byte(cfg.SharedToken)}
-	if cfg.PreviousToken != "" {
-		secrets = append(secrets, []byte(cfg.PreviousToken))
-	}
-	tokens, err := lease.NewTokens(cfg.StateDir, secrets...)
-	if err != nil {
-		return nil, err
-	}
-	// Token expiry and lease expiry must read the same clock.
-	tokens = tokens.WithClock(cfg.Now)
-
 	quotas, err := disk.New(ctx, disk.Config{
 		Mode:         cfg.DiskQuota,
 		WorkRoot:     cfg.WorkRoot,
@@ -176,6 +164,18 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		return nil, err
 	}
 	closers = append(closers, func() { _ = quotas.Close() })
+
+	rt := &Runtime{Sandbox: sb, Processes: procs, UploadIdle: cfg.UploadIdle, Disk: quotas, Logger: log}
+	secrets := [][]byte{[]byte(cfg.SharedToken)}
+	if cfg.PreviousToken != "" {
+		secrets = append(secrets, []byte(cfg.PreviousToken))
+	}
+	tokens, err := lease.NewTokens(cfg.StateDir, secrets...)
+	if err != nil {
+		return nil, err
+	}
+	// Token expiry and lease expiry must read the same clock.
+	tokens = tokens.WithClock(cfg.Now)
 
 	// Lease events feed the server's metrics; the server is built after the manager.
 	var srvRef atomic.Pointer[Server]

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -195,16 +196,39 @@ func (d *testDaemon) cleanup() {
 }
 
 // stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
-// /tmp, so a work root under it would be hidden from the lease. Mounts happen only in
-// the lease processes' own namespaces, so removing the tree cannot cross one.
+// /tmp, so a work root under it would be hidden from the lease. Lease filesystems (loop
+// mounts on lease directories) a failed test left are unmounted before the tree goes,
+// and the tree is kept, with an error, if anything is still mounted in it.
 func stateDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-e2e-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		for _, m := range mountsUnder(dir) {
+			_ = syscall.Unmount(m, syscall.MNT_DETACH) // autoclear detaches the loop device
+		}
+		if left := mountsUnder(dir); len(left) > 0 {
+			t.Errorf("not removing %s: %v still mounted", dir, left)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
 	return dir
+}
+
+// mountsUnder lists the mount points under dir, innermost first.
+func mountsUnder(dir string) []string {
+	info, _ := os.ReadFile("/proc/self/mountinfo")
+	var found []string
+	for line := range strings.SplitSeq(string(info), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			found = append(found, f[4])
+		}
+	}
+	slices.Reverse(found)
+	return found
 }
 
 func sanitize(s string) string {

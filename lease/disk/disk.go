@@ -22,6 +22,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // Modes: what the operator asks for (SIDECAR_DISK_QUOTA) and what Mode reports.
@@ -278,4 +280,27 @@ func (q *Quotas) Sweep(ctx context.Context, owns func(id string) bool) ([]string
 		swept = append(swept, id)
 	}
 	return swept, errors.Join(errs...)
+}
+
+// Usage is the space the files in a lease's filesystem hold: the filesystem's used
+// blocks, read with statfs. ext4 leaves its own metadata (journal, inode tables) out of
+// that count, so an empty filesystem reads a few KiB (its root directory). ok is false
+// when dir is not a filesystem of its own (mode off, or a lease without a quota): the
+// caller then measures another way.
+func (q *Quotas) Usage(dir string) (used int64, ok bool, err error) {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return 0, false, err
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
+		return 0, false, err
+	}
+	if st.Dev == parent.Dev {
+		return 0, false, nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return 0, false, err
+	}
+	return int64(fs.Blocks-fs.Bfree) * fs.Bsize, true, nil
 }
