@@ -157,6 +157,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		Mode:         cfg.DiskQuota,
 		WorkRoot:     cfg.WorkRoot,
 		DefaultBytes: cfg.DefaultLimits.DiskBytes,
+		MaxLeases:    cfg.MaxLeases,
 		Strict:       cfg.Isolation != "none",
 		Logger:       log.With("component", "disk"),
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -165,4 +166,28 @@ func loopsUnder(dir string) []string {
 		}
 	}
 	return found
+}
+
+// A process of lease B started after lease A was mounted has a copy of A's mount in its
+// own mount namespace; releasing A must still unmount it everywhere and free its loop
+// device, not wait for B's processes to end.
+func TestDiskQuotaReleaseWhileAnotherLeaseRuns(t *testing.T) {
+	needRoot(t)
+	d := startDaemon(t, func(c *sidecar.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
+	ctx := context.Background()
+	a := d.acquireOnce(apitype.AcquireRequest{SessionID: "first"})
+	b := d.acquire("second")
+	p := must(b.Start(ctx, apitype.StartRequest{ID: "sleeper", Argv: []string{"sleep", "300"}}))(t)
+	t.Cleanup(func() { _ = p.Signal(context.Background(), "KILL") })
+	if err := d.client.Release(ctx, a.ID()); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(d.cfg.WorkRoot, ".disk", a.ID()+".img")
+	deadline := time.Now().Add(10 * time.Second)
+	for slices.Contains(loopsUnder(d.cfg.WorkRoot), img) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // poll: autoclear runs as the last user goes
+	}
+	if slices.Contains(loopsUnder(d.cfg.WorkRoot), img) {
+		t.Errorf("lease a's loop device is still bound while lease b runs: its mount lives on in b's namespace")
+	}
 }

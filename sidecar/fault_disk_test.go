@@ -192,7 +192,7 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 			t.Fatalf("a lease whose save failed is listed: %+v", l)
 		}
 	}
-	if entries, _ := os.ReadDir(work); len(entries) != 2 {
+	if entries := leaseEntries(work); len(entries) != 2 {
 		t.Fatalf("work root after a failed acquire: %d entries, want the two earlier leases'", len(entries))
 	}
 	// A renew that cannot be saved fails and changes nothing.

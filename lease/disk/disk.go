@@ -54,6 +54,11 @@ type Config struct {
 	// DefaultBytes is the size of pooled images (the default disk quota); 0: no pool.
 	DefaultBytes int64
 	PoolSize     int // images kept ready; 0 → DefaultPoolSize, < 0 → none
+	// MaxLeases is the most leases at once: New warns when that many default-sized
+	// images could outgrow the free space under ImageDir (images are sparse, so the
+	// quotas may add up to more than the disk; a lease whose image cannot grow sees I/O
+	// errors instead of ENOSPC).
+	MaxLeases int
 	// Strict refuses ModeAuto on a host where no mechanism holds; otherwise auto falls
 	// back to off, loudly.
 	Strict bool
@@ -116,10 +121,25 @@ func New(ctx context.Context, cfg Config) (*Quotas, error) {
 		return q, nil
 	}
 	q.mode = ModeLoop
+	q.warnOvercommit()
 	if cfg.DefaultBytes > 0 && cfg.PoolSize > 0 {
 		q.pool = newPool(q, max(cfg.DefaultBytes, MinBytes), cfg.PoolSize)
 	}
 	return q, nil
+}
+
+// warnOvercommit logs when MaxLeases images of the default size could fill the disk
+// that holds them.
+func (q *Quotas) warnOvercommit() {
+	var fs unix.Statfs_t
+	if q.cfg.MaxLeases <= 0 || q.cfg.DefaultBytes <= 0 || unix.Statfs(q.cfg.ImageDir, &fs) != nil {
+		return
+	}
+	free := int64(fs.Bavail) * fs.Bsize
+	if need := int64(q.cfg.MaxLeases) * q.cfg.DefaultBytes; need > free {
+		q.log.Warn("lease disk quotas are overcommitted: full leases would need more than the free space of the work root's filesystem; a lease then gets I/O errors instead of ENOSPC",
+			"max_leases", q.cfg.MaxLeases, "default_disk_bytes", q.cfg.DefaultBytes, "need_bytes", need, "free_bytes", free)
+	}
 }
 
 // Mode is the mechanism in force: ModeLoop or ModeOff.
