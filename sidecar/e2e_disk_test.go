@@ -85,6 +85,10 @@ func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 	if m := mountsUnder(d.cfg.WorkRoot); len(m) > 0 {
 		t.Errorf("release left mounts %v", m)
 	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(loopsUnder(d.cfg.WorkRoot)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // poll: autoclear runs as the last user goes
+	}
 	if loops := loopsUnder(d.cfg.WorkRoot); len(loops) > 0 {
 		t.Errorf("release left loop devices %v", loops)
 	}

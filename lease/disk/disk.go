@@ -21,7 +21,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -72,9 +71,6 @@ type Quotas struct {
 	log  *slog.Logger
 	mkfs string
 	pool *pool // nil without a pool
-
-	mu       sync.Mutex
-	attached map[string]bool // lease ids attached or adopted in this run (for logs only)
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
@@ -100,7 +96,7 @@ func New(ctx context.Context, cfg Config) (*Quotas, error) {
 	if cfg.PoolSize == 0 {
 		cfg.PoolSize = DefaultPoolSize
 	}
-	q := &Quotas{cfg: cfg, log: cfg.Logger, attached: map[string]bool{}}
+	q := &Quotas{cfg: cfg, log: cfg.Logger}
 	switch cfg.Mode {
 	case ModeOff:
 		q.mode = ModeOff

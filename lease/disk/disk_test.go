@@ -159,9 +159,7 @@ func TestLoopQuotaStopsAWriter(t *testing.T) {
 			t.Fatalf("second detach: %v", err)
 		}
 	}
-	if left := leftovers(t, root); len(left) > 0 {
-		t.Errorf("detach left %v", left)
-	}
+	waitGone(t, root)
 	if imgs, _ := filepath.Glob(filepath.Join(root, ".disk", "*.img")); len(imgs) > 0 {
 		t.Errorf("detach left images %v", imgs)
 	}
@@ -189,12 +187,19 @@ func TestDetachBusy(t *testing.T) {
 		t.Fatal("still a mount point after detach")
 	}
 	f.Close()
+	waitGone(t, root)
+}
+
+// waitGone waits (bounded) for every mount and loop device under root to go: a loop
+// device clears itself (autoclear) as its last user goes, asynchronously.
+func waitGone(t testing.TB, root string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for len(leftovers(t, root)) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond) // poll: the device clears as its last user goes
+		time.Sleep(20 * time.Millisecond) // poll
 	}
 	if left := leftovers(t, root); len(left) > 0 {
-		t.Errorf("left %v after the last user closed", left)
+		t.Errorf("left %v", left)
 	}
 }
 

@@ -199,12 +199,16 @@ func loopsOf(img string) ([]string, error) {
 	return found, nil
 }
 
-// detachImage clears every loop device still bound to img, waiting briefly for those
-// an unmount just released (autoclear runs as the last reference goes). One still bound
-// after that (a lazy unmount whose user lingers) is left to autoclear and not an error:
-// deleting the image then frees its space when the device lets go.
+// detachImage clears every loop device still bound to img, waiting briefly for those an
+// unmount just released (autoclear runs as the last reference goes). One still bound
+// after that is left to autoclear and not an error: deleting the image then frees its
+// space when the device lets go. What holds it is a lazy unmount's lingering user, or a
+// copy of the mount in the mount namespace of another lease's process started while
+// this lease was mounted; the kernel drops those copies when the lease package removes
+// the (then unmounted) directory, since a mount point removed in one namespace is
+// unmounted in all others (TestDiskQuotaReleaseWhileAnotherLeaseRuns).
 func detachImage(img string) error {
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(250 * time.Millisecond)
 	for {
 		devs, err := loopsOf(img)
 		if err != nil || len(devs) == 0 {
