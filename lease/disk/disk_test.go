@@ -402,3 +402,47 @@ func BenchmarkAttach(b *testing.B) {
 		})
 	}
 }
+
+// An image whose filesystem is still alive elsewhere (here a second mount of it; in
+// production a previous run's mount namespace) is mounted again through the same loop
+// device, never attached to a second one.
+func TestAttachReusesTheBoundDevice(t *testing.T) {
+	needLoop(t)
+	root := newRoot(t)
+	q := newQuotas(t, root, 0, -1)
+	ctx := context.Background()
+	dir := leaseDir(t, root, "alive")
+	if err := q.Attach(ctx, dir, MinBytes); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := filepath.Join(root, "elsewhere")
+	if err := os.Mkdir(elsewhere, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(dir, elsewhere, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(elsewhere, unix.MNT_DETACH)
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(elsewhere, "f"), []byte("same"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Attach(ctx, dir, MinBytes); err != nil {
+		t.Fatal(err)
+	}
+	if devs, _ := loopsOf(q.imagePath("alive")); len(devs) != 1 {
+		t.Fatalf("%d loop devices bound to the image, want 1", len(devs))
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "f")); err != nil || string(b) != "same" {
+		t.Fatalf("not the same filesystem: %q %v", b, err)
+	}
+	if err := unix.Unmount(elsewhere, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Detach(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, root)
+}

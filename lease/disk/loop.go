@@ -73,10 +73,29 @@ func makeImage(ctx context.Context, mkfs, img string, bytes int64) error {
 	return nil
 }
 
-// mountImage attaches img to a free loop device and mounts it on dir. The device is
-// attached with autoclear, so it detaches by itself when the filesystem is unmounted and
-// its last user gone: no loop device outlives its mount, even after a lazy unmount.
+// mountImage mounts img on dir. When a loop device is still bound to img, its filesystem
+// is alive somewhere (a lazy unmount's lingering user; under systemd's PrivateMounts=,
+// the mount namespace of the previous run, going away): it is mounted through that same
+// device, never a second one, since two devices would be two ext4 instances writing one
+// image. Otherwise img is attached to a free device with autoclear, so the device detaches
+// by itself when the filesystem is unmounted and its last user gone: no loop device
+// outlives its mount, even after a lazy unmount.
 func mountImage(img, dir string) error {
+	for range 3 {
+		devs, err := loopsOf(img)
+		if err != nil {
+			return err
+		}
+		if len(devs) == 0 {
+			break
+		}
+		if err := unix.Mount(devs[0], dir, "ext4", mountFlags, mountData); err == nil {
+			return nil
+		} else if still, _ := loopsOf(img); len(still) > 0 {
+			return fmt.Errorf("mount %s (already bound to the image) on %s: %w", devs[0], dir, err)
+		}
+		// The device let go of the image meanwhile: look again.
+	}
 	dev, loop, err := attachLoop(img)
 	if err != nil {
 		return err
