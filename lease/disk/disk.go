@@ -284,6 +284,10 @@ func (q *Quotas) Sweep(ctx context.Context, owns func(id string) bool) ([]string
 	var swept []string
 	var errs []error
 	for _, de := range entries {
+		if id, ok := strings.CutSuffix(de.Name(), ".img.new"); ok && idPattern.MatchString(id) && !owns(id) {
+			_ = os.Remove(filepath.Join(q.cfg.ImageDir, de.Name())) // a format a crash cut short
+			continue
+		}
 		id, ok := strings.CutSuffix(de.Name(), ".img")
 		if !ok || !de.Type().IsRegular() || !idPattern.MatchString(id) || owns(id) {
 			continue

@@ -271,7 +271,14 @@ func TestSweepAndForeignMounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	cut := filepath.Join(root, ".disk", "cut.img.new") // a format a crash cut short
+	if err := os.WriteFile(cut, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	swept, err := q.Sweep(ctx, func(id string) bool { return id == "known" })
+	if _, err := os.Stat(cut); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the cut format is still there: %v", err)
+	}
 	if err != nil || len(swept) != 1 || swept[0] != "gone" {
 		t.Fatalf("sweep: %v %v", swept, err)
 	}
