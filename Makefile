@@ -9,8 +9,12 @@ LDFLAGS    := -s -w -X main.version=$(VERSION)
 BINDIR     ?= bin
 BIN        := $(BINDIR)/sidecar
 # State stays in the checkout, except under /tmp: each lease mounts its own /tmp over the
-# host's, which would hide a work root there.
-STATE      ?= $(if $(filter /tmp/%,$(CURDIR)),/var/tmp/sidecar-dev$(subst /,-,$(CURDIR)),$(CURDIR)/.state)
+# host's, which would hide a work root there; and except, as root, when an ancestor of the
+# checkout is closed to other users (e.g. /root, mode 0700): lease uids could not reach
+# their workdirs, so the state goes to /var/lib/sidecar-dev-<checkout path>. CLOSED is
+# that ancestor, if any.
+CLOSED      = $(if $(filter 0,$(shell id -u)),$(shell d='$(CURDIR)'; while [ "$$d" != / ]; do case "$$(stat -c %A "$$d")" in (*x|*t) ;; (*) echo "$$d"; break;; esac; d=$$(dirname "$$d"); done))
+STATE      ?= $(if $(filter /tmp/%,$(CURDIR)),/var/tmp/sidecar-dev$(subst /,-,$(CURDIR)),$(if $(CLOSED),/var/lib/sidecar-dev$(subst /,-,$(CURDIR)),$(CURDIR)/.state))
 # As root the daemon isolates leases (cgroups, uids, Landlock); as a normal user it
 # cannot, and `make run` says so loudly by asking for isolation "none".
 ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)
@@ -50,15 +54,21 @@ build:
 
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
 # dir, and a token generated once (printed the first time only).
+# From a closed checkout the binaries run from $(STATE)/bin too: the script workers run
+# them as an unprivileged uid.
+RUNBIN      = $(if $(CLOSED),$(STATE)/bin,$(BINDIR))
 run: build
+	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
+	@if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(RUNBIN) && rm -f $(RUNBIN)/* && \
+		for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(RUNBIN)/; fi; done; fi
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \
 		echo "sidecar: generated a new shared token (shown only this once; kept in $(STATE)/auth-token):" && \
 		cat $(STATE)/auth-token; \
 	fi
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token \
-	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(BIN) serve
+	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(RUNBIN)/sidecar serve
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.

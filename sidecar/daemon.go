@@ -40,6 +40,9 @@ type Config struct {
 	UIDFirst, UIDLast        int
 	CgroupParent             string
 	Isolation                string // "strict" or "none"
+	MinLandlockABI           int    // operator's floor: refuse to start below it; 0 none
+	RequireCgroup            string // operator's floor: "v1", "v2" or "" (either)
+	LandlockMaxABI           int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
 	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
 	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
 	// or "off" (the API meter only). See lease/disk.
@@ -122,11 +125,19 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		}
 	}()
 
+	stateAbs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
 	sb, err := sandbox.New(sandbox.Config{
-		CgroupParent: cfg.CgroupParent,
-		Isolation:    cfg.Isolation,
-		HelperPath:   sandboxHelper(cfg.HelperPath),
-		Logger:       log.With("component", "sandbox"),
+		CgroupParent:   cfg.CgroupParent,
+		Isolation:      cfg.Isolation,
+		HelperPath:     sandboxHelper(cfg.HelperPath),
+		Logger:         log.With("component", "sandbox"),
+		MinLandlockABI: cfg.MinLandlockABI,
+		RequireCgroup:  cfg.RequireCgroup,
+		LandlockMaxABI: cfg.LandlockMaxABI,
+		Owner:          stateAbs,
 	})
 	if err != nil {
 		return nil, err
@@ -294,7 +305,12 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
-	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", sb.Caps().Isolation, "cgroups", sb.Caps().Cgroups, "disk_quota", quotas.Mode())
+	caps := sb.Caps()
+	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", caps.Isolation,
+		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","), "disk_quota", quotas.Mode())
+	for _, gap := range caps.Gaps() {
+		log.Warn("isolation layer missing on this kernel", "landlock_abi", caps.LandlockABI, "gap", gap)
+	}
 	return d, nil
 }
 
@@ -362,7 +378,7 @@ func traversable(workRoot, stateDir string) error {
 		}
 		if fi.Mode().Perm()&0o001 == 0 {
 			if dir != stateAbs {
-				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs", abs, dir, fi.Mode().Perm())
+				return fmt.Errorf("work root %s: its ancestor %s is not traversable by other users (mode %04o): lease uids could not reach their workdirs; set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) to a directory every ancestor of which others may traverse, e.g. /var/lib/sidecar", abs, dir, fi.Mode().Perm())
 			}
 			if err := os.Chmod(dir, fi.Mode().Perm()|0o011); err != nil {
 				return fmt.Errorf("state dir: %w", err)

@@ -12,7 +12,28 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
+
+// landlockKernelABI is this kernel's Landlock ABI, 0 without Landlock.
+func landlockKernelABI() int { return initproc.ABIVersion() }
+
+// wantLayers are the layers a strict daemon reports on cgroup mode cg with Landlock ABI
+// abi, spelled out here rather than computed, as docs/api.md lists them.
+func wantLayers(cg string, abi int) []string {
+	ls := []string{"cgroup-" + cg, "uid", "mount-ns", "net-ns"}
+	for _, l := range []struct {
+		abi  int
+		name string
+	}{{1, "landlock-fs"}, {2, "landlock-fs-refer"}, {3, "landlock-fs-truncate"}, {5, "landlock-fs-ioctl-dev"}, {6, "landlock-scope"}} {
+		if abi >= l.abi {
+			ls = append(ls, l.name)
+		}
+	}
+	return ls
+}
 
 func sh(script string) apitype.ExecRequest {
 	return apitype.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, TimeoutSeconds: 60}
@@ -138,10 +159,29 @@ func TestExecEnvironmentIsClean(t *testing.T) {
 	}
 }
 
-// Leases on one host must not reach each other, the daemon or the host.
+// Leases on one host must not reach each other, the daemon or the host, at every Landlock
+// ABI the helper branches on (capped on this kernel): below ABI 6 the lease uid is what
+// stops signals, without Landlock uid and file modes are all that guard the filesystem.
 func TestLeasesAreIsolated(t *testing.T) {
 	needRoot(t)
-	d := startDaemon(t)
+	kernel := landlockKernelABI()
+	for _, cap := range []int{sandbox.NoLandlock, 1, 2, 3, 5, 6, 0} {
+		if cap > 0 && cap >= kernel || cap == sandbox.NoLandlock && kernel == 0 {
+			continue // not below the kernel's: the uncapped run (0) covers it
+		}
+		t.Run(fmt.Sprintf("landlock-cap%d", cap), func(t *testing.T) {
+			d := startDaemon(t, func(c *sidecar.Config) { c.LandlockMaxABI = cap })
+			testLeasesAreIsolated(t, d)
+		})
+	}
+}
+
+func testLeasesAreIsolated(t *testing.T, d *testDaemon) {
+	info := must(d.client.Info(context.Background()))(t)
+	abi := info.Capabilities.Landlock
+	if want := strings.Join(wantLayers(info.Capabilities.Cgroups, abi), ","); strings.Join(info.Capabilities.Layers, ",") != want {
+		t.Fatalf("info layers %q at Landlock ABI %d, want %q", info.Capabilities.Layers, abi, want)
+	}
 	a := d.acquire("iso-a")
 	b := d.acquire("iso-b")
 	ctx := context.Background()
@@ -163,6 +203,12 @@ func TestLeasesAreIsolated(t *testing.T) {
 		"read the state dir":        fmt.Sprintf(`ls %s`, d.cfg.StateDir),
 		"see B's process in /proc":  `test -e /proc/` + bPid,
 		"see the daemon in /proc":   fmt.Sprintf(`test -e /proc/%d`, os.Getpid()),
+	}
+	if abi == 0 {
+		// The documented gap without Landlock (docs/operations.md): world-writable host
+		// directories are shared. Everything else holds on uid, modes and namespaces.
+		delete(probes, "write to /var/tmp")
+		delete(probes, "write to /dev/shm")
 	}
 	for name, script := range probes {
 		t.Run(name, func(t *testing.T) {

@@ -4,14 +4,20 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 func TestLeaseLifecycle(t *testing.T) {
@@ -266,9 +272,81 @@ func TestMetricsAndInfo(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("metrics: %d", status)
 	}
-	for _, want := range []string{`sidecar_leases{state="active"} 1`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket"} {
+	wants := []string{`sidecar_leases{state="active"} 1`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket",
+		fmt.Sprintf("sidecar_landlock_abi %d", info.Capabilities.Landlock)}
+	for _, l := range info.Capabilities.Layers {
+		wants = append(wants, fmt.Sprintf(`sidecar_isolation_layer{layer=%q} 1`, l))
+	}
+	if isolation() == "strict" && len(info.Capabilities.Layers) < 4 {
+		t.Errorf("strict daemon reports layers %q", info.Capabilities.Layers)
+	}
+	for _, want := range wants {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+}
+
+// An operator's Landlock floor above what lease processes would get refuses to start,
+// naming the Linux release that has it (the cap stands in for an older kernel here).
+func TestLandlockFloorRefusesToStart(t *testing.T) {
+	if landlockKernelABI() < 3 {
+		t.Skipf("needs Landlock ABI >= 3 to cap below a floor of 3; this kernel has %d", landlockKernelABI())
+	}
+	d := startDaemon(t)
+	cfg := d.cfg
+	d.stop()
+	cfg.MinLandlockABI, cfg.LandlockMaxABI = 3, 2
+	dd, err := sidecar.Start(context.Background(), cfg)
+	if err == nil {
+		dd.Close(context.Background())
+		t.Fatal("started below the floor")
+	}
+	if !strings.Contains(err.Error(), "Landlock ABI >= 3 as required (Linux 6.2 or later") {
+		t.Fatalf("refusal does not name the kernel needed: %v", err)
+	}
+}
+
+// Two daemons on one host: a second one with its own state dir and cgroup parent starts
+// beside the first, and one on the parent the first holds is refused, naming it, before it
+// sweeps anything: the first one's lease keeps running through both.
+func TestTwoDaemonsOneHost(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	a := startDaemon(t)
+	la := a.acquire("first")
+	// A background process of the lease: its host pid is what the sweep would kill.
+	must(la.Start(ctx, apitype.StartRequest{Argv: []string{"/bin/sh", "-c", "echo $$ > sleeper.pid; exec sleep 300"}}))(t)
+	var pid int
+	waitFor(t, "the lease's background process", 10*time.Second, func() bool {
+		b, err := la.ReadFile(ctx, "sleeper.pid")
+		pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && pid > 0
+	})
+	alive := func(when string) {
+		t.Helper()
+		if err := syscall.Kill(pid, 0); err != nil {
+			t.Fatalf("%s: the first daemon's lease process %d is gone: %v", when, pid, err)
+		}
+		if r := must(la.Exec(ctx, sh(`echo ok`)))(t); r.Stdout != "ok\n" {
+			t.Fatalf("%s: the first daemon's lease: %+v", when, r)
+		}
+	}
+
+	b := startDaemon(t, func(c *sidecar.Config) { c.CgroupParent += "-b" })
+	b.acquire("second")
+	alive("a second daemon started")
+
+	cfg := b.cfg
+	cfg.StateDir = stateDir(t)
+	cfg.WorkRoot = filepath.Join(cfg.StateDir, "leases")
+	cfg.ListenAddr = "127.0.0.1:0"
+	cfg.CgroupParent = a.cfg.CgroupParent
+	if dd, err := sidecar.Start(ctx, cfg); err == nil {
+		dd.Close(ctx)
+		t.Fatal("a daemon started on the cgroup parent a running one holds")
+	} else if !errors.Is(err, sandbox.ErrParentOwned) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d with state dir %s", os.Getpid(), a.cfg.StateDir)) {
+		t.Fatalf("refusal does not name the holder: %v", err)
+	}
+	alive("a daemon on the same parent was refused")
 }

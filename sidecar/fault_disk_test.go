@@ -112,7 +112,7 @@ func TestFaultDiskFullWorkRoot(t *testing.T) {
 	// The API's answers to a full host disk are what this test is about. With lease
 	// filesystems (loop images, sparse) a full host disk is an overcommit the operator is
 	// warned of, and space a lease frees returns to the host only as discard gets to it
-	// (docs/operations.md, section 10): the kernel quota is tested in e2e_disk_test.go.
+	// (docs/operations.md, section 12): the kernel quota is tested in e2e_disk_test.go.
 	d := startFaultDaemon(t, func(c *sidecar.Config) {
 		c.WorkRoot = filepath.Join(disk, "leases")
 		c.DiskQuota = "off"

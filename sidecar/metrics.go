@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 // metrics are the daemon's Prometheus series, on a registry of its own (no globals, so
@@ -57,8 +58,42 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.leaseEvents, m.leaseLife, m.procStarts, m.bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(newStateCollector(s))
+	if s.opts.Sandbox != nil {
+		m.reg.MustRegister(isolationMetrics(s.opts.Sandbox.Caps()))
+	}
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
+}
+
+// isolationMetrics are fixed for the daemon's life: one series per isolation layer in
+// force (docs/api.md lists the names) and the Landlock ABI lease processes get.
+func isolationMetrics(c sandbox.Caps) prometheus.Collector {
+	layers := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sidecar_isolation_layer", Help: "1 for each isolation layer in force (the layers of /v1/info).",
+	}, []string{"layer"})
+	for _, l := range c.Layers {
+		layers.WithLabelValues(l).Set(1)
+	}
+	abi := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sidecar_landlock_abi", Help: "The Landlock ABI lease processes get, 0 for none.",
+	})
+	abi.Set(float64(c.LandlockABI))
+	return collectorList{layers, abi}
+}
+
+// collectorList registers several collectors as one.
+type collectorList []prometheus.Collector
+
+func (l collectorList) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range l {
+		c.Describe(ch)
+	}
+}
+
+func (l collectorList) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range l {
+		c.Collect(ch)
+	}
 }
 
 // leaseEvent feeds lease.Config.OnEvent.

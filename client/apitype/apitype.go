@@ -119,6 +119,9 @@ type Capabilities struct {
 	// DiskQuota is what enforces limits.disk_bytes on lease processes: "loop" (a
 	// filesystem of that size per lease) or "off" (API uploads are metered, nothing else).
 	DiskQuota string `json:"disk_quota"`
+	// Layers are the isolation layers in force, e.g. "cgroup-v2", "uid", "mount-ns",
+	// "net-ns", "landlock-fs", "landlock-scope" (docs/api.md lists them all).
+	Layers []string `json:"layers"`
 }
 
 // ServiceLimits are the daemon-wide limits a client should know about.

@@ -133,7 +133,7 @@ struct list {
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns;
-	long uid, gid, ll_min_abi;
+	long uid, gid, ll_min_abi, ll_max_abi;
 	int netns, landlock, have_uid, have_gid;
 };
 
@@ -261,7 +261,7 @@ static void parse_config(char *buf, size_t len, struct config *c)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_uid = 0, seen_gid = 0;
-		int seen_netns = 0, seen_ll = 0, seen_rules = 0;
+		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0;
 		size_t off = mlen;
 		while (off < len) {
 			/* Every string ends before len: buf[len-1] is NUL. */
@@ -292,6 +292,9 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				c->gid = parse_id_once(&seen_gid, key, v);
 			} else if (strcmp(key, "landlock") == 0) {
 				c->ll_min_abi = parse_id_once(&seen_ll, key, v);
+			} else if (strcmp(key, "landlock_max_abi") == 0) {
+				c->ll_max_abi = parse_id_once(&seen_ll_max, key, v);
+				seen_rules = 1;
 			} else if (strcmp(key, "netns") == 0) {
 				const char *one;
 				set_once(&one, &seen_netns, key, v);
@@ -401,11 +404,14 @@ static void add_rule(int ruleset, const char *path, uint64_t access)
 		fail(EXIT_SETUP, "setup", "landlock rule %s: close: %s", path, strerror(errno));
 }
 
-/* restrict_self confines this process (and what it execs) to the policy; no_new_privs is
- * set already. */
+/* restrict_self confines this process (and what it execs) to the policy: the best ABI the
+ * kernel has (capped at landlock_max_abi when set), never less than the daemon's minimum;
+ * no_new_privs is set already. */
 static void restrict_self(const struct config *c)
 {
 	int abi = landlock_abi();
+	if (c->ll_max_abi > 0 && abi > c->ll_max_abi)
+		abi = (int)c->ll_max_abi;
 	if (abi < c->ll_min_abi)
 		fail(EXIT_SETUP, "setup", "landlock ABI %d, need %ld", abi, c->ll_min_abi);
 	if (abi == 0)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
@@ -52,10 +55,12 @@ type serveConfig struct {
 	DefaultLimits limitsEnv     `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
 	MaxLimits     maxLimitsEnv  `envPrefix:"SIDECAR_MAX_LIMITS_"`
 
-	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT" envDefault:"sidecar"`
+	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT"` // default: defaultCgroupParent(StateDir)
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
 	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
+	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
+	RequireCgroup  string   `env:"SIDECAR_REQUIRE_CGROUP"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
@@ -133,6 +138,12 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.DiskQuota != "auto" && c.DiskQuota != "loop" && c.DiskQuota != "off" {
 		errs = append(errs, fmt.Errorf("SIDECAR_DISK_QUOTA must be auto, loop or off, not %q", c.DiskQuota))
 	}
+	if c.MinLandlockABI < 0 || c.MinLandlockABI > sandbox.MaxKnownLandlockABI {
+		errs = append(errs, fmt.Errorf("SIDECAR_MIN_LANDLOCK_ABI must be 0 to %d, not %d", sandbox.MaxKnownLandlockABI, c.MinLandlockABI))
+	}
+	if c.RequireCgroup != "" && c.RequireCgroup != "v1" && c.RequireCgroup != "v2" {
+		errs = append(errs, fmt.Errorf("SIDECAR_REQUIRE_CGROUP must be v1, v2 or empty, not %q", c.RequireCgroup))
+	}
 	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
 		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
 	}
@@ -171,7 +182,26 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.WorkRoot == "" {
 		c.WorkRoot = filepath.Join(c.StateDir, "leases")
 	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = defaultCgroupParent(c.StateDir)
+	}
 	return c, errors.Join(errs...)
+}
+
+// defaultCgroupParent gives each state dir a cgroup parent of its own, so that a second
+// daemon on the host (a developer's beside the service) never shares one with the first:
+// "sidecar" for the service's /var/lib/sidecar, "sidecar-<8 hex digits of the state dir's
+// absolute path>" for any other.
+func defaultCgroupParent(stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	if abs == "/var/lib/sidecar" {
+		return "sidecar"
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return "sidecar-" + hex.EncodeToString(sum[:4])
 }
 
 // secret reads a secret from its variable, its _FILE variant or, under systemd, the
@@ -307,6 +337,8 @@ func runServe(ctx context.Context, args []string) error {
 		CgroupParent:      c.CgroupParent,
 		Isolation:         c.Isolation,
 		DiskQuota:         c.DiskQuota,
+		MinLandlockABI:    c.MinLandlockABI,
+		RequireCgroup:     c.RequireCgroup,
 		AllowedOrigins:    c.AllowedOrigins,
 		MaxOutputBytes:    c.MaxOutputBytes,
 		OutputBufferBytes: c.OutputBufferBytes,

@@ -26,6 +26,9 @@ func TestServeConfigDefaults(t *testing.T) {
 	if c.WorkRoot != "/tmp/sidecar-state/leases" {
 		t.Fatalf("work root %q", c.WorkRoot)
 	}
+	if c.CgroupParent != defaultCgroupParent("/tmp/sidecar-state") {
+		t.Fatalf("cgroup parent %q, want the state dir's own", c.CgroupParent)
+	}
 	if c.DefaultLimits.MemoryBytes != 1<<30 || c.MaxLimits.Pids != 4096 {
 		t.Fatalf("limits: %+v %+v", c.DefaultLimits, c.MaxLimits)
 	}
@@ -42,13 +45,16 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		"SIDECAR_UID_RANGE":           "5-1",
 		"SIDECAR_LOG_FORMAT":          "xml",
 		"SIDECAR_DEFAULT_LIMITS_PIDS": "100000",
+		"SIDECAR_MIN_LANDLOCK_ABI":    "9",
+		"SIDECAR_REQUIRE_CGROUP":      "v3",
 	}
 	_, err := loadServeConfig(env)
 	if err == nil {
 		t.Fatal("bad config accepted")
 	}
 	msg := err.Error()
-	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_DISK_QUOTA", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS"} {
+	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_DISK_QUOTA", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
+		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not name %s:\n%s", want, msg)
 		}
@@ -92,5 +98,17 @@ func TestServeConfigRefusesPlainHTTP(t *testing.T) {
 	delete(env, "SIDECAR_TLS_SELF_SIGNED")
 	if _, err := loadServeConfig(env); err == nil || !strings.Contains(err.Error(), "TLS is required") {
 		t.Fatalf("no TLS: %v", err)
+	}
+}
+
+// Each state dir gets a cgroup parent of its own (so two daemons never sweep each other's
+// leases); the service's keeps the name it always had.
+func TestDefaultCgroupParent(t *testing.T) {
+	svc, dev, dev2 := defaultCgroupParent("/var/lib/sidecar"), defaultCgroupParent("/root/src/sidecar/.state"), defaultCgroupParent("/home/me/sidecar/.state")
+	if svc != "sidecar" || !strings.HasPrefix(dev, "sidecar-") || len(dev) != len("sidecar-")+8 || dev == dev2 {
+		t.Fatalf("parents %q %q %q", svc, dev, dev2)
+	}
+	if again := defaultCgroupParent("/root/src/sidecar/.state/"); again != dev {
+		t.Fatalf("the same dir gives %q and %q", dev, again)
 	}
 }

@@ -22,33 +22,12 @@ type cgroupV2 struct {
 
 var v2Controllers = []string{"memory", "cpu", "pids"}
 
-// v2Paths computes, from /proc/self/cgroup, the daemon's leaf ("" when the daemon sits
-// in the root cgroup, where the rule does not apply) and the parent of lease cgroups.
-func v2Paths(procSelfCgroup, mount, parent string) (leaf, base string, err error) {
-	for line := range strings.SplitSeq(procSelfCgroup, "\n") {
-		own, ok := strings.CutPrefix(line, "0::")
-		if !ok {
-			continue
-		}
-		own = filepath.Clean("/" + own)
-		ownDir := filepath.Join(mount, own)
-		if own == "/" {
-			return "", filepath.Join(mount, parent), nil
-		}
-		if filepath.Base(own) == "daemon" { // already moved by an earlier New
-			ownDir = filepath.Dir(ownDir)
-		}
-		return filepath.Join(ownDir, "daemon"), filepath.Join(ownDir, parent), nil
-	}
-	return "", "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
-}
-
 func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
 	self, err := os.ReadFile("/proc/self/cgroup")
 	if err != nil {
 		return nil, err
 	}
-	leaf, base, err := v2Paths(string(self), mount, parent)
+	leaf, base, err := v2Paths(string(self), mount, parent, hostV2Delegated)
 	if err != nil {
 		return nil, err
 	}

@@ -101,6 +101,10 @@ func (s *Sandbox) dropChild(id, child string) error {
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	s.closed = true
+	if s.owner != nil {
+		defer s.owner.Close() // the cgroup parent is free again once the work below is done
+		s.owner = nil
+	}
 	les := make([]*lease, 0, len(s.leases))
 	for _, le := range s.leases {
 		les = append(les, le)

@@ -166,15 +166,23 @@ func (t *tree) helperFiles(cfg *initproc.Config, netns *os.File) ([]*os.File, er
 
 // landlockPolicy is the lease's filesystem view: its workdir and /tmp read-write, system
 // directories read-only (and executable where binaries live), a few devices, nothing else.
+// The helper applies the best ABI the kernel has up to the cap, and in strict mode never
+// less than the ABI probed at startup: what /v1/info promised.
 func (s *Sandbox) landlockPolicy(l LeaseSpec) *initproc.Landlock {
+	if s.caps.LandlockABI == 0 {
+		return nil
+	}
 	p := &initproc.Landlock{
 		RW:  []string{l.Workdir, "/tmp"},
 		RX:  systemExecDirs,
 		RO:  systemReadDirs,
 		Dev: deviceFiles,
 	}
+	if s.landlockMax > 0 {
+		p.MaxABI = s.landlockMax
+	}
 	if s.strict() {
-		p.MinABI = minLandlockABI
+		p.MinABI = s.caps.LandlockABI
 	} else {
 		p.RW = append(p.RW, l.TmpDir)
 	}

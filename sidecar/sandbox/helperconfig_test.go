@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -36,6 +37,9 @@ var badConfigs = map[string]string{
 	"netns not 1":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00netns\x00yes\x00",
 	"rules without policy": "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00ll_rw\x00/\x00",
 	"landlock twice":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock\x000\x00",
+	"max abi, no policy":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock_max_abi\x003\x00",
+	"max abi twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock_max_abi\x003\x00landlock_max_abi\x003\x00",
+	"max abi not a number": "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x000\x00landlock_max_abi\x00x\x00",
 	"no argv":              "sidecar-init/1\x00uid\x000\x00gid\x000\x00",
 	"empty argv0":          "sidecar-init/1\x00argv\x00\x00uid\x000\x00gid\x000\x00",
 	"magic only":           "sidecar-init/1\x00",
@@ -172,7 +176,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 	full, err := initproc.Encode(&initproc.Config{
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", NetNS: true,
-		Landlock: &initproc.Landlock{MinABI: 6, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 	})
 	if err != nil {
 		f.Fatal(err)
@@ -209,4 +213,33 @@ func buildParseOnlyHelper(f *testing.F) string {
 	}
 	f.Log("built without sanitizers: this compiler lacks them")
 	return out
+}
+
+// Neither helper ever applies less Landlock than the daemon promised: below the minimum
+// (a kernel with less, or a cap under it) the command does not start.
+func TestHelpersRefuseBelowMinABI(t *testing.T) {
+	kernel := initproc.ABIVersion()
+	cases := []struct {
+		ll   initproc.Landlock
+		want string
+	}{{initproc.Landlock{MinABI: kernel + 1}, fmt.Sprintf("125 setup: landlock ABI %d, need %d", kernel, kernel+1)}}
+	if kernel >= 2 {
+		cases = append(cases, struct {
+			ll   initproc.Landlock
+			want string
+		}{initproc.Landlock{MinABI: 2, MaxABI: 1}, "125 setup: landlock ABI 1, need 2"})
+	}
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			helper := h.usable(t)
+			for _, tc := range cases {
+				ll := tc.ll
+				ll.RX = []string{"/"}
+				r := runHelper(t, helper, helperConfig(t, initproc.Config{Argv: []string{"/bin/echo", "ran"}, Landlock: &ll}), true)
+				if r.code != initproc.ExitSetup || r.report != tc.want || r.stdout != "" {
+					t.Errorf("Landlock %+v: %+v; want exit 125, %q", tc.ll, r, tc.want)
+				}
+			}
+		})
+	}
 }

@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == HelperArg {
 		InitMain()
 	}
+	if len(os.Args) > 1 && os.Args[1] == probeArg {
+		os.Exit(probeMain(os.Args[2:]))
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	if os.Geteuid() == 0 {
 		if err := BecomeSubreaper(); err != nil {
@@ -54,10 +57,17 @@ func newTestSandbox(t testing.TB) *Sandbox {
 
 func newTestSandboxWith(t testing.TB, helper string) *Sandbox {
 	t.Helper()
+	return newTestSandboxConfig(t, Config{HelperPath: helper})
+}
+
+// newTestSandboxConfig is a strict sandbox on the test cgroup parent configured by cfg.
+func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: strict isolation (cgroups, uid switching, mounts); CI runs as root")
 	}
-	s, err := New(Config{CgroupParent: testCgroupParent, HelperPath: helper})
+	cfg.CgroupParent = testCgroupParent
+	s, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

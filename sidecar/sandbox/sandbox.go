@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 
@@ -23,10 +24,21 @@ const (
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
-	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>, v2 → <daemon's own delegated cgroup>/sidecar/<lease>
-	Isolation    string // "strict" (default): New fails listing every missing piece (cgroups, uid switching = root, Landlock); "none": run without, loudly
+	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (cgroupv2paths.go)
+	Isolation    string // "strict" (default): New fails listing every missing base layer (root, cgroups, namespaces); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
 	Logger       *slog.Logger
+
+	// Operator floors: New fails below them, naming what the host needs. 0 / "": none.
+	MinLandlockABI int    // the lowest Landlock ABI lease processes may get (1..MaxKnownLandlockABI)
+	RequireCgroup  string // "v1" or "v2"
+	// LandlockMaxABI caps the Landlock ABI lease processes get, so that tests run the
+	// isolation checks at every ABI on one kernel: 0 is the kernel's best, NoLandlock none.
+	LandlockMaxABI int
+	// Owner is the daemon's state dir: with it, New claims CgroupParent for this process
+	// (owner.go) and fails with ErrParentOwned while another running daemon holds it.
+	// "" claims nothing (tests that run many sandboxes on one parent).
+	Owner string
 }
 
 // Caps says which isolation is in force (shown in /v1/info).
@@ -35,8 +47,9 @@ type Caps struct {
 	UIDIsolation     bool
 	PrivateTmp       bool
 	NetworkIsolation bool
-	LandlockABI      int
+	LandlockABI      int // the ABI lease processes get, 0: no Landlock
 	Isolation        string
+	Layers           []string // the layers in force, Layer* names
 }
 
 // LeaseSpec is what Provision needs of a lease.
@@ -63,7 +76,6 @@ const (
 	MinMemoryBytes   = 4 << 20
 	MaxCPUMillicores = 1024 * 1000
 	MaxPids          = 1 << 22
-	minLandlockABI   = 6 // scoped signals and abstract sockets
 	HelperArg        = "__sandbox-init"
 	helperBinaryName = "sidecar-init"
 )
@@ -77,6 +89,9 @@ type Sandbox struct {
 	helper  string
 	cg      cgroupDriver // nil without cgroups
 	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
+	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
+	landlockMax int
+	owner       *os.File // the lock on the cgroup parent (owner.go), nil without Config.Owner
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -116,34 +131,56 @@ func New(cfg Config) (*Sandbox, error) {
 	if !validCgroupParent(cfg.CgroupParent) {
 		return nil, fmt.Errorf("%w: cgroup parent %q", ErrInvalid, cfg.CgroupParent)
 	}
+	if cfg.RequireCgroup != "" && cfg.RequireCgroup != "v1" && cfg.RequireCgroup != "v2" {
+		return nil, fmt.Errorf("%w: required cgroup mode %q (want v1 or v2)", ErrInvalid, cfg.RequireCgroup)
+	}
+	if cfg.MinLandlockABI < 0 || cfg.MinLandlockABI > MaxKnownLandlockABI {
+		return nil, fmt.Errorf("%w: minimum Landlock ABI %d (want 0..%d)", ErrInvalid, cfg.MinLandlockABI, MaxKnownLandlockABI)
+	}
+	if cfg.LandlockMaxABI < NoLandlock {
+		return nil, fmt.Errorf("%w: Landlock ABI cap %d", ErrInvalid, cfg.LandlockMaxABI)
+	}
 	helper, err := helperPath(cfg.HelperPath)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI}
 	s.caps.Isolation = cfg.Isolation
-	s.caps.LandlockABI = initproc.ABIVersion()
+	kernelABI := initproc.ABIVersion()
+	s.caps.LandlockABI = appliedLandlockABI(kernelABI, cfg.LandlockMaxABI)
+
+	var missing []string
+	if abi := s.caps.LandlockABI; abi < cfg.MinLandlockABI {
+		have := fmt.Sprintf("this kernel has ABI %d", kernelABI)
+		if abi != kernelABI {
+			have = fmt.Sprintf("capped at %d", abi)
+		}
+		missing = append(missing, fmt.Sprintf("Landlock ABI >= %d as required (Linux %s or later with landlock in lsm=; %s)",
+			cfg.MinLandlockABI, LandlockLinux(cfg.MinLandlockABI), have))
+	}
 	if cfg.Isolation == IsolationNone {
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("sandbox: %s", strings.Join(missing, "; "))
+		}
 		cfg.Logger.Warn("sandbox isolation is OFF: lease processes run as the daemon's user with no cgroup, no private /tmp and best-effort Landlock",
 			"isolation", IsolationNone, "landlock_abi", s.caps.LandlockABI)
+		s.caps.Layers = s.caps.layers()
 		return s, nil
 	}
 
-	var missing []string
 	if os.Geteuid() != 0 {
-		missing = append(missing, "uid switching (the daemon must run as root)")
-	}
-	if s.caps.LandlockABI < minLandlockABI {
-		missing = append(missing, fmt.Sprintf("Landlock ABI >= %d (kernel has %d)", minLandlockABI, s.caps.LandlockABI))
-	}
-	if len(missing) == 0 { // cgroup setup writes to cgroupfs: only try it as root
+		// Cgroups and namespaces are set up by root: without it they are not even tried.
+		missing = append(missing, "root (uid switching, cgroups and namespaces need it; not probed without it)")
+	} else {
 		cg, err := newCgroupDriver(cfg.CgroupParent, cfg.Logger)
-		if err != nil {
-			missing = append(missing, "cgroups: "+err.Error())
+		switch {
+		case err != nil:
+			missing = append(missing, "cgroups with memory, pids and cpu: "+err.Error())
+		case cfg.RequireCgroup != "" && cg.version() != cfg.RequireCgroup:
+			missing = append(missing, fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", cfg.RequireCgroup, cg.version()))
 		}
 		s.cg = cg
-	} else {
-		missing = append(missing, "cgroups (not probed without root)")
+		missing = append(missing, probeNamespaces()...)
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("sandbox: isolation %q unavailable, missing: %s (set SIDECAR_ISOLATION=none to run without)",
@@ -152,16 +189,23 @@ func New(cfg Config) (*Sandbox, error) {
 	if s.hostMNS, err = os.Readlink("/proc/self/ns/mnt"); err != nil {
 		return nil, fmt.Errorf("sandbox: mount namespace: %w", err)
 	}
+	if cfg.Owner != "" {
+		if s.owner, err = claimParent(ownerDir, parentKey(s.cg), cfg.Owner, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
 	s.caps.Cgroups = s.cg.version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
 	s.caps.NetworkIsolation = true
+	s.caps.Layers = s.caps.layers()
 	return s, nil
 }
 
 // Caps reports the isolation in force.
 func (s *Sandbox) Caps() Caps {
 	c := s.caps
+	c.Layers = slices.Clone(c.Layers)
 	if c.Cgroups == "" {
 		c.Cgroups = "none"
 	}

@@ -17,7 +17,8 @@ import (
 // Repeated keys (argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
-// policy on; ll_* keys without it are an error. Unknown keys, a missing final NUL and
+// policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
+// landlock_max_abi without "landlock" are an error. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
 
@@ -33,6 +34,7 @@ const (
 	keyHostMountNS = "host_mount_ns"
 	keyNetNS       = "netns"
 	keyLandlock    = "landlock"
+	keyLandlockMax = "landlock_max_abi"
 	keyRW          = "ll_rw"
 	keyRX          = "ll_rx"
 	keyRO          = "ll_ro"
@@ -90,6 +92,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if p := cfg.Landlock; p != nil {
 		putID(keyLandlock, p.MinABI)
+		if p.MaxABI != 0 {
+			putID(keyLandlockMax, p.MaxABI)
+		}
 		putAll(keyRW, p.RW)
 		putAll(keyRX, p.RX)
 		putAll(keyRO, p.RO)
@@ -158,6 +163,8 @@ func Decode(b []byte) (*Config, error) {
 			cfg.NetNS = true
 		case keyLandlock:
 			ll.MinABI, err = parseID(v)
+		case keyLandlockMax:
+			ll.MaxABI, err = parseID(v)
 		case keyRW:
 			ll.RW = append(ll.RW, v)
 		case keyRX:
@@ -178,7 +185,7 @@ func Decode(b []byte) (*Config, error) {
 		return nil, fmt.Errorf("%w: empty argv", errConfig)
 	case !seen[keyUID] || !seen[keyGID]:
 		return nil, fmt.Errorf("%w: no uid or gid", errConfig)
-	case !seen[keyLandlock] && (seen[keyRW] || seen[keyRX] || seen[keyRO] || seen[keyDev]):
+	case !seen[keyLandlock] && (seen[keyRW] || seen[keyRX] || seen[keyRO] || seen[keyDev] || seen[keyLandlockMax]):
 		return nil, fmt.Errorf("%w: landlock rules without a policy", errConfig)
 	}
 	if seen[keyLandlock] {

@@ -13,7 +13,7 @@ func fullConfig() *Config {
 		Dir: "/w", UID: 1000, GID: 2147483647,
 		CgroupProcs: []string{"/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"},
 		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true,
-		Landlock: &Landlock{MinABI: 6, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
+		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 	}
 }
 
@@ -66,6 +66,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(b)
 	f.Add([]byte("sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00"))
 	f.Add([]byte("sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x006\x00ll_rw\x00/\x00"))
+	f.Add([]byte("sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00landlock\x002\x00landlock_max_abi\x000\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		cfg, err := Decode(b)
 		if err != nil {

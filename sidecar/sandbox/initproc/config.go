@@ -53,9 +53,12 @@ type Config struct {
 
 // Landlock is a path policy. Paths that do not exist on this host are skipped.
 type Landlock struct {
-	// MinABI is the lowest Landlock ABI accepted: below it the helper fails (strict
-	// isolation); 0 means best effort (isolation "none").
+	// MinABI is the lowest Landlock ABI accepted: below it the helper fails, so that a
+	// helper never applies less than the daemon promised; 0 means best effort.
 	MinABI int
+	// MaxABI caps the ABI applied (tests run the isolation checks at each lower ABI on
+	// one kernel); 0: no cap, the best the kernel has.
+	MaxABI int
 	RW     []string // directories: full access
 	RX     []string // directories: read and execute
 	RO     []string // directories: read only

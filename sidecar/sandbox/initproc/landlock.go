@@ -68,10 +68,18 @@ func handledFS(abi int) uint64 {
 	return fs
 }
 
-// restrict confines the calling thread (and what it execs) to p. The caller has set
-// no_new_privs already.
+// appliedABI is the ABI the helper applies: the kernel's, capped at maxABI when set.
+func appliedABI(kernel, maxABI int) int {
+	if maxABI > 0 && kernel > maxABI {
+		return maxABI
+	}
+	return kernel
+}
+
+// restrict confines the calling thread (and what it execs) to p: the best ABI the kernel
+// has (up to p.MaxABI), never less than p.MinABI. The caller has set no_new_privs already.
 func restrict(p *Landlock) error {
-	abi := ABIVersion()
+	abi := appliedABI(ABIVersion(), p.MaxABI)
 	if abi < p.MinABI {
 		return fmt.Errorf("landlock ABI %d, need %d", abi, p.MinABI)
 	}
@@ -82,7 +90,9 @@ func restrict(p *Landlock) error {
 	attr := rulesetAttr{handledFS: fs}
 	if abi >= 6 {
 		// Scoping keeps signals and abstract unix sockets inside the lease's own domain:
-		// no signal to the daemon or another lease, whatever the uids.
+		// no signal to the daemon or another lease, whatever the uids. Below ABI 6 the
+		// lease's own uid (without capabilities) covers signals, and its network namespace
+		// (network "none") covers abstract sockets; see docs/operations.md.
 		attr.scoped = unix.LANDLOCK_SCOPE_SIGNAL | unix.LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET
 	}
 	rfd, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr), 0)
