@@ -150,7 +150,7 @@ func allocatedBytes(t *testing.T, path string) int64 {
 
 func mountsAt(dir string) []string {
 	var at []string
-	info, _ := os.ReadFile("/proc/self/mountinfo")
+	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	for line := range strings.SplitSeq(string(info), "\n") {
 		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
 			at = append(at, f[4])

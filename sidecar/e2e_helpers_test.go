@@ -220,7 +220,7 @@ func stateDir(t testing.TB) string {
 
 // mountsUnder lists the mount points under dir, innermost first.
 func mountsUnder(dir string) []string {
-	info, _ := os.ReadFile("/proc/self/mountinfo")
+	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	var found []string
 	for line := range strings.SplitSeq(string(info), "\n") {
 		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {

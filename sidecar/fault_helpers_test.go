@@ -375,7 +375,7 @@ func removeUnmounted(t *testing.T, dir string) {
 	for _, m := range mountsUnder(dir) {
 		_ = syscall.Unmount(m, syscall.MNT_DETACH)
 	}
-	info, err := os.ReadFile("/proc/self/mountinfo")
+	info, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		t.Errorf("read mountinfo: %v", err)
 		return

@@ -240,7 +240,7 @@ func TestServeRefusesBadConfig(t *testing.T) {
 // still mounted there: RemoveAll through a mount would delete what the mount holds.
 func removeUnmounted(t *testing.T, dir string) {
 	var points []string
-	info, _ := os.ReadFile("/proc/self/mountinfo")
+	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
 	for line := range strings.SplitSeq(string(info), "\n") {
 		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
 			points = append([]string{f[4]}, points...) // innermost first
@@ -249,7 +249,7 @@ func removeUnmounted(t *testing.T, dir string) {
 	for _, p := range points {
 		_ = syscall.Unmount(p, syscall.MNT_DETACH)
 	}
-	info, _ = os.ReadFile("/proc/self/mountinfo")
+	info, _ = os.ReadFile("/proc/thread-self/mountinfo")
 	if strings.Contains(string(info), " "+dir+"/") {
 		t.Errorf("not removing %s: something is still mounted in it", dir)
 		return

@@ -254,10 +254,10 @@ func (q *Quotas) Detach(ctx context.Context, dir string) error {
 		if err := unmount(dir); err != nil {
 			return fmt.Errorf("disk: lease %s: %w", id, err)
 		}
-		// The device was attached with autoclear: it detaches when the filesystem's last
-		// user goes. Clearing it here too covers a device attached otherwise.
-		_ = clearLoop(m.source)
 	}
+	// The device was attached with autoclear: it detaches when the filesystem's last user
+	// goes. detachImage clears what is still bound to the image (never a device number
+	// reused meanwhile by another lease: it goes by the backing file).
 	if err := detachImage(img); err != nil {
 		return fmt.Errorf("disk: lease %s: %w", id, err)
 	}

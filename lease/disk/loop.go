@@ -243,7 +243,7 @@ func detachImage(img string) error {
 	}
 }
 
-// mount is one line of /proc/self/mountinfo.
+// mount is one line of /proc/thread-self/mountinfo.
 type mount struct{ point, source, fstype string }
 
 // mountAt returns the topmost mount on the path dir, if dir is a mount point.
@@ -262,9 +262,12 @@ func mountAt(dir string) (mount, bool, error) {
 	return found, ok, nil
 }
 
-// mounts reads /proc/self/mountinfo.
+// mounts reads the mount table of the calling thread's mount namespace, the one mount
+// and umount act in. /proc/self is the main thread's, which need not be the same: a
+// goroutine that unshares its mount namespace and exits locked on the main thread leaves
+// the main thread there for good.
 func mounts() ([]mount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, fmt.Errorf("disk: %w", err)
 	}
