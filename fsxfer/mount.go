@@ -34,9 +34,10 @@ func identify(fd int) (dirID, error) {
 }
 
 // mountsUnder reports the mount points at or below the absolute path dir, read from
-// /proc/self/mountinfo.
+// /proc/thread-self/mountinfo: the calling thread's mount namespace, where removal acts
+// (/proc/self is the main thread's, which may have been left in another namespace).
 func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open("/proc/thread-self/mountinfo")
 	if err != nil {
 		return nil, err
 	}

@@ -108,8 +108,17 @@ func (m *Manager) create(ctx context.Context, id string, uid int, r Request) (Le
 		forget()
 		return Lease{}, fmt.Errorf("lease: create directory: %w", err)
 	}
+	if d := m.cfg.Disk; d != nil {
+		if err := d.Attach(ctx, l.Dir, l.Limits.DiskBytes); err != nil {
+			if rmErr := m.dropDir(ctx, l.Dir); rmErr != nil {
+				m.log.Error("lease rollback: remove dir", "lease", id, "err", rmErr)
+			}
+			forget()
+			return Lease{}, fmt.Errorf("lease: disk: %w", err)
+		}
+	}
 	if err := ensureDirs(l); err != nil {
-		if rmErr := m.removeDir(l.Dir); rmErr != nil {
+		if rmErr := m.dropDir(ctx, l.Dir); rmErr != nil {
 			m.log.Error("lease rollback: remove dir", "lease", id, "err", rmErr)
 		}
 		forget()
@@ -152,7 +161,7 @@ func (m *Manager) undo(ctx context.Context, l Lease) {
 	if p := m.cfg.Provisioner; p != nil {
 		errs = append(errs, p.Teardown(ctx, l))
 	}
-	errs = append(errs, m.removeDir(l.Dir))
+	errs = append(errs, m.dropDir(ctx, l.Dir))
 	if err := errors.Join(errs...); err != nil {
 		m.log.Error("lease rollback incomplete", "lease", l.ID, "session", l.SessionID, "err", err)
 	}

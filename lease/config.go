@@ -48,6 +48,19 @@ type Config struct {
 	// RemoveDir removes a lease directory tree; default fsxfer.RemoveTree, which never
 	// crosses a mount point or follows a symlink.
 	RemoveDir func(dir string) error
+	// Disk gives each lease directory a filesystem bounded by Limits.DiskBytes; nil: none.
+	Disk Disk
+}
+
+// Disk bounds a lease directory's size with the kernel (lease/disk). The lease package
+// calls Attach on a new, empty directory before making anything in it (and again after a
+// restart, which must adopt what is there), and Detach before removing a directory: a
+// directory Detach fails on is never removed.
+type Disk interface {
+	Attach(ctx context.Context, dir string, bytes int64) error
+	Detach(ctx context.Context, dir string) error
+	// Sweep detaches what belongs to leases that owns does not know, and returns their ids.
+	Sweep(ctx context.Context, owns func(id string) bool) ([]string, error)
 }
 
 // withDefaults fills zero fields and checks the rest.

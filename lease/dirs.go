@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -36,6 +37,17 @@ func ensureDirs(l Lease) error {
 		}
 	}
 	return nil
+}
+
+// dropDir detaches a lease directory's filesystem and only then removes the directory.
+// A failed detach leaves it: RemoveDir refuses a tree that holds a mount point anyway.
+func (m *Manager) dropDir(ctx context.Context, dir string) error {
+	if d := m.cfg.Disk; d != nil {
+		if err := d.Detach(context.WithoutCancel(ctx), dir); err != nil {
+			return err
+		}
+	}
+	return m.removeDir(dir)
 }
 
 // removeDir removes a lease directory tree; one already gone is not an error.

@@ -3,7 +3,9 @@ package lease
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"slices"
@@ -122,6 +124,16 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 
 // restore brings back the directories and provisioning of a lease after a restart.
 func (m *Manager) restore(ctx context.Context, l Lease) error {
+	if d := m.cfg.Disk; d != nil {
+		// A directory removed by a release whose save failed comes back whole: a fresh
+		// filesystem on a new directory, as ensureDirs would make it without one.
+		if err := os.Mkdir(l.Dir, dirMode); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		if err := d.Attach(ctx, l.Dir, l.Limits.DiskBytes); err != nil {
+			return err
+		}
+	}
 	if err := ensureDirs(l); err != nil {
 		return err
 	}

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // Orphans removes the directories under WorkRoot that no lease owns (left by a crash, or by
-// a state file restored from an older copy) and returns their names. Only names shaped like
+// a state file restored from an older copy), their filesystems first, and the filesystems
+// of unknown leases whose directory is gone, and returns their names. Only names shaped like
 // lease ids are considered, so a misconfigured WorkRoot never costs anything we did not make.
 func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
 	entries, err := os.ReadDir(m.cfg.WorkRoot)
@@ -29,12 +31,22 @@ func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
 			errs = append(errs, err)
 			break
 		}
-		if err := m.removeDir(filepath.Join(m.cfg.WorkRoot, name)); err != nil {
+		if err := m.dropDir(ctx, filepath.Join(m.cfg.WorkRoot, name)); err != nil {
 			errs = append(errs, fmt.Errorf("orphan %s: %w", name, err))
 			continue
 		}
 		m.log.Info("orphan lease directory removed", "lease", name)
 		removed = append(removed, name)
+	}
+	// Filesystems of leases whose directory is already gone (a crash between the two).
+	if d := m.cfg.Disk; d != nil {
+		swept, err := d.Sweep(ctx, m.owns)
+		errs = append(errs, err)
+		for _, id := range swept {
+			if !slices.Contains(removed, id) {
+				removed = append(removed, id)
+			}
+		}
 	}
 	return removed, errors.Join(errs...)
 }

@@ -88,15 +88,16 @@ func (m *Manager) release(ctx context.Context, id, kind string) (Lease, error) {
 	return l, err
 }
 
-// teardown undoes what Provision did, then removes the lease directory. The directory stays
-// if teardown fails: processes of the lease may still be using it.
+// teardown undoes what Provision did (the lease's processes are dead after it), detaches
+// the lease's filesystem, then removes the lease directory. The directory stays if
+// teardown fails: processes of the lease may still be using it.
 func (m *Manager) teardown(ctx context.Context, l Lease) error {
 	if p := m.cfg.Provisioner; p != nil {
 		if err := p.Teardown(ctx, l); err != nil {
 			return err
 		}
 	}
-	return m.removeDir(l.Dir)
+	return m.dropDir(ctx, l.Dir)
 }
 
 // Run reaps expired leases and writes recorded activity every interval until ctx ends

@@ -3,10 +3,12 @@ package sidecar_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
 )
 
 // Benchmarks run against the real daemon over real TLS through the real client, next to
@@ -52,6 +54,37 @@ func BenchmarkAcquireRelease(b *testing.B) {
 		if err := l.Release(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkAcquireDisk is what an acquire pays for its filesystem (release is not timed):
+// none (SIDECAR_DISK_QUOTA=off), a pooled image (the default size), an image made on the
+// spot (another size). The pool refills while the untimed release runs.
+func BenchmarkAcquireDisk(b *testing.B) {
+	for _, bc := range []struct {
+		name, mode string
+		size       int64
+	}{{"off", "off", 0}, {"loop-pooled", "loop", 0}, {"loop-made", "loop", 96 << 20}} {
+		b.Run(bc.name, func(b *testing.B) {
+			if bc.mode != "off" && os.Geteuid() != 0 {
+				b.Skip("loop devices need root")
+			}
+			d := startDaemon(b, func(c *sidecar.Config) { c.DiskQuota = bc.mode })
+			ctx := context.Background()
+			i := 0
+			for b.Loop() {
+				i++
+				l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", i), Limits: apitype.Limits{DiskBytes: bc.size}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/disk"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -43,7 +44,11 @@ type Config struct {
 	MinLandlockABI           int    // operator's floor: refuse to start below it; 0 none
 	RequireCgroup            string // operator's floor: "v1", "v2" or "" (either)
 	LandlockMaxABI           int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
-	AllowedOrigins           []string
+	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
+	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
+	// or "off" (the API meter only). See lease/disk.
+	DiskQuota      string
+	AllowedOrigins []string
 
 	MaxOutputBytes    int64 // run-to-completion output cap per stream
 	OutputBufferBytes int64 // replay buffer per background process
@@ -73,6 +78,7 @@ type Daemon struct {
 	procs   *process.Manager
 	sandbox *sandbox.Sandbox
 	scripts *script.Runner
+	disk    *disk.Quotas
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -167,7 +173,20 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 	closers = append(closers, func() { procs.Shutdown(context.Background()) })
 
-	rt := &Runtime{Sandbox: sb, Processes: procs, UploadIdle: cfg.UploadIdle, Logger: log}
+	quotas, err := disk.New(ctx, disk.Config{
+		Mode:         cfg.DiskQuota,
+		WorkRoot:     cfg.WorkRoot,
+		DefaultBytes: cfg.DefaultLimits.DiskBytes,
+		MaxLeases:    cfg.MaxLeases,
+		Strict:       cfg.Isolation != "none",
+		Logger:       log.With("component", "disk"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, func() { _ = quotas.Close() })
+
+	rt := &Runtime{Sandbox: sb, Processes: procs, UploadIdle: cfg.UploadIdle, Disk: quotas, Logger: log}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))
@@ -192,6 +211,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 		UIDFirst:      cfg.UIDFirst,
 		UIDLast:       cfg.UIDLast,
 		Provisioner:   rt,
+		Disk:          quotas,
 		Now:           cfg.Now,
 		Logger:        log.With("component", "lease"),
 		OnEvent: func(e lease.Event) {
@@ -277,6 +297,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 				OutputBufferSize: cfg.OutputBufferBytes,
 				MaxLimits:        apiLimits(cfg.MaxLimits),
 			},
+			Capabilities:  apitype.Capabilities{DiskQuota: quotas.Mode()},
 			DefaultLimits: apiLimits(cfg.DefaultLimits),
 			DefaultTTL:    int64(cfg.DefaultTTL.Seconds()),
 		},
@@ -287,7 +308,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	}
 
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, sandbox: sb, scripts: scripts, cancel: cancel, serveErr: make(chan error, 1)}
+	d = &Daemon{Server: srv, log: log, leases: leases, procs: procs, sandbox: sb, scripts: scripts, disk: quotas, cancel: cancel, serveErr: make(chan error, 1)}
 	d.wg.Add(3)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
 	go func() { defer d.wg.Done(); leases.Run(runCtx, cfg.ReapInterval) }()
@@ -296,7 +317,7 @@ func Start(ctx context.Context, cfg Config) (d *Daemon, err error) {
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
 	caps := sb.Caps()
 	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", caps.Isolation,
-		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","), "seccomp", caps.Seccomp)
+		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","), "seccomp", caps.Seccomp, "disk_quota", quotas.Mode())
 	for _, gap := range caps.Gaps() {
 		log.Warn("isolation layer missing on this kernel", "landlock_abi", caps.LandlockABI, "gap", gap)
 	}
@@ -325,7 +346,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 		if d.scripts != nil {
 			_ = d.scripts.Close()
 		}
-		err = errors.Join(err, d.leases.Close())
+		err = errors.Join(err, d.leases.Close(), d.disk.Close()) // mounts stay: leases survive a restart
 		d.log.Info("sidecar stopped")
 	})
 	return err

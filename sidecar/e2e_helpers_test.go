@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,8 +208,9 @@ func (d *testDaemon) cleanup() {
 
 // stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
 // /tmp, so a work root under it would be hidden from the lease. The daemon mounts the
-// leases' devpts instances under <state>/pts and unmounts them when it stops: a mount
-// still there is a leak the cleanup reports instead of removing through it.
+// leases' devpts instances under <state>/pts and unmounts them when it stops; lease
+// filesystems (loop mounts on lease directories) a failed test left are unmounted before
+// the tree goes (removeUnmounted), and anything still mounted keeps the tree, with an error.
 func stateDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-e2e-")
@@ -217,6 +219,19 @@ func stateDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { removeUnmounted(t, dir) })
 	return dir
+}
+
+// mountsUnder lists the mount points under dir, innermost first.
+func mountsUnder(dir string) []string {
+	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
+	var found []string
+	for line := range strings.SplitSeq(string(info), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			found = append(found, f[4])
+		}
+	}
+	slices.Reverse(found)
+	return found
 }
 
 func sanitize(s string) string {

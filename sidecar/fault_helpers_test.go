@@ -265,11 +265,17 @@ func (d *binDaemon) raw(method, path, token string, body io.Reader, hdr map[stri
 func (d *binDaemon) workRoot() string { return filepath.Join(d.state, "leases") }
 
 // leaseDirs lists what is left in the work root.
-func (d *binDaemon) leaseDirs() []string {
-	entries, _ := os.ReadDir(d.workRoot())
+func (d *binDaemon) leaseDirs() []string { return leaseEntries(d.workRoot()) }
+
+// leaseEntries lists a work root's lease directories: everything but the daemon's own
+// dot entries (.disk holds lease filesystem images and the pool of ready ones).
+func leaseEntries(workRoot string) []string {
+	entries, _ := os.ReadDir(workRoot)
 	var names []string
 	for _, e := range entries {
-		names = append(names, e.Name())
+		if !strings.HasPrefix(e.Name(), ".") {
+			names = append(names, e.Name())
+		}
 	}
 	return names
 }
@@ -363,9 +369,13 @@ func tempNames(paths []string) []string {
 }
 
 // removeUnmounted removes a test's tree after checking that no mount lies inside it:
-// RemoveAll through a mount would delete what the mount holds.
+// RemoveAll through a mount would delete what the mount holds. Lease filesystems a failed
+// test left mounted are unmounted first (lazily; their loop devices clear themselves).
 func removeUnmounted(t testing.TB, dir string) {
-	info, err := os.ReadFile("/proc/self/mountinfo")
+	for _, m := range mountsUnder(dir) {
+		_ = syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+	info, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		t.Errorf("read mountinfo: %v", err)
 		return

@@ -53,7 +53,7 @@ func countResources(d *testDaemon) resources {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	fds, _ := os.ReadDir("/proc/self/fd")
-	dirs, _ := os.ReadDir(d.cfg.WorkRoot)
+	dirs := leaseEntries(d.cfg.WorkRoot)
 	cg := 0
 	for _, p := range cgroupParents(d.cfg.CgroupParent) {
 		entries, _ := os.ReadDir(p)

@@ -38,6 +38,7 @@ func (s *Server) info() apitype.Info {
 		PrivateTmp:       caps.PrivateTmp,
 		Isolation:        caps.Isolation,
 		Seccomp:          caps.Seccomp,
+		DiskQuota:        s.opts.Info.Capabilities.DiskQuota,
 		Layers:           caps.Layers,
 	}
 	return info

@@ -9,6 +9,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/disk"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
@@ -20,6 +21,7 @@ type Runtime struct {
 	Sandbox    *sandbox.Sandbox
 	Processes  *process.Manager
 	UploadIdle time.Duration
+	Disk       *disk.Quotas // nil: usage is the fsxfer meter's scan
 	Logger     *slog.Logger
 
 	mu  sync.Mutex
@@ -96,6 +98,14 @@ func (rt *Runtime) Usage(ctx context.Context, l lease.Lease) *apitype.Usage {
 	var u apitype.Usage
 	if su, err := rt.Sandbox.Usage(l.ID); err == nil {
 		u.MemoryBytes, u.CPUSeconds, u.Pids, u.OOMKills = su.MemoryBytes, su.CPUSeconds, su.Pids, su.OOMKills
+	}
+	// A lease with a filesystem of its own reads its usage off it, exact and at once;
+	// otherwise the meter scans the lease directory.
+	if rt.Disk != nil {
+		if n, ok, err := rt.Disk.Usage(l.Dir); err == nil && ok {
+			u.DiskBytes = n
+			return &u
+		}
 	}
 	if f, err := rt.FS(l); err == nil {
 		if n, err := f.Usage(ctx); err == nil {

@@ -122,6 +122,9 @@ type Capabilities struct {
 	PrivateTmp       bool   `json:"private_tmp"`
 	Isolation        string `json:"isolation"` // "strict" or "none"
 	Seccomp          bool   `json:"seccomp"`   // lease processes run under the system-call filter
+	// DiskQuota is what enforces limits.disk_bytes on lease processes: "loop" (a
+	// filesystem of that size per lease) or "off" (API uploads are metered, nothing else).
+	DiskQuota string `json:"disk_quota"`
 	// Layers are the isolation layers in force, e.g. "cgroup-v2", "uid", "mount-ns",
 	// "net-ns", "landlock-fs", "landlock-scope" (docs/api.md lists them all).
 	Layers []string `json:"layers"`

@@ -56,7 +56,7 @@ func TestServeAndCLI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(work) })
+	t.Cleanup(func() { removeUnmounted(t, work) })
 	if err := os.Chmod(work, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -283,4 +283,26 @@ func TestServeRefusesBadConfig(t *testing.T) {
 			t.Errorf("stderr does not say %q:\n%s", want, errOut.String())
 		}
 	}
+}
+
+// removeUnmounted removes the test's tree, after unmounting (lazily) the lease
+// filesystems a failed run left in it; it keeps the tree, with an error, if anything is
+// still mounted there: RemoveAll through a mount would delete what the mount holds.
+func removeUnmounted(t *testing.T, dir string) {
+	var points []string
+	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
+	for line := range strings.SplitSeq(string(info), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append([]string{f[4]}, points...) // innermost first
+		}
+	}
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+	info, _ = os.ReadFile("/proc/thread-self/mountinfo")
+	if strings.Contains(string(info), " "+dir+"/") {
+		t.Errorf("not removing %s: something is still mounted in it", dir)
+		return
+	}
+	_ = os.RemoveAll(dir)
 }

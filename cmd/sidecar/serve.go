@@ -58,6 +58,7 @@ type serveConfig struct {
 	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT"` // default: defaultCgroupParent(StateDir)
 	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
+	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
 	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
 	RequireCgroup  string   `env:"SIDECAR_REQUIRE_CGROUP"`
 	Seccomp        string   `env:"SIDECAR_SECCOMP" envDefault:"strict"`
@@ -137,6 +138,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	if c.Isolation != "strict" && c.Isolation != "none" {
 		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
+	}
+	if c.DiskQuota != "auto" && c.DiskQuota != "loop" && c.DiskQuota != "off" {
+		errs = append(errs, fmt.Errorf("SIDECAR_DISK_QUOTA must be auto, loop or off, not %q", c.DiskQuota))
 	}
 	if c.MinLandlockABI < 0 || c.MinLandlockABI > sandbox.MaxKnownLandlockABI {
 		errs = append(errs, fmt.Errorf("SIDECAR_MIN_LANDLOCK_ABI must be 0 to %d, not %d", sandbox.MaxKnownLandlockABI, c.MinLandlockABI))
@@ -345,6 +349,7 @@ func runServe(ctx context.Context, args []string) error {
 		UIDLast:           uidLast,
 		CgroupParent:      c.CgroupParent,
 		Isolation:         c.Isolation,
+		DiskQuota:         c.DiskQuota,
 		MinLandlockABI:    c.MinLandlockABI,
 		RequireCgroup:     c.RequireCgroup,
 		Seccomp:           c.Seccomp,

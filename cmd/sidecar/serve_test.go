@@ -20,7 +20,7 @@ func TestServeConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ListenAddr != "127.0.0.1:7443" || c.Isolation != "strict" || !c.ScriptEnabled || c.MaxLeases != 64 {
+	if c.ListenAddr != "127.0.0.1:7443" || c.Isolation != "strict" || c.DiskQuota != "auto" || !c.ScriptEnabled || c.MaxLeases != 64 {
 		t.Fatalf("defaults: %+v", c)
 	}
 	if c.WorkRoot != "/tmp/sidecar-state/leases" {
@@ -45,6 +45,7 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		"SIDECAR_LEASE_TTL":           "forever",
 		"SIDECAR_ISOLATION":           "partial",
 		"SIDECAR_SECCOMP":             "relaxed",
+		"SIDECAR_DISK_QUOTA":          "project",
 		"SIDECAR_UID_RANGE":           "5-1",
 		"SIDECAR_LOG_FORMAT":          "xml",
 		"SIDECAR_DEFAULT_LIMITS_PIDS": "100000",
@@ -57,7 +58,7 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		t.Fatal("bad config accepted")
 	}
 	msg := err.Error()
-	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_SECCOMP", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
+	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_SECCOMP", "SIDECAR_DISK_QUOTA", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
 		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2", "SIDECAR_OUTPUT_BUDGET_BYTES"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not name %s:\n%s", want, msg)
