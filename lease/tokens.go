@@ -91,6 +91,13 @@ func (t *Tokens) Issue(l Lease) (string, error) {
 // issuer, audience, expiry and issue time, and returns the lease id it grants. Any failure
 // is ErrTokenInvalid wrapping the cause. The caller still checks that the lease is active.
 func (t *Tokens) Verify(token string) (leaseID string, err error) {
+	leaseID, _, err = t.VerifyExpiry(token)
+	return leaseID, err
+}
+
+// VerifyExpiry is Verify that also returns the token's expiry, so the daemon can tell a
+// token that its lease has outlived (the owner renewed) and hand out a fresh one.
+func (t *Tokens) VerifyExpiry(token string) (leaseID string, expires time.Time, err error) {
 	var claims jwt.RegisteredClaims
 	_, err = jwt.ParseWithClaims(token, &claims,
 		func(*jwt.Token) (any, error) { return t.verify, nil },
@@ -102,12 +109,12 @@ func (t *Tokens) Verify(token string) (leaseID string, err error) {
 		jwt.WithTimeFunc(t.now),
 	)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrTokenInvalid, err)
+		return "", time.Time{}, fmt.Errorf("%w: %w", ErrTokenInvalid, err)
 	}
 	if !validID(claims.Subject) {
-		return "", fmt.Errorf("%w: subject is not a lease id", ErrTokenInvalid)
+		return "", time.Time{}, fmt.Errorf("%w: subject is not a lease id", ErrTokenInvalid)
 	}
-	return claims.Subject, nil
+	return claims.Subject, claims.ExpiresAt.Time, nil
 }
 
 // loadSalt reads the salt, creating it on first use. Creation never replaces a salt another

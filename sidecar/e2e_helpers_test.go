@@ -268,16 +268,11 @@ func (d *testDaemon) newClient(token string) *client.Client {
 // acquire takes a lease through the client and releases it when the test ends.
 func (d *testDaemon) acquire(session string) *client.Lease {
 	d.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: session})
+	l, err := d.client.Acquire(context.Background(), apitype.AcquireRequest{SessionID: session})
 	if err != nil {
-		cancel()
 		d.t.Fatalf("acquire %s: %v", session, err)
 	}
-	d.t.Cleanup(func() {
-		cancel()
-		_ = l.Release(context.Background())
-	})
+	d.t.Cleanup(func() { _ = l.Release(context.Background()) })
 	return l
 }
 
@@ -285,12 +280,11 @@ func (d *testDaemon) acquire(session string) *client.Lease {
 // does not release it.
 func (d *testDaemon) acquireOnce(req apitype.AcquireRequest) *client.Lease {
 	d.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := d.client.Acquire(ctx, req)
-	cancel() // ends the renewer
+	l, err := d.client.Acquire(context.Background(), req)
 	if err != nil {
 		d.t.Fatalf("acquire %s: %v", req.SessionID, err)
 	}
+	l.StopRenewing()
 	return l
 }
 

@@ -189,6 +189,7 @@ func (s *Server) route(pattern string, need access, h handlerFunc) {
 			s.writeError(w, r, err)
 			return
 		}
+		s.refreshToken(w, r, p)
 		if err := h(w, r, p); err != nil {
 			if w.wroteHeader {
 				// Too late for a problem body: the status line went out. Abort the
@@ -200,6 +201,26 @@ func (s *Server) route(pattern string, need access, h handlerFunc) {
 			s.writeError(w, r, err)
 		}
 	}))
+}
+
+// refreshToken hands a lease-token caller a fresh token when the owner has renewed the
+// lease past the token's expiry, so a worker that holds only the token keeps working.
+// Websocket upgrades do not carry it (the upgrader writes its own headers); the next
+// plain request does.
+func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request, p principal) {
+	if !p.stale {
+		return
+	}
+	l, err := s.opts.Leases.Get(p.leaseID)
+	if err != nil {
+		return
+	}
+	tok, err := s.opts.Tokens.Issue(l)
+	if err != nil {
+		s.log.WarnContext(r.Context(), "refreshing a lease token failed", "lease", l.ID, "err", err)
+		return
+	}
+	w.Header().Set(apitype.HeaderLeaseToken, tok)
 }
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {

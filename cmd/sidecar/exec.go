@@ -120,28 +120,11 @@ func exitFor(code int, sig string, timedOut bool) error {
 	return nil
 }
 
-// streamEnv prefixes argv with env(1) so that variables reach a websocket exec, whose
-// query has no environment.
-func streamEnv(env map[string]string, argv []string) []string {
-	if len(env) == 0 {
-		return argv
-	}
-	out := []string{"env"}
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	return append(out, argv...)
-}
-
 // runStream runs a over the exec websocket: stdin forwarded with -i, a raw local terminal
 // and SIGWINCH resizes with -t.
 func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
-	if a.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, a.timeout)
-		defer cancel()
-	}
-	req := client.ExecStreamRequest{Argv: streamEnv(a.env, a.argv), Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive}
+	req := client.ExecStreamRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive,
+		TimeoutSeconds: a.timeout.Seconds()}
 	stdinFd, stdoutFd := int(os.Stdin.Fd()), int(os.Stdout.Fd())
 	localTTY := a.tty && term.IsTerminal(stdinFd)
 	if a.tty && term.IsTerminal(stdoutFd) {

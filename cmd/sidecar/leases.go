@@ -154,12 +154,12 @@ func leasesNew(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The handle's background renewal ends with this command; the lease lives on
-	// until its TTL.
+	// The lease lives on until its TTL; nothing renews it after this command.
 	l, err := c.Acquire(ctx, a.req)
 	if err != nil {
 		return err
 	}
+	l.StopRenewing()
 	info := l.Info()
 	if a.output == "json" {
 		return printJSON(os.Stdout, info)
