@@ -102,13 +102,15 @@ func (c *fakeClock) Advance(d time.Duration) {
 // testDaemon is a real daemon on a loopback port with real TLS.
 type testDaemon struct {
 	*sidecar.Daemon
-	t       testing.TB
-	cfg     sidecar.Config
-	clock   *fakeClock
-	url     string
-	caFile  string
-	keyFile string
-	client  *client.Client
+	t     testing.TB
+	cfg   sidecar.Config
+	clock *fakeClock
+	// contract validates every reply the test's clients receive against docs/openapi.yaml.
+	contract *contractValidator
+	url      string
+	caFile   string
+	keyFile  string
+	client   *client.Client
 }
 
 // isolation is what the tests can have here: full isolation as root (CI), none otherwise.
@@ -170,7 +172,7 @@ func startDaemon(t testing.TB, mods ...func(*sidecar.Config)) *testDaemon {
 	// Lease processes start through the deployed helper chain, not through this test
 	// binary (whose start-up is much heavier than the daemon's).
 	cfg.HelperPath = helperBinary(t)
-	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile}
+	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile, contract: newContractValidator(t)}
 	d.start()
 	t.Cleanup(d.cleanup)
 	return d
@@ -258,7 +260,7 @@ func (d *testDaemon) restart(mods ...func(*sidecar.Config)) {
 
 func (d *testDaemon) newClient(token string) *client.Client {
 	d.t.Helper()
-	c, err := client.New(client.Config{URL: d.url, Token: token, CAFile: d.caFile})
+	c, err := client.New(client.Config{URL: d.url, Token: token, CAFile: d.caFile, WrapTransport: d.contract.wrap})
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -297,7 +299,7 @@ func (d *testDaemon) httpClient() *http.Client {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	return &http.Client{Timeout: 30 * time.Second, Transport: d.contract.wrap(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}})}
 }
 
 // raw sends one request and returns status, headers and body.

@@ -90,6 +90,8 @@ type Server struct {
 	ln      net.Listener
 
 	streams streamSet // hijacked websocket connections, closed on shutdown
+	// patterns are the routes as registered, for the OpenAPI contract test.
+	patterns []string
 }
 
 // NewServer builds the server and its routes; Listen and Serve start it.
@@ -176,6 +178,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request, p principal) error
 // route registers one route: origin policy, authentication, metrics and error writing
 // happen here and nowhere else.
 func (s *Server) route(pattern string, need access, h handlerFunc) {
+	s.patterns = append(s.patterns, pattern)
 	_, path, _ := strings.Cut(pattern, " ")
 	s.mux.Handle(pattern, s.metrics.instrument(path, func(w *responseWriter, r *http.Request) {
 		if !originAllowed(r, s.opts.AllowedOrigins) {
