@@ -84,7 +84,7 @@ func (l *Lease) UploadDir(ctx context.Context, localDir, remoteDir string, opts 
 		pw.CloseWithError(err)
 		walkDone <- err
 	}()
-	resp, err := l.c.do(ctx, request{method: http.MethodPut, path: ap, header: h, stream: pr, length: -1, token: l.cred()})
+	resp, err := l.c.do(ctx, request{method: http.MethodPut, path: ap, header: h, stream: pr, length: -1, lease: l})
 	pr.CloseWithError(errors.New("client: upload ended"))
 	walkErr := <-walkDone
 	if err != nil {
@@ -198,7 +198,7 @@ func (l *Lease) DownloadDir(ctx context.Context, remoteDir, localDir string, opt
 		accept = "gzip"
 	}
 	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: ap, header: http.Header{"Accept-Encoding": {accept}}, bulk: true,
-		token: l.cred(), idempotent: true})
+		lease: l, idempotent: true})
 	if err != nil {
 		return err
 	}

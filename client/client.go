@@ -40,6 +40,10 @@ type Config struct {
 	HTTPClient *http.Client
 	// Logger receives retries and renewal failures; nil discards them.
 	Logger *slog.Logger
+	// WrapTransport, when set, wraps the HTTP transports the client builds from the TLS
+	// files (tracing, metrics, a test validating every reply). Websockets do not pass
+	// through it, and neither does an HTTPClient given above.
+	WrapTransport func(http.RoundTripper) http.RoundTripper
 }
 
 // Client talks to one daemon. It is safe for concurrent use.
@@ -116,6 +120,10 @@ func New(cfg Config) (*Client, error) {
 		b.TLSClientConfig = tlsConf.Clone()
 		b.TLSClientConfig.NextProtos = []string{"http/1.1"}
 		c.bulk = &http.Client{Transport: b}
+		if cfg.WrapTransport != nil {
+			c.hc.Transport = cfg.WrapTransport(c.hc.Transport)
+			c.bulk.Transport = cfg.WrapTransport(c.bulk.Transport)
+		}
 	} else if t, ok := c.hc.Transport.(*http.Transport); ok {
 		tlsConf = t.TLSClientConfig
 		dialer.NetDialContext = t.DialContext

@@ -17,7 +17,13 @@ const (
 	EnvCAFile         = "SANDBOX_REMOTE_CA_FILE"
 	EnvClientCertFile = "SANDBOX_REMOTE_CLIENT_CERT_FILE"
 	EnvClientKeyFile  = "SANDBOX_REMOTE_CLIENT_KEY_FILE"
+	// EnvScriptEnabled=false turns script calls off on the client side too (the daemon
+	// reads the same variable).
+	EnvScriptEnabled = "SCRIPT_ENABLED"
 )
+
+// ProviderRemote is the SANDBOX_PROVIDER value that enables sidecar sandboxes.
+const ProviderRemote = "remote"
 
 // MinTokenLength is the shortest shared token the daemon accepts.
 const MinTokenLength = 32
@@ -27,11 +33,22 @@ const MinTokenLength = 32
 func ConfigFromEnv() (Config, error) { return configFromLookup(os.LookupEnv) }
 
 func configFromLookup(lookup func(string) (string, bool)) (Config, error) {
+	return remoteConfig(lookup, true)
+}
+
+// HostConfigFromEnv is ConfigFromEnv for operator commands on the daemon's host: it needs
+// the URL and a token but not SANDBOX_PROVIDER, which says whether an app uses sandboxes,
+// not whether an operator may reach the daemon.
+func HostConfigFromEnv() (Config, error) { return remoteConfig(os.LookupEnv, false) }
+
+// remoteConfig reads the SANDBOX_REMOTE_* variables and, when needProvider, insists on
+// SANDBOX_PROVIDER=remote.
+func remoteConfig(lookup func(string) (string, bool), needProvider bool) (Config, error) {
 	get := func(k string) string { v, _ := lookup(k); return strings.TrimSpace(v) }
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 
-	if p := get(EnvProvider); p != "remote" {
+	if p := get(EnvProvider); needProvider && p != ProviderRemote {
 		bad("%s must be \"remote\" (got %q)", EnvProvider, p)
 	}
 	var cfg Config

@@ -12,38 +12,38 @@ import (
 // must not run the command twice.
 func (l *Lease) Exec(ctx context.Context, req apitype.ExecRequest) (apitype.ExecResult, error) {
 	var res apitype.ExecResult
-	err := l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "exec"), json: req, token: l.cred()}, &res)
+	err := l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "exec"), json: req, lease: l}, &res)
 	return res, err
 }
 
 // Processes lists the lease's background processes.
 func (l *Lease) Processes(ctx context.Context) ([]apitype.Process, error) {
 	var list apitype.ProcessList
-	err := l.c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(l.id, "processes"), token: l.cred(), idempotent: true}, &list)
+	err := l.c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(l.id, "processes"), lease: l, idempotent: true}, &list)
 	return list.Processes, err
 }
 
 // Process returns the state of one process, including its output offsets.
 func (l *Lease) Process(ctx context.Context, pid string) (apitype.Process, error) {
 	var proc apitype.Process
-	err := l.c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(l.id, "processes", escapeID(pid)), token: l.cred(), idempotent: true}, &proc)
+	err := l.c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(l.id, "processes", escapeID(pid)), lease: l, idempotent: true}, &proc)
 	return proc, err
 }
 
 // Signal sends a signal ("TERM", "KILL", …) to the process group of pid.
 func (l *Lease) Signal(ctx context.Context, pid, signal string) error {
 	return l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "processes", escapeID(pid), "signal"),
-		json: apitype.SignalRequest{Signal: signal}, token: l.cred()}, nil)
+		json: apitype.SignalRequest{Signal: signal}, lease: l}, nil)
 }
 
 // Get fetches the lease's current state (usage, expiry, process count).
 func (l *Lease) Get(ctx context.Context) (apitype.Lease, error) {
-	return l.c.getLease(ctx, l.id, l.cred())
+	return l.c.getLease(ctx, l.id, l)
 }
 
 // Renew extends the lease now by ttl (zero: the daemon's default) and keeps the fresh token.
 func (l *Lease) Renew(ctx context.Context, ttl time.Duration) (apitype.Lease, error) {
-	info, err := l.c.renew(ctx, l.id, l.cred(), ttl)
+	info, err := l.c.renew(ctx, l.id, l, ttl)
 	if err == nil {
 		l.update(info)
 	}

@@ -69,7 +69,7 @@ func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.Fi
 		data = []byte{}
 	}
 	return l.c.doJSON(ctx, request{method: http.MethodPut, path: fp, query: url.Values{"mkdirs": {"1"}},
-		header: h, body: data, token: l.cred(), idempotent: true}, nil)
+		header: h, body: data, lease: l, idempotent: true}, nil)
 }
 
 // ReadFile returns the whole file at p, verified against the daemon's digest.
@@ -112,7 +112,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 			h.Set("If-Range", etag)
 		}
 		resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, query: url.Values{"digest": {"sha-256"}}, bulk: true,
-			header: h, token: l.cred(), idempotent: true})
+			header: h, lease: l, idempotent: true})
 		if err != nil {
 			return n, err
 		}
@@ -176,7 +176,7 @@ func (l *Lease) Stat(ctx context.Context, p string) (apitype.FileEntry, error) {
 	if err != nil {
 		return apitype.FileEntry{}, err
 	}
-	resp, err := l.c.do(ctx, request{method: http.MethodHead, path: fp, token: l.cred(), idempotent: true})
+	resp, err := l.c.do(ctx, request{method: http.MethodHead, path: fp, lease: l, idempotent: true})
 	if err != nil {
 		return apitype.FileEntry{}, l.explainHead(ctx, fp, err)
 	}
@@ -201,7 +201,7 @@ func (l *Lease) explainHead(ctx context.Context, fp string, err error) error {
 		return err
 	}
 	resp, gerr := l.c.do(ctx, request{method: http.MethodGet, path: fp, header: http.Header{"Range": {"bytes=0-0"}},
-		token: l.cred(), idempotent: true})
+		lease: l, idempotent: true})
 	if gerr != nil {
 		var real *APIError
 		if errors.As(gerr, &real) && real.Status == apiErr.Status {
@@ -219,7 +219,7 @@ func (l *Lease) List(ctx context.Context, p string) ([]apitype.FileEntry, error)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, token: l.cred(), idempotent: true})
+	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, lease: l, idempotent: true})
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func (l *Lease) Remove(ctx context.Context, p string, recursive bool) error {
 	if recursive {
 		q = url.Values{"recursive": {"1"}}
 	}
-	return l.c.doJSON(ctx, request{method: http.MethodDelete, path: fp, query: q, token: l.cred(), idempotent: true}, nil)
+	return l.c.doJSON(ctx, request{method: http.MethodDelete, path: fp, query: q, lease: l, idempotent: true}, nil)
 }
 
 // Mkdir creates the directory p with its parents; an existing directory is no error.
@@ -254,7 +254,7 @@ func (l *Lease) Mkdir(ctx context.Context, p string) error {
 		return err
 	}
 	return l.c.doJSON(ctx, request{method: http.MethodPost, path: fp, query: url.Values{"op": {"mkdir"}},
-		token: l.cred(), idempotent: true}, nil)
+		lease: l, idempotent: true}, nil)
 }
 
 // Move renames from to to within the workdir. It is not retried: a repeated move would
@@ -268,5 +268,5 @@ func (l *Lease) Move(ctx context.Context, from, to string) error {
 		return err
 	}
 	return l.c.doJSON(ctx, request{method: http.MethodPost, path: fp, query: url.Values{"op": {"move"}, "to": {path.Clean(to)}},
-		token: l.cred()}, nil)
+		lease: l}, nil)
 }

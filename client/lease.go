@@ -9,8 +9,9 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
 
-// Lease is a handle on one lease. One from Acquire renews itself in the background; one
-// from OpenLease works with the lease token it was given and never renews.
+// Lease is a handle on one lease. One from Acquire renews itself in the background until
+// Release; one from OpenLease works with the lease token it was given, never renews, and
+// takes the fresh token the daemon hands it after the owner renewed the lease.
 type Lease struct {
 	c  *Client
 	id string
@@ -27,8 +28,10 @@ type Lease struct {
 
 // Acquire asks for the lease of req.SessionID (the same active lease comes back for the
 // same session, so it is retried safely) and renews it at about a third of its TTL until
-// Release is called or ctx ends. Renewal failures are retried with backoff and reported
-// by Err; an expired or vanished lease stops the renewal for good.
+// Release (or StopRenewing) is called. ctx bounds the acquire call only: renewal belongs
+// to the handle, so a request-scoped context ending does not stop it. Renewal failures
+// are retried with backoff and reported by Err; an expired or vanished lease stops the
+// renewal for good.
 func (c *Client) Acquire(ctx context.Context, req apitype.AcquireRequest) (*Lease, error) {
 	info, err := c.acquire(ctx, req)
 	if err != nil {
@@ -39,7 +42,8 @@ func (c *Client) Acquire(ctx context.Context, req apitype.AcquireRequest) (*Leas
 	if ttl <= 0 {
 		ttl = info.ExpiresAt.Sub(info.CreatedAt)
 	}
-	rctx, cancel := context.WithCancel(ctx)
+	// Without ctx's cancellation, with its values (loggers, trace ids).
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	l.stop = cancel
 	go func() {
 		defer close(l.stopped)
@@ -50,7 +54,9 @@ func (c *Client) Acquire(ctx context.Context, req apitype.AcquireRequest) (*Leas
 
 // OpenLease is a handle on an existing lease, authenticated by its lease token (the
 // worker's case). It does not renew; call Client.Renew through a shared-token client, or
-// ask the owner to.
+// ask the owner to. When the owner renews the lease past the token's expiry, the daemon's
+// next reply to this handle carries a fresh token, which the handle keeps (Token); a
+// worker idle for longer than its token's remaining life calls RefreshToken first.
 func (c *Client) OpenLease(id, token string) *Lease {
 	return &Lease{c: c, id: id, byToken: true, info: apitype.Lease{ID: id, Token: token}}
 }
@@ -87,13 +93,34 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// Release stops the renewal and releases the lease on the daemon.
-func (l *Lease) Release(ctx context.Context) error {
-	l.stopRenewing()
-	return l.c.release(ctx, l.id, l.cred())
+// RefreshToken asks the daemon for the lease's state with this handle's credential; a
+// lease token that the lease has outlived comes back replaced by a fresh one. It does
+// not extend the lease.
+func (l *Lease) RefreshToken(ctx context.Context) error {
+	_, err := l.Get(ctx)
+	return err
 }
 
-func (l *Lease) stopRenewing() {
+// tokenRefreshed keeps a fresh token the daemon sent in X-Lease-Token.
+func (l *Lease) tokenRefreshed(tok string) {
+	if tok == "" || !l.byToken {
+		return
+	}
+	l.mu.Lock()
+	l.info.Token = tok
+	l.mu.Unlock()
+}
+
+// Release stops the renewal and releases the lease on the daemon.
+func (l *Lease) Release(ctx context.Context) error {
+	l.StopRenewing()
+	return l.c.release(ctx, l.id, l)
+}
+
+// StopRenewing ends the background renewal without releasing the lease (a handle
+// handed over to someone else, or a program exiting while the lease should live on
+// until its TTL). It returns once the renewer has stopped.
+func (l *Lease) StopRenewing() {
 	if l.stop == nil {
 		return
 	}
@@ -117,7 +144,7 @@ func (l *Lease) renewLoop(ctx context.Context, ttl, reqTTL time.Duration) {
 			return
 		case <-t.C:
 		}
-		info, err := l.c.renew(ctx, l.id, l.cred(), reqTTL)
+		info, err := l.c.renew(ctx, l.id, l, reqTTL)
 		if ctx.Err() != nil {
 			return
 		}

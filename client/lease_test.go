@@ -91,7 +91,9 @@ func TestLeaseRenewsItselfUntilReleased(t *testing.T) {
 	}
 }
 
-func TestLeaseRenewalStopsWithAcquireContext(t *testing.T) {
+// A request-scoped context given to Acquire must not end the renewal: it belongs to the
+// handle and ends with StopRenewing or Release.
+func TestLeaseRenewalOutlivesAcquireContext(t *testing.T) {
 	f := &fakeLeases{t: t, ttl: 300 * time.Millisecond}
 	c, _ := newTestClient(t, f)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -100,10 +102,25 @@ func TestLeaseRenewalStopsWithAcquireContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
+	eventually(t, "two renewals after the context ended", func() bool { n, _ := f.counts(); return n >= 2 })
+	if l.Err() != nil {
+		t.Fatalf("renewal error: %v", l.Err())
+	}
+	l.StopRenewing()
 	select {
 	case <-l.stopped:
-	case <-time.After(5 * time.Second):
-		t.Fatal("renewer outlived the context given to Acquire")
+	default:
+		t.Fatal("renewer still running after StopRenewing")
+	}
+	n, releases := f.counts()
+	if releases != 0 {
+		t.Fatalf("StopRenewing released the lease")
+	}
+	if err := l.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := f.counts(); after != n {
+		t.Fatalf("renewed %d times after StopRenewing", after-n)
 	}
 }
 

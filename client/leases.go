@@ -25,12 +25,13 @@ func (c *Client) List(ctx context.Context) ([]apitype.Lease, error) {
 
 // Get returns one lease.
 func (c *Client) Get(ctx context.Context, id string) (apitype.Lease, error) {
-	return c.getLease(ctx, id, "")
+	return c.getLease(ctx, id, nil)
 }
 
-func (c *Client) getLease(ctx context.Context, id, token string) (apitype.Lease, error) {
+// getLease, renew and release act with h's credential, or the client's when h is nil.
+func (c *Client) getLease(ctx context.Context, id string, h *Lease) (apitype.Lease, error) {
 	var l apitype.Lease
-	err := c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(id), token: token, idempotent: true}, &l)
+	err := c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(id), lease: h, idempotent: true}, &l)
 	return l, err
 }
 
@@ -44,24 +45,24 @@ func (c *Client) acquire(ctx context.Context, req apitype.AcquireRequest) (apity
 // Renew extends a lease by ttl (zero: the daemon's default) and returns it with a fresh
 // token. An expired lease cannot be renewed: ErrLeaseExpired.
 func (c *Client) Renew(ctx context.Context, id string, ttl time.Duration) (apitype.Lease, error) {
-	return c.renew(ctx, id, "", ttl)
+	return c.renew(ctx, id, nil, ttl)
 }
 
-func (c *Client) renew(ctx context.Context, id, token string, ttl time.Duration) (apitype.Lease, error) {
+func (c *Client) renew(ctx context.Context, id string, h *Lease, ttl time.Duration) (apitype.Lease, error) {
 	var l apitype.Lease
 	body := apitype.RenewRequest{TTLSeconds: int64((ttl + time.Second - 1) / time.Second)}
-	err := c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(id, "renew"), json: body, token: token, idempotent: true}, &l)
+	err := c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(id, "renew"), json: body, lease: h, idempotent: true}, &l)
 	return l, err
 }
 
 // Release kills every process of the lease and removes its workdir. An unknown or
 // already released lease is ErrLeaseNotFound.
 func (c *Client) Release(ctx context.Context, id string) error {
-	return c.release(ctx, id, "")
+	return c.release(ctx, id, nil)
 }
 
-func (c *Client) release(ctx context.Context, id, token string) error {
-	return c.doJSON(ctx, request{method: http.MethodDelete, path: leasePath(id), token: token, idempotent: true}, nil)
+func (c *Client) release(ctx context.Context, id string, h *Lease) error {
+	return c.doJSON(ctx, request{method: http.MethodDelete, path: leasePath(id), lease: h, idempotent: true}, nil)
 }
 
 // Cleanup reaps expired leases and orphans and says what it reaped (shared token only).

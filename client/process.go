@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,7 @@ func (l *Lease) attach(ctx context.Context, pid string, since int64, tty bool) (
 func (l *Lease) Start(ctx context.Context, req apitype.StartRequest) (*Process, error) {
 	var proc apitype.Process
 	err := l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "processes"), json: req,
-		token: l.cred(), idempotent: req.ID != ""}, &proc)
+		lease: l, idempotent: req.ID != ""}, &proc)
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +125,7 @@ func (l *Lease) Start(ctx context.Context, req apitype.StartRequest) (*Process, 
 // ExecStreamRequest starts a process over the GET …/exec websocket in one round trip.
 type ExecStreamRequest struct {
 	Argv       []string
+	Env        map[string]string
 	Cwd        string
 	TTY        bool
 	Stdin      bool
@@ -131,6 +133,10 @@ type ExecStreamRequest struct {
 	// Detach keeps the process running when the connection closes; the handle then
 	// reattaches after a drop like one from Start.
 	Detach bool
+	// TimeoutSeconds kills the process after that long; IdleTimeoutSeconds after that
+	// long without output. Zero: no limit but the lease's.
+	TimeoutSeconds     float64
+	IdleTimeoutSeconds float64
 }
 
 // ExecStream starts argv and attaches to it at once (what `sidecar shell` uses). Unless
@@ -152,6 +158,19 @@ func (l *Lease) ExecStream(ctx context.Context, req ExecStreamRequest) (*Process
 	if req.Cwd != "" {
 		q.Set("cwd", req.Cwd)
 	}
+	for k, v := range req.Env {
+		if k == "" || strings.Contains(k, "=") {
+			return nil, fmt.Errorf("%w: env name %q", ErrInvalidRequest, k)
+		}
+		q.Add("env", k+"="+v)
+	}
+	seconds := func(name string, v float64) {
+		if v > 0 {
+			q.Set(name, strconv.FormatFloat(v, 'f', -1, 64))
+		}
+	}
+	seconds("timeout_seconds", req.TimeoutSeconds)
+	seconds("idle_timeout_seconds", req.IdleTimeoutSeconds)
 	if req.Rows > 0 && req.Cols > 0 {
 		q.Set("rows", strconv.Itoa(int(req.Rows)))
 		q.Set("cols", strconv.Itoa(int(req.Cols)))

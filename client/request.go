@@ -26,6 +26,7 @@ type request struct {
 	length     int64     // of stream; -1 unknown
 	json       any       // marshalled into body when set
 	token      string    // credential; empty uses the client's
+	lease      *Lease    // the handle whose credential the call uses; it keeps refreshed tokens
 	idempotent bool
 	bulk       bool // a large download: sent on the HTTP/1.1 client when there is one
 }
@@ -49,6 +50,9 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		u += "?" + r.query.Encode()
 	}
 	token := r.token
+	if r.lease != nil {
+		token = r.lease.cred()
+	}
 	if token == "" {
 		token = c.token
 	}
@@ -81,6 +85,9 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 			hc = c.bulk
 		}
 		resp, err := hc.Do(req)
+		if err == nil && r.lease != nil {
+			r.lease.tokenRefreshed(resp.Header.Get(apitype.HeaderLeaseToken))
+		}
 		retry := r.idempotent && r.stream == nil && attempt < c.retry.attempts && ctx.Err() == nil
 		if err != nil {
 			if retry && isConnError(err) {

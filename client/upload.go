@@ -108,7 +108,7 @@ func (l *Lease) patch(ctx context.Context, fp string, q url.Values, h http.Heade
 		progress(offset, size)
 	}
 	resp, err := l.c.do(ctx, request{method: http.MethodPatch, path: fp, query: q, header: h,
-		stream: body, length: size - offset, token: l.cred()})
+		stream: body, length: size - offset, lease: l})
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (l *Lease) patch(ctx context.Context, fp string, q url.Values, h http.Heade
 // uploadOffset asks how much of an interrupted upload the daemon holds; no upload in
 // progress means starting over at 0.
 func (l *Lease) uploadOffset(ctx context.Context, fp string) (int64, error) {
-	resp, err := l.c.do(ctx, request{method: http.MethodHead, path: fp, token: l.cred(), idempotent: true})
+	resp, err := l.c.do(ctx, request{method: http.MethodHead, path: fp, lease: l, idempotent: true})
 	if err != nil {
 		var apiErr *APIError
 		if errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound {

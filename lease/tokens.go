@@ -93,6 +93,13 @@ func (t *Tokens) Issue(l Lease) (string, error) {
 // Decoding is strict: the unused low bits of a segment's last base64url character must be
 // zero, so a token has exactly one spelling (lenient decoding let four strings verify).
 func (t *Tokens) Verify(token string) (leaseID string, err error) {
+	leaseID, _, err = t.VerifyExpiry(token)
+	return leaseID, err
+}
+
+// VerifyExpiry is Verify that also returns the token's expiry, so the daemon can tell a
+// token that its lease has outlived (the owner renewed) and hand out a fresh one.
+func (t *Tokens) VerifyExpiry(token string) (leaseID string, expires time.Time, err error) {
 	var claims jwt.RegisteredClaims
 	_, err = jwt.ParseWithClaims(token, &claims,
 		func(*jwt.Token) (any, error) { return t.verify, nil },
@@ -105,12 +112,12 @@ func (t *Tokens) Verify(token string) (leaseID string, err error) {
 		jwt.WithStrictDecoding(),
 	)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrTokenInvalid, err)
+		return "", time.Time{}, fmt.Errorf("%w: %w", ErrTokenInvalid, err)
 	}
 	if !validID(claims.Subject) {
-		return "", fmt.Errorf("%w: subject is not a lease id", ErrTokenInvalid)
+		return "", time.Time{}, fmt.Errorf("%w: subject is not a lease id", ErrTokenInvalid)
 	}
-	return claims.Subject, nil
+	return claims.Subject, claims.ExpiresAt.Time, nil
 }
 
 // loadSalt reads the salt, creating it on first use. Creation never replaces a salt another

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
@@ -25,6 +26,9 @@ const (
 type principal struct {
 	shared  bool
 	leaseID string // set for a lease token
+	// stale: the lease outlives the lease token (its owner renewed it), so the reply
+	// carries a fresh token in X-Lease-Token.
+	stale bool
 }
 
 // authenticator checks credentials. Shared tokens are compared as SHA-256 digests in
@@ -78,15 +82,17 @@ func (a *authenticator) authenticate(r *http.Request, need access) (principal, e
 	if strings.Count(cred, ".") != 2 {
 		return principal{}, unauthorized("invalid credential")
 	}
-	id, err := a.tokens.Verify(cred)
+	id, expires, err := a.tokens.VerifyExpiry(cred)
 	if err != nil {
 		return principal{}, unauthorized("invalid or expired lease token")
 	}
 	// A lease token is honoured only while its lease is active.
-	if _, err := a.leases.Get(id); err != nil {
+	l, err := a.leases.Get(id)
+	if err != nil {
 		return principal{}, unauthorized("the token's lease is no longer active")
 	}
-	p := principal{leaseID: id}
+	// Token expiries are whole seconds (JWT NumericDate).
+	p := principal{leaseID: id, stale: l.ExpiresAt.Truncate(time.Second).After(expires)}
 	switch need {
 	case sharedOnly:
 		return p, forbidden("this route needs the shared token")

@@ -113,13 +113,15 @@ func (c *fakeClock) Advance(d time.Duration) {
 // testDaemon is a real daemon on a loopback port with real TLS.
 type testDaemon struct {
 	*sidecar.Daemon
-	t       testing.TB
-	cfg     sidecar.Config
-	clock   *fakeClock
-	url     string
-	caFile  string
-	keyFile string
-	client  *client.Client
+	t     testing.TB
+	cfg   sidecar.Config
+	clock *fakeClock
+	// contract validates every reply the test's clients receive against docs/openapi.yaml.
+	contract *contractValidator
+	url      string
+	caFile   string
+	keyFile  string
+	client   *client.Client
 }
 
 // isolation is what the tests can have here: full isolation as root (CI), none otherwise.
@@ -181,7 +183,7 @@ func startDaemon(t testing.TB, mods ...func(*sidecar.Config)) *testDaemon {
 	// Lease processes start through the deployed helper chain, not through this test
 	// binary (whose start-up is much heavier than the daemon's).
 	cfg.HelperPath = helperBinary(t)
-	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile}
+	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile, contract: newContractValidator(t)}
 	d.start()
 	t.Cleanup(d.cleanup)
 	return d
@@ -285,7 +287,7 @@ func (d *testDaemon) restart(mods ...func(*sidecar.Config)) {
 
 func (d *testDaemon) newClient(token string) *client.Client {
 	d.t.Helper()
-	c, err := client.New(client.Config{URL: d.url, Token: token, CAFile: d.caFile})
+	c, err := client.New(client.Config{URL: d.url, Token: token, CAFile: d.caFile, WrapTransport: d.contract.wrap})
 	if err != nil {
 		d.t.Fatal(err)
 	}
@@ -295,16 +297,11 @@ func (d *testDaemon) newClient(token string) *client.Client {
 // acquire takes a lease through the client and releases it when the test ends.
 func (d *testDaemon) acquire(session string) *client.Lease {
 	d.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: session})
+	l, err := d.client.Acquire(context.Background(), apitype.AcquireRequest{SessionID: session})
 	if err != nil {
-		cancel()
 		d.t.Fatalf("acquire %s: %v", session, err)
 	}
-	d.t.Cleanup(func() {
-		cancel()
-		_ = l.Release(context.Background())
-	})
+	d.t.Cleanup(func() { _ = l.Release(context.Background()) })
 	return l
 }
 
@@ -312,12 +309,11 @@ func (d *testDaemon) acquire(session string) *client.Lease {
 // does not release it.
 func (d *testDaemon) acquireOnce(req apitype.AcquireRequest) *client.Lease {
 	d.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	l, err := d.client.Acquire(ctx, req)
-	cancel() // ends the renewer
+	l, err := d.client.Acquire(context.Background(), req)
 	if err != nil {
 		d.t.Fatalf("acquire %s: %v", req.SessionID, err)
 	}
+	l.StopRenewing()
 	return l
 }
 
@@ -330,7 +326,7 @@ func (d *testDaemon) httpClient() *http.Client {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(pem)
-	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	return &http.Client{Timeout: 30 * time.Second, Transport: d.contract.wrap(&http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}})}
 }
 
 // raw sends one request and returns status, headers and body.

@@ -353,3 +353,45 @@ func TestTwoDaemonsOneHost(t *testing.T) {
 	}
 	alive("a daemon on the same parent was refused")
 }
+
+// A worker holding only a lease token keeps working while the owner renews the lease: the
+// daemon hands it a fresh token on its next request, so it is not locked out at the first
+// token's expiry.
+func TestWorkerTokenOutlivesOwnerRenewals(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	owner := d.acquireOnce(apitype.AcquireRequest{SessionID: "owner-renews", TTLSeconds: 60})
+	first := owner.Token()
+	worker := d.newClient(first).OpenLease(owner.ID(), first)
+	for round := range 4 {
+		d.clock.Advance(40 * time.Second)
+		must(owner.Renew(ctx, time.Minute))(t)
+		res := must(worker.Exec(ctx, apitype.ExecRequest{Argv: []string{"echo", "ok"}}))(t)
+		if res.ExitCode != 0 || res.Stdout != "ok\n" {
+			t.Fatalf("round %d: worker exec: %+v", round, res)
+		}
+	}
+	// 160 s have passed: the first token expired at 60 s, the worker's is fresh.
+	if _, err := d.newClient(first).OpenLease(owner.ID(), first).Get(ctx); !errors.Is(err, client.ErrUnauthorized) {
+		t.Fatalf("the first token after its expiry: %v, want ErrUnauthorized", err)
+	}
+	if worker.Token() == first {
+		t.Fatal("the worker still holds its first token")
+	}
+	// An idle worker refreshes explicitly: a renewal, then RefreshToken, then past the
+	// previous token's expiry.
+	d.clock.Advance(40 * time.Second)
+	must(owner.Renew(ctx, time.Minute))(t)
+	if err := worker.RefreshToken(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.clock.Advance(40 * time.Second)
+	if _, err := worker.Get(ctx); err != nil {
+		t.Fatalf("after RefreshToken and past the old expiry: %v", err)
+	}
+	// A token the lease has not outlived gets no new one: no header on every request.
+	status, hdr, _ := d.raw("GET", "/v1/leases/"+owner.ID(), worker.Token(), nil, nil)
+	if status != 200 || hdr.Get(apitype.HeaderLeaseToken) != "" {
+		t.Fatalf("status %d, X-Lease-Token %q on a current token", status, hdr.Get(apitype.HeaderLeaseToken))
+	}
+}

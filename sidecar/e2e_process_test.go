@@ -211,6 +211,34 @@ func TestPTY(t *testing.T) {
 	}
 }
 
+// A streaming exec takes the environment and both timeouts a buffered exec does.
+func TestExecStreamEnvAndTimeouts(t *testing.T) {
+	d := startDaemon(t)
+	l := d.acquire("stream-env")
+	ctx := context.Background()
+
+	p := must(l.ExecStream(ctx, client.ExecStreamRequest{
+		Argv: []string{"/bin/sh", "-c", `printf '%s' "$GREETING"`}, Env: map[string]string{"GREETING": "hi there"},
+	}))(t)
+	go io.Copy(io.Discard, p.Stderr)
+	out, _ := io.ReadAll(p.Stdout)
+	if st := must(p.Wait(ctx))(t); string(out) != "hi there" || st.ExitCode != 0 {
+		t.Fatalf("env: output %q, status %+v", out, st)
+	}
+
+	for _, req := range []client.ExecStreamRequest{
+		{Argv: []string{"sleep", "100"}, TimeoutSeconds: 0.5},
+		{Argv: []string{"sleep", "100"}, IdleTimeoutSeconds: 0.5},
+	} {
+		p := must(l.ExecStream(ctx, req))(t)
+		go io.Copy(io.Discard, p.Stdout)
+		go io.Copy(io.Discard, p.Stderr)
+		if st := must(p.Wait(ctx))(t); !st.TimedOut {
+			t.Fatalf("%+v: status %+v, want timed out", req, st)
+		}
+	}
+}
+
 func TestStreamBadInput(t *testing.T) {
 	d := startDaemon(t)
 	a := d.acquire("ws-a")

@@ -41,12 +41,11 @@ func faultUploadBytes(t *testing.T) int64 {
 // acquireBin takes a lease on a binary daemon without a renewer (the daemon dies under it).
 func acquireBin(t *testing.T, c *client.Client, session string) *client.Lease {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	l, err := c.Acquire(ctx, apitype.AcquireRequest{SessionID: session, TTLSeconds: 3600})
+	l, err := c.Acquire(context.Background(), apitype.AcquireRequest{SessionID: session, TTLSeconds: 3600})
 	if err != nil {
 		t.Fatalf("acquire %s: %v", session, err)
 	}
+	l.StopRenewing()
 	return l
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/docs"
 	"github.com/sidecar-sandbox/sidecar/lease"
 )
 
@@ -14,6 +15,14 @@ func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request, _ princip
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	_, err := w.Write([]byte("ok\n"))
+	return err
+}
+
+// handleOpenAPI serves docs/openapi.yaml as built in: public, like the repository it
+// comes from, and the same for every daemon of this version.
+func (s *Server) handleOpenAPI(w http.ResponseWriter, r *http.Request, _ principal) error {
+	w.Header().Set("Content-Type", "application/yaml")
+	_, err := w.Write(docs.OpenAPI)
 	return err
 }
 

@@ -240,12 +240,14 @@ func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ prin
 			*dst = uint16(n)
 		}
 	}
-	if v := q.Get("timeout_seconds"); v != "" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return badRequest("timeout_seconds must be a number")
+	for name, dst := range map[string]*float64{"timeout_seconds": &req.TimeoutSeconds, "idle_timeout_seconds": &req.IdleTimeoutSeconds} {
+		if v := q.Get(name); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return badRequest("%s must be a number", name)
+			}
+			*dst = f
 		}
-		req.TimeoutSeconds = f
 	}
 	detach := queryBool(q.Get("detach"))
 	sr, err := startRequest(req)

@@ -10,6 +10,7 @@ import (
 // routes is the whole API surface in one place (see docs/api.md).
 func (s *Server) routes() {
 	s.route("GET /healthz", public, s.handleHealthz)
+	s.route("GET /v1/openapi.yaml", public, s.handleOpenAPI)
 	s.route("GET /v1/info", anyCred, s.handleInfo)
 	s.route("GET /metrics", sharedOnly, s.handleMetrics)
 

@@ -95,6 +95,8 @@ type Server struct {
 	// otherwise wait for them until its deadline.
 	stopping context.Context
 	stop     context.CancelFunc
+	// patterns are the routes as registered, for the OpenAPI contract test.
+	patterns []string
 }
 
 // NewServer builds the server and its routes; Listen and Serve start it.
@@ -183,6 +185,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request, p principal) error
 // route registers one route: origin policy, authentication, metrics and error writing
 // happen here and nowhere else.
 func (s *Server) route(pattern string, need access, h handlerFunc) {
+	s.patterns = append(s.patterns, pattern)
 	_, path, _ := strings.Cut(pattern, " ")
 	s.mux.Handle(pattern, s.metrics.instrument(path, func(w *responseWriter, r *http.Request) {
 		if !originAllowed(r, s.opts.AllowedOrigins) {
@@ -196,6 +199,7 @@ func (s *Server) route(pattern string, need access, h handlerFunc) {
 			s.writeError(w, r, err)
 			return
 		}
+		s.refreshToken(w, r, p)
 		if err := h(w, r, p); err != nil {
 			if w.wroteHeader {
 				// Too late for a problem body: the status line went out. Abort the
@@ -207,6 +211,26 @@ func (s *Server) route(pattern string, need access, h handlerFunc) {
 			s.writeError(w, r, err)
 		}
 	}))
+}
+
+// refreshToken hands a lease-token caller a fresh token when the owner has renewed the
+// lease past the token's expiry, so a worker that holds only the token keeps working.
+// Websocket upgrades do not carry it (the upgrader writes its own headers); the next
+// plain request does.
+func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request, p principal) {
+	if !p.stale {
+		return
+	}
+	l, err := s.opts.Leases.Get(p.leaseID)
+	if err != nil {
+		return
+	}
+	tok, err := s.opts.Tokens.Issue(l)
+	if err != nil {
+		s.log.WarnContext(r.Context(), "refreshing a lease token failed", "lease", l.ID, "err", err)
+		return
+	}
+	w.Header().Set(apitype.HeaderLeaseToken, tok)
 }
 
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {

@@ -49,6 +49,9 @@ const (
 	HeaderUploadComplete = "Upload-Complete"
 	HeaderUploadLength   = "Upload-Length"
 	HeaderRequestID      = "X-Request-Id"
+	// HeaderLeaseToken, on a reply to a lease-token request: a fresh lease token, sent
+	// when the lease was renewed past the expiry of the token the request carried.
+	HeaderLeaseToken = "X-Lease-Token"
 	// HeaderBytesLost, on a websocket attach's 101 response: how many bytes of the requested
 	// range had already left the replay buffer.
 	HeaderBytesLost = "X-Output-Bytes-Lost"

@@ -8,14 +8,19 @@ import (
 )
 
 func init() {
-	register("cleanup", command{summary: "reap expired leases and orphaned cgroups, workdirs and processes", run: runCleanup})
+	register("cleanup", command{summary: "reap expired leases and orphaned cgroups, workdirs and processes",
+		usage: "usage: sidecar cleanup [-o text|json]\n\nReaps expired leases and orphans on the daemon. Needs SANDBOX_REMOTE_URL and the shared token.",
+		run:   runCleanup})
 }
 
 func runCleanup(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
-	output := fs.String("o", "text", "output format: text or json")
-	if err := fs.Parse(args); err != nil {
+	output := outputFlag(fs, "text", "json")
+	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("cleanup: unexpected argument %q", fs.Arg(0))
 	}
 	c, err := newClient("")
 	if err != nil {
@@ -25,7 +30,7 @@ func runCleanup(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *output == "json" {
+	if output.json() {
 		return printJSON(os.Stdout, res)
 	}
 	fmt.Printf("reaped %d leases, %d cgroups, %d workdirs, %d processes\n",

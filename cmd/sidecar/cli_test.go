@@ -176,10 +176,3 @@ func TestTokenAndBytes(t *testing.T) {
 		}
 	}
 }
-
-func TestStreamEnv(t *testing.T) {
-	got := streamEnv(map[string]string{"A": "1"}, []string{"ls"})
-	if !reflect.DeepEqual(got, []string{"env", "A=1", "ls"}) {
-		t.Fatalf("%q", got)
-	}
-}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,16 +14,18 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client"
 )
 
-// newClient builds a client from the SANDBOX_REMOTE_* variables, as the app and worker
-// do. A lease token, when given, replaces the shared token (it opens that lease only).
+// newClient builds a client from the SANDBOX_REMOTE_* variables. A lease token, when
+// given, replaces the shared token (it opens that lease only). SANDBOX_PROVIDER is not
+// required: it says whether an app uses sandboxes, while whoever runs this CLI has
+// chosen the daemon already (an operator on the host needs only a URL and a token).
 func newClient(leaseToken string) (*client.Client, error) {
 	if leaseToken != "" {
 		// The CLI process is ours alone: overriding its environment is the simplest way
-		// to let ConfigFromEnv validate everything else unchanged.
+		// to let HostConfigFromEnv validate everything else unchanged.
 		os.Setenv(client.EnvToken, leaseToken)
 		os.Unsetenv(client.EnvTokenFile)
 	}
-	cfg, err := client.ConfigFromEnv()
+	cfg, err := client.HostConfigFromEnv()
 	if err != nil {
 		return nil, err
 	}
@@ -31,14 +34,12 @@ func newClient(leaseToken string) (*client.Client, error) {
 }
 
 // parseInterspersed parses flags that may come before, between or after positional
-// arguments ("leases new SESSION --ttl 1h"); "--" ends flag parsing.
-func parseInterspersed(fs interface {
-	Parse([]string) error
-	Args() []string
-}, args []string) ([]string, error) {
+// arguments ("leases new SESSION --ttl 1h"); "--" ends flag parsing. A bad flag is a
+// usage error; -h is flag.ErrHelp.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		rest := fs.Args()

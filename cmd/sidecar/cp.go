@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,7 +18,8 @@ import (
 )
 
 func init() {
-	register("cp", command{summary: "copy files or directories into or out of a lease (LOCAL LEASE:PATH or LEASE:PATH LOCAL)", run: runCp})
+	register("cp", command{summary: "copy files or directories into or out of a lease (LOCAL LEASE:PATH or LEASE:PATH LOCAL)",
+		usage: cpUsage, run: runCp})
 }
 
 const cpUsage = "usage: sidecar cp [-z] LOCAL LEASE:PATH | sidecar cp [-z] LEASE:PATH LOCAL"
@@ -55,15 +55,15 @@ func parseCp(args []string) (copySpec, error) {
 		return copySpec{}, err
 	}
 	if len(pos) != 2 {
-		return copySpec{}, errors.New(cpUsage)
+		return copySpec{}, usageError{cpUsage}
 	}
 	srcLease, srcPath, srcRemote := remoteArg(pos[0])
 	dstLease, dstPath, dstRemote := remoteArg(pos[1])
 	switch {
 	case srcRemote && dstRemote:
-		return copySpec{}, errors.New("cp: both sides are in a lease; one must be local")
+		return copySpec{}, usagef("cp: both sides are in a lease; one must be local")
 	case !srcRemote && !dstRemote:
-		return copySpec{}, errors.New("cp: neither side is LEASE:PATH")
+		return copySpec{}, usagef("cp: neither side is LEASE:PATH")
 	case dstRemote:
 		return copySpec{lease: dstLease, remote: dstPath, local: pos[0], upload: true, compress: *z}, nil
 	default:

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,7 +20,9 @@ import (
 )
 
 func init() {
-	register("exec", command{summary: "run a command in a lease (-i/-t for an interactive stream)", run: runExec})
+	register("exec", command{summary: "run a command in a lease (-i/-t for an interactive stream)",
+		usage: execUsage + "\n\nThe exit code is the command's own; 124 when it timed out, 128+N when signal N ended it.",
+		run:   runExec})
 }
 
 // Exit codes for outcomes that have no exit status of their own, as timeout(1) and
@@ -54,27 +55,29 @@ func parseExec(args []string) (execArgs, error) {
 	fs.StringVar(&a.cwd, "cwd", "", "working directory, relative to the lease workdir")
 	fs.Var(&env, "env", "environment variable K=V (repeatable)")
 	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return a, err
 	}
 	rest := fs.Args()
 	if len(rest) < 2 {
-		return a, errors.New(execUsage)
+		return a, usageError{execUsage}
 	}
 	a.lease, rest = rest[0], rest[1:]
 	if rest[0] == "--" {
 		rest = rest[1:]
 	}
 	if len(rest) == 0 {
-		return a, errors.New(execUsage)
+		return a, usageError{execUsage}
 	}
 	a.argv = rest
 	if a.timeout < 0 {
-		return a, fmt.Errorf("--timeout %v: must not be negative", a.timeout)
+		return a, usagef("--timeout %v: must not be negative", a.timeout)
 	}
 	var err error
-	a.env, err = keyValues(env, "--env")
-	return a, err
+	if a.env, err = keyValues(env, "--env"); err != nil {
+		return a, usageError{err.Error()}
+	}
+	return a, nil
 }
 
 func runExec(ctx context.Context, args []string) error {
@@ -120,28 +123,11 @@ func exitFor(code int, sig string, timedOut bool) error {
 	return nil
 }
 
-// streamEnv prefixes argv with env(1) so that variables reach a websocket exec, whose
-// query has no environment.
-func streamEnv(env map[string]string, argv []string) []string {
-	if len(env) == 0 {
-		return argv
-	}
-	out := []string{"env"}
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	return append(out, argv...)
-}
-
 // runStream runs a over the exec websocket: stdin forwarded with -i, a raw local terminal
 // and SIGWINCH resizes with -t.
 func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
-	if a.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, a.timeout)
-		defer cancel()
-	}
-	req := client.ExecStreamRequest{Argv: streamEnv(a.env, a.argv), Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive}
+	req := client.ExecStreamRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive,
+		TimeoutSeconds: a.timeout.Seconds()}
 	stdinFd, stdoutFd := int(os.Stdin.Fd()), int(os.Stdout.Fd())
 	localTTY := a.tty && term.IsTerminal(stdinFd)
 	if a.tty && term.IsTerminal(stdoutFd) {

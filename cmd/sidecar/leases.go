@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,18 +14,21 @@ import (
 )
 
 func init() {
-	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID)", run: runLeases})
+	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID)",
+		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new"}, run: runLeases})
 }
 
-const leasesUsage = `usage: sidecar leases ls
-       sidecar leases show ID
+const leasesUsage = `usage: sidecar leases ls [-o table|json]
+       sidecar leases show ID [-o json]
        sidecar leases rm ID
-       sidecar leases new SESSION_ID [--ttl 1h] [--network none|host] [--label k=v]... [-o json]`
+       sidecar leases new SESSION_ID [--ttl 1h] [--network none|host] [--label k=v]... [-o text|json]
+
+Needs SANDBOX_REMOTE_URL and the shared token (SANDBOX_REMOTE_AUTH_TOKEN or _FILE).`
 
 func runLeases(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprintln(os.Stderr, leasesUsage)
-		return flag.ErrHelp
+		return usageError{}
 	}
 	switch args[0] {
 	case "ls", "list":
@@ -39,15 +41,18 @@ func runLeases(ctx context.Context, args []string) error {
 		return leasesNew(ctx, args[1:])
 	default:
 		fmt.Fprintln(os.Stderr, leasesUsage)
-		return fmt.Errorf("leases: unknown subcommand %q", args[0])
+		return usagef("leases: unknown subcommand %q", args[0])
 	}
 }
 
 func leasesList(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("leases ls", flag.ContinueOnError)
-	output := fs.String("o", "table", "output format: table or json")
-	if err := fs.Parse(args); err != nil {
+	output := outputFlag(fs, "table", "json")
+	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("leases ls: unexpected argument %q", fs.Arg(0))
 	}
 	c, err := newClient("")
 	if err != nil {
@@ -57,27 +62,31 @@ func leasesList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *output == "json" {
+	if output.json() {
 		return printJSON(os.Stdout, apitype.LeaseList{Leases: leases})
 	}
 	return writeLeaseTable(os.Stdout, leases, time.Now())
 }
 
-// oneID parses a subcommand that takes exactly one lease id.
-func oneID(name string, args []string) (string, error) {
+// oneID parses a subcommand that takes exactly one lease id; formats, when given, are
+// its -o choices.
+func oneID(name string, args []string, formats ...string) (string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	if len(formats) > 0 {
+		outputFlag(fs, formats...)
+	}
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return "", err
 	}
 	if len(pos) != 1 {
-		return "", fmt.Errorf("usage: sidecar %s ID", name)
+		return "", usagef("usage: sidecar %s ID", name)
 	}
 	return pos[0], nil
 }
 
 func leasesShow(ctx context.Context, args []string) error {
-	id, err := oneID("leases show", args)
+	id, err := oneID("leases show", args, "json")
 	if err != nil {
 		return err
 	}
@@ -114,7 +123,7 @@ func parseNewLease(args []string) (newLeaseArgs, error) {
 	fs := flag.NewFlagSet("leases new", flag.ContinueOnError)
 	ttl := fs.Duration("ttl", 0, "lease TTL (0: the daemon's default)")
 	network := fs.String("network", "", "network mode: none or host (empty: the daemon's default)")
-	output := fs.String("o", "text", "output format: text or json")
+	output := outputFlag(fs, "text", "json")
 	var labels multiFlag
 	fs.Var(&labels, "label", "label k=v (repeatable)")
 	pos, err := parseInterspersed(fs, args)
@@ -122,26 +131,23 @@ func parseNewLease(args []string) (newLeaseArgs, error) {
 		return newLeaseArgs{}, err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return newLeaseArgs{}, errors.New("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none] [--label k=v] [-o json]")
+		return newLeaseArgs{}, usagef("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none] [--label k=v] [-o text|json]")
 	}
 	if *ttl < 0 || *ttl%time.Second != 0 {
-		return newLeaseArgs{}, fmt.Errorf("--ttl %v: want a positive whole number of seconds", *ttl)
+		return newLeaseArgs{}, usagef("--ttl %v: want a positive whole number of seconds", *ttl)
 	}
 	switch *network {
 	case "", apitype.NetworkNone, apitype.NetworkHost:
 	default:
-		return newLeaseArgs{}, fmt.Errorf("--network %q: want none or host", *network)
-	}
-	if *output != "text" && *output != "json" {
-		return newLeaseArgs{}, fmt.Errorf("-o %q: want text or json", *output)
+		return newLeaseArgs{}, usagef("--network %q: want none or host", *network)
 	}
 	lbl, err := keyValues(labels, "--label")
 	if err != nil {
-		return newLeaseArgs{}, err
+		return newLeaseArgs{}, usageError{err.Error()}
 	}
 	return newLeaseArgs{
 		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: *network, Labels: lbl},
-		output: *output,
+		output: output.value,
 	}, nil
 }
 
@@ -154,12 +160,12 @@ func leasesNew(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// The handle's background renewal ends with this command; the lease lives on
-	// until its TTL.
+	// The lease lives on until its TTL; nothing renews it after this command.
 	l, err := c.Acquire(ctx, a.req)
 	if err != nil {
 		return err
 	}
+	l.StopRenewing()
 	info := l.Info()
 	if a.output == "json" {
 		return printJSON(os.Stdout, info)

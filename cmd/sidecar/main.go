@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"sort"
@@ -15,6 +16,8 @@ import (
 // command is one subcommand: its own flag set lives in its run function.
 type command struct {
 	summary string
+	usage   string   // what `sidecar CMD --help` prints; the summary when empty
+	subs    []string // subcommands (`leases ls`, …), for completion and the --help test
 	run     func(ctx context.Context, args []string) error
 	hidden  bool
 }
@@ -41,30 +44,44 @@ func main() {
 	case errors.As(err, &ee):
 		os.Exit(ee.code)
 	case errors.Is(err, flag.ErrHelp):
-		os.Exit(2)
+		// An explicit -h/--help: the flag set printed its usage.
+	case isUsageError(err):
+		if msg := err.Error(); msg != "" {
+			fmt.Fprintln(os.Stderr, "sidecar:", msg)
+		}
+		os.Exit(exitUsage)
 	default:
 		fmt.Fprintln(os.Stderr, "sidecar:", err)
-		os.Exit(1)
+		os.Exit(exitFailure)
 	}
 }
 
 func run(ctx context.Context, args []string) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage()
-		if len(args) == 0 {
-			return flag.ErrHelp
+	if len(args) == 0 {
+		usage(os.Stderr)
+		return usageError{}
+	}
+	if isHelpArg(args[0]) {
+		if len(args) > 1 && commands[args[1]].run != nil { // sidecar help CMD
+			commandUsage(args[1])
+			return nil
 		}
+		usage(os.Stdout)
 		return nil
 	}
 	c, ok := commands[args[0]]
 	if !ok {
-		usage()
-		return fmt.Errorf("unknown command %q", args[0])
+		usage(os.Stderr)
+		return usagef("unknown command %q", args[0])
+	}
+	if len(args) > 1 && isHelpArg(args[1]) {
+		commandUsage(args[0])
+		return nil
 	}
 	return c.run(ctx, args[1:])
 }
 
-func usage() {
+func usage(w io.Writer) {
 	names := make([]string, 0, len(commands))
 	for name, c := range commands {
 		if !c.hidden {
@@ -72,8 +89,9 @@ func usage() {
 		}
 	}
 	sort.Strings(names)
-	fmt.Fprintln(os.Stderr, "usage: sidecar <command> [arguments]\n\ncommands:")
+	fmt.Fprintln(w, "usage: sidecar <command> [arguments]\n\ncommands:")
 	for _, name := range names {
-		fmt.Fprintf(os.Stderr, "  %-9s %s\n", name, commands[name].summary)
+		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
+	fmt.Fprintln(w, "\n`sidecar COMMAND --help` describes one; exit codes: 0 done, 1 failed, 2 bad usage.")
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,10 +13,12 @@ import (
 )
 
 func init() {
-	register("script", command{summary: "run a JavaScript transform on the daemon (script run FILE.js --input IN.json)", run: runScript})
+	register("script", command{summary: "run a JavaScript transform on the daemon (script run FILE.js --input IN.json)",
+		usage: scriptUsage + "\n\nPrints the transform's result as JSON and its console output on stderr.",
+		subs:  []string{"run"}, run: runScript})
 }
 
-const scriptUsage = "usage: sidecar script run FILE.js [--input IN.json|-] [--timeout 5s] [--lease-token TOKEN]"
+const scriptUsage = "usage: sidecar script run FILE.js [--input IN.json|-] [--timeout 5s] [--lease-token TOKEN] [-o json]"
 
 // scriptArgs are the parsed arguments of `script run`.
 type scriptArgs struct {
@@ -27,22 +28,23 @@ type scriptArgs struct {
 
 func parseScript(args []string) (scriptArgs, error) {
 	if len(args) == 0 || args[0] != "run" {
-		return scriptArgs{}, errors.New(scriptUsage)
+		return scriptArgs{}, usageError{scriptUsage}
 	}
 	fs := flag.NewFlagSet("script run", flag.ContinueOnError)
 	var a scriptArgs
 	fs.StringVar(&a.input, "input", "", "JSON input file (- for stdin; empty: null)")
 	fs.StringVar(&a.leaseToken, "lease-token", "", "authenticate with a lease token instead of the shared token")
 	fs.DurationVar(&a.timeout, "timeout", 0, "script time limit (0: the daemon's default)")
+	outputFlag(fs, "json") // the result is JSON; -o json is accepted for uniformity
 	pos, err := parseInterspersed(fs, args[1:])
 	if err != nil {
 		return a, err
 	}
 	if len(pos) != 1 {
-		return a, errors.New(scriptUsage)
+		return a, usageError{scriptUsage}
 	}
 	if a.timeout < 0 {
-		return a, fmt.Errorf("--timeout %v: must not be negative", a.timeout)
+		return a, usagef("--timeout %v: must not be negative", a.timeout)
 	}
 	a.file = pos[0]
 	return a, nil

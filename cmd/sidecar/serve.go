@@ -28,7 +28,8 @@ import (
 )
 
 func init() {
-	register("serve", command{summary: "run the daemon (configured by SIDECAR_* environment variables)", run: runServe})
+	register("serve", command{summary: "run the daemon (configured by SIDECAR_* environment variables)",
+		usage: "usage: sidecar serve\n\nThe daemon is configured by environment variables; see README.md and docs/operations.md.", run: runServe})
 }
 
 // serveConfig is the daemon's environment. Names are fixed by the wire contract
@@ -298,7 +299,7 @@ func runServe(ctx context.Context, args []string) error {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: sidecar serve\n\nThe daemon is configured by environment variables; see README.md and docs/operations.md.")
 	}
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	c, err := loadServeConfig(environMap())

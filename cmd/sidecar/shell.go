@@ -2,15 +2,16 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 )
 
 func init() {
-	register("shell", command{summary: "open an interactive login shell in a lease", run: runShell})
+	register("shell", command{summary: "open an interactive login shell in a lease", usage: shellUsage, run: runShell})
 }
 
 // shellScript prefers bash and falls back to sh; the lease's PATH decides which exist.
+const shellUsage = "usage: sidecar shell [--cwd DIR] LEASE"
+
 const shellScript = `if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi`
 
 func runShell(ctx context.Context, args []string) error {
@@ -21,7 +22,7 @@ func runShell(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(pos) != 1 {
-		return errors.New("usage: sidecar shell [--cwd DIR] LEASE")
+		return usageError{shellUsage}
 	}
 	c, err := newClient("")
 	if err != nil {

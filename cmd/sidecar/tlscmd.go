@@ -16,7 +16,8 @@ import (
 )
 
 func init() {
-	register("tls", command{summary: "make a private CA, server and client certificates (tls gen)", run: runTLS})
+	register("tls", command{summary: "make a private CA, server and client certificates (tls gen)",
+		usage: "usage: sidecar tls gen --dir DIR --host NAME --ip ADDR [--client NAME]... [--force]", subs: []string{"gen"}, run: runTLS})
 }
 
 // File names `sidecar tls gen` writes in its --dir.
@@ -36,7 +37,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 func runTLS(_ context.Context, args []string) error {
 	if len(args) == 0 || args[0] != "gen" {
 		fmt.Fprintln(os.Stderr, "usage: sidecar tls gen --dir DIR --host NAME --ip ADDR [--client NAME]... [--force]")
-		return flag.ErrHelp
+		return usageError{}
 	}
 	return tlsGen(args[1:], os.Stdout)
 }
@@ -57,11 +58,11 @@ server certificate (397 days) for the hosts and IPs and, with --client, client
 certificates (397 days) for mTLS. Existing files are never overwritten without --force.`)
 		flags.PrintDefaults()
 	}
-	if err := flags.Parse(args); err != nil {
+	if err := parseFlags(flags, args); err != nil {
 		return err
 	}
 	if flags.NArg() > 0 {
-		return fmt.Errorf("tls gen: unexpected argument %q", flags.Arg(0))
+		return usagef("tls gen: unexpected argument %q", flags.Arg(0))
 	}
 	if *dir == "" {
 		return errors.New("tls gen: --dir is required")

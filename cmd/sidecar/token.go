@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"errors"
+	"flag"
 	"fmt"
+	"os"
 )
 
 func init() {
-	register("token", command{summary: "print a new random 256-bit token for SIDECAR_AUTH_TOKEN", run: runToken})
+	register("token", command{summary: "print a new random 256-bit token for SIDECAR_AUTH_TOKEN",
+		usage: "usage: sidecar token [-o text|json]\n\nPrints a new random 256-bit token (base64url, 43 characters) for SIDECAR_AUTH_TOKEN.",
+		run:   runToken})
 }
 
 // newToken is 32 random bytes, base64url without padding: 43 characters.
@@ -20,8 +23,16 @@ func newToken() string {
 }
 
 func runToken(_ context.Context, args []string) error {
-	if len(args) > 0 {
-		return errors.New("usage: sidecar token")
+	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+	output := outputFlag(fs, "text", "json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("usage: sidecar token [-o text|json]")
+	}
+	if output.json() {
+		return printJSON(os.Stdout, map[string]string{"token": newToken()})
 	}
 	fmt.Println(newToken())
 	return nil

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"os"
 	"runtime"
 	"runtime/debug"
 )
@@ -11,17 +13,33 @@ import (
 var version = "dev"
 
 func init() {
-	register("version", command{summary: "print the version", run: runVersion})
+	register("version", command{summary: "print the version", usage: "usage: sidecar version [-o text|json]", run: runVersion})
 }
 
-func runVersion(context.Context, []string) error {
-	fmt.Printf("sidecar %s (%s, %s/%s", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+func runVersion(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	output := outputFlag(fs, "text", "json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("usage: sidecar version [-o text|json]")
+	}
+	commit := ""
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		for _, s := range bi.Settings {
 			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				fmt.Printf(", commit %s", s.Value[:12])
+				commit = s.Value[:12]
 			}
 		}
+	}
+	if output.json() {
+		return printJSON(os.Stdout, map[string]string{"version": version, "go": runtime.Version(),
+			"os": runtime.GOOS, "arch": runtime.GOARCH, "commit": commit})
+	}
+	fmt.Printf("sidecar %s (%s, %s/%s", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if commit != "" {
+		fmt.Printf(", commit %s", commit)
 	}
 	fmt.Println(")")
 	return nil

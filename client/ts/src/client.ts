@@ -1,0 +1,387 @@
+// The HTTP side of the client: one Client per daemon, a LeaseHandle per lease.
+import { readFileSync } from "node:fs";
+import { request as httpsRequest, Agent } from "node:https";
+import type { IncomingMessage, OutgoingHttpHeaders } from "node:http";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import type { components } from "./openapi.js";
+import { errorFromReply, UnauthorizedError, ForbiddenError, LeaseNotFoundError, LeaseExpiredError } from "./errors.js";
+import { Process, type ExecStreamOptions } from "./process.js";
+
+export type Schemas = components["schemas"];
+export type Lease = Schemas["Lease"];
+export type AcquireRequest = Schemas["AcquireRequest"];
+export type ExecRequest = Schemas["ExecRequest"];
+export type ExecResult = Schemas["ExecResult"];
+export type StartRequest = Schemas["StartRequest"];
+export type ProcessInfo = Schemas["Process"];
+export type FileEntry = Schemas["FileEntry"];
+export type DirListing = Schemas["DirListing"];
+export type ArchiveStats = Schemas["ArchiveStats"];
+export type Info = Schemas["Info"];
+export type CleanupResult = Schemas["CleanupResult"];
+export type ScriptRequest = Schemas["ScriptRequest"];
+export type ScriptResult = Schemas["ScriptResult"];
+
+export interface Config {
+  /** https://host:port of the daemon. */
+  url: string;
+  /** The shared token, or a lease token (that lease's routes only). */
+  token: string;
+  /** PEM of the CA that signed the daemon's certificate; the system roots when absent. */
+  ca?: string | Buffer;
+}
+
+/** configFromEnv reads SANDBOX_REMOTE_URL, SANDBOX_REMOTE_AUTH_TOKEN (or _FILE) and
+ * SANDBOX_REMOTE_CA_FILE, naming every variable at fault. */
+export function configFromEnv(env: NodeJS.ProcessEnv = process.env): Config {
+  const problems: string[] = [];
+  const url = env.SANDBOX_REMOTE_URL?.trim() ?? "";
+  if (!url.startsWith("https://")) problems.push("SANDBOX_REMOTE_URL must be an https:// URL");
+  let token = env.SANDBOX_REMOTE_AUTH_TOKEN?.trim() ?? "";
+  const tokenFile = env.SANDBOX_REMOTE_AUTH_TOKEN_FILE?.trim();
+  if (!token && tokenFile) token = readFileSync(tokenFile, "utf8").trim();
+  if (!token) problems.push("SANDBOX_REMOTE_AUTH_TOKEN or SANDBOX_REMOTE_AUTH_TOKEN_FILE is required");
+  const caFile = env.SANDBOX_REMOTE_CA_FILE?.trim();
+  if (problems.length > 0) throw new Error("client configuration: " + problems.join("; "));
+  return { url, token, ca: caFile ? readFileSync(caFile) : undefined };
+}
+
+interface Call {
+  method: string;
+  path: string; // escaped, below the base URL
+  query?: Record<string, string | string[]>;
+  headers?: OutgoingHttpHeaders;
+  json?: unknown;
+  body?: Buffer | Readable;
+  lease?: LeaseHandle; // whose credential the call uses; it keeps refreshed tokens
+}
+
+/** escapePath escapes a workdir-relative path segment by segment; it refuses absolute
+ * and escaping paths before any request, as the daemon would. */
+export function escapePath(p: string): string {
+  if (p.includes("\0")) throw new Error("path contains NUL");
+  if (p.startsWith("/")) throw new Error(`path ${JSON.stringify(p)} is absolute`);
+  const segs: string[] = [];
+  for (const s of p.split("/")) {
+    if (s === "" || s === ".") continue;
+    if (s === "..") {
+      if (segs.length === 0) throw new Error(`path ${JSON.stringify(p)} leaves the workdir`);
+      segs.pop();
+      continue;
+    }
+    segs.push(s);
+  }
+  return segs.map(encodeURIComponent).join("/");
+}
+
+export class Client {
+  readonly base: URL;
+  readonly token: string;
+  readonly ca?: string | Buffer;
+  readonly agent: Agent;
+
+  constructor(cfg: Config) {
+    this.base = new URL(cfg.url.replace(/\/+$/, ""));
+    if (this.base.protocol !== "https:") throw new Error("client: URL must be https://host[:port]");
+    this.token = cfg.token;
+    this.ca = cfg.ca;
+    this.agent = new Agent({ keepAlive: true, ca: cfg.ca, maxSockets: 16 });
+  }
+
+  /** close releases idle keep-alive connections. */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  /** send makes one request and resolves with a 2xx response whose body the caller
+   * reads; an error reply rejects with its typed error. */
+  send(c: Call): Promise<IncomingMessage> {
+    const url = new URL(this.base.toString());
+    url.pathname = this.base.pathname.replace(/\/$/, "") + c.path;
+    for (const [k, v] of Object.entries(c.query ?? {})) {
+      for (const x of Array.isArray(v) ? v : [v]) url.searchParams.append(k, x);
+    }
+    const headers: OutgoingHttpHeaders = { ...c.headers };
+    headers.authorization = `Bearer ${c.lease?.credential() || this.token}`;
+    let body = c.body;
+    if (c.json !== undefined) {
+      body = Buffer.from(JSON.stringify(c.json));
+      headers["content-type"] = "application/json";
+    }
+    if (Buffer.isBuffer(body)) headers["content-length"] = body.length;
+    return new Promise((resolve, reject) => {
+      const req = httpsRequest(url, { method: c.method, headers, agent: this.agent }, (res) => {
+        const fresh = res.headers["x-lease-token"];
+        if (typeof fresh === "string" && c.lease) c.lease.tokenRefreshed(fresh);
+        const status = res.statusCode ?? 0;
+        if (status >= 200 && status < 300) {
+          resolve(res);
+          return;
+        }
+        readAll(res, 64 << 10).then(
+          (b) => reject(errorFromReply(status, res.headers["content-type"], b)),
+          reject,
+        );
+      });
+      req.on("error", reject);
+      if (body instanceof Readable) {
+        pipeline(body, req).catch((err) => req.destroy(err));
+      } else {
+        req.end(body);
+      }
+    });
+  }
+
+  async json<T>(c: Call): Promise<T> {
+    const res = await this.send(c);
+    const b = await readAll(res);
+    return (b.length > 0 ? JSON.parse(b.toString("utf8")) : undefined) as T;
+  }
+
+  async empty(c: Call): Promise<void> {
+    const res = await this.send(c);
+    res.resume();
+    await new Promise<void>((resolve, reject) => res.on("end", resolve).on("error", reject));
+  }
+
+  info(): Promise<Info> {
+    return this.json({ method: "GET", path: "/v1/info" });
+  }
+
+  async listLeases(): Promise<Lease[]> {
+    return (await this.json<Schemas["LeaseList"]>({ method: "GET", path: "/v1/leases" })).leases;
+  }
+
+  getLease(id: string): Promise<Lease> {
+    return this.json({ method: "GET", path: leasePath(id) });
+  }
+
+  releaseLease(id: string): Promise<void> {
+    return this.empty({ method: "DELETE", path: leasePath(id) });
+  }
+
+  cleanup(): Promise<CleanupResult> {
+    return this.json({ method: "POST", path: "/v1/cleanup" });
+  }
+
+  runScript(req: ScriptRequest): Promise<ScriptResult> {
+    return this.json({ method: "POST", path: "/v1/scripts/run", json: req });
+  }
+
+  /** acquire takes the lease of req.session_id (the same active lease for the same
+   * session) and renews it at a third of its TTL until release() or stopRenewing(). */
+  async acquire(req: AcquireRequest): Promise<LeaseHandle> {
+    const info = await this.json<Lease>({ method: "POST", path: "/v1/leases", json: req });
+    const h = new LeaseHandle(this, info, false);
+    h.startRenewing(req.ttl_seconds ? req.ttl_seconds * 1000 : Date.parse(info.expires_at) - Date.parse(info.created_at), req.ttl_seconds ?? 0);
+    return h;
+  }
+
+  /** openLease is a handle on an existing lease by its lease token (a worker's case). It
+   * does not renew; it keeps the fresh token the daemon sends after the owner renewed. */
+  openLease(id: string, token: string): LeaseHandle {
+    return new LeaseHandle(this, { id, token } as Lease, true);
+  }
+}
+
+export function leasePath(id: string, ...parts: string[]): string {
+  return ["/v1/leases", encodeURIComponent(id), ...parts].join("/");
+}
+
+export async function readAll(r: Readable, limit = Infinity): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let n = 0;
+  for await (const chunk of r) {
+    n += chunk.length;
+    if (n > limit) {
+      r.destroy();
+      break;
+    }
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks);
+}
+
+/** LeaseHandle runs commands and moves files in one lease. */
+export class LeaseHandle {
+  readonly client: Client;
+  readonly id: string;
+  info: Lease;
+  /** Last background renewal failure, undefined while renewals succeed. */
+  renewError?: Error;
+  private readonly byToken: boolean;
+  private timer?: NodeJS.Timeout;
+
+  constructor(client: Client, info: Lease, byToken: boolean) {
+    this.client = client;
+    this.id = info.id;
+    this.info = info;
+    this.byToken = byToken;
+  }
+
+  get token(): string | undefined {
+    return this.info.token;
+  }
+
+  /** credential is the token for this lease's routes; empty uses the client's. */
+  credential(): string {
+    return this.byToken ? this.info.token ?? "" : "";
+  }
+
+  tokenRefreshed(tok: string): void {
+    if (this.byToken) this.info = { ...this.info, token: tok };
+  }
+
+  startRenewing(ttlMs: number, ttlSeconds: number): void {
+    const every = Math.max(ttlMs / 3, 50);
+    const tick = async () => {
+      try {
+        await this.renew(ttlSeconds);
+        this.renewError = undefined;
+      } catch (err) {
+        this.renewError = err as Error;
+        if (err instanceof LeaseNotFoundError || err instanceof LeaseExpiredError ||
+            err instanceof UnauthorizedError || err instanceof ForbiddenError) {
+          this.stopRenewing();
+          return;
+        }
+      }
+      if (this.timer) this.timer = setTimeout(tick, every).unref();
+    };
+    // unref: a pending renewal does not keep the process alive on its own.
+    this.timer = setTimeout(tick, every).unref();
+  }
+
+  stopRenewing(): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+  }
+
+  async renew(ttlSeconds = 0): Promise<Lease> {
+    const info = await this.client.json<Lease>({ method: "POST", path: leasePath(this.id, "renew"), json: { ttl_seconds: ttlSeconds }, lease: this });
+    this.info = { ...info, token: info.token ?? this.info.token };
+    return info;
+  }
+
+  async get(): Promise<Lease> {
+    return this.client.json({ method: "GET", path: leasePath(this.id), lease: this });
+  }
+
+  async release(): Promise<void> {
+    this.stopRenewing();
+    await this.client.empty({ method: "DELETE", path: leasePath(this.id), lease: this });
+  }
+
+  exec(req: ExecRequest): Promise<ExecResult> {
+    return this.client.json({ method: "POST", path: leasePath(this.id, "exec"), json: req, lease: this });
+  }
+
+  async processes(): Promise<ProcessInfo[]> {
+    return (await this.client.json<Schemas["ProcessList"]>({ method: "GET", path: leasePath(this.id, "processes"), lease: this })).processes;
+  }
+
+  process(pid: string): Promise<ProcessInfo> {
+    return this.client.json({ method: "GET", path: leasePath(this.id, "processes", encodeURIComponent(pid)), lease: this });
+  }
+
+  signal(pid: string, signal: string): Promise<void> {
+    return this.client.empty({ method: "POST", path: leasePath(this.id, "processes", encodeURIComponent(pid), "signal"), json: { signal }, lease: this });
+  }
+
+  /** start starts a background process and attaches to it from offset 0; a dropped
+   * connection reattaches at the exact output offset. */
+  async start(req: StartRequest): Promise<Process> {
+    const info = await this.client.json<ProcessInfo>({ method: "POST", path: leasePath(this.id, "processes"), json: req, lease: this });
+    return this.attach(info.pid, 0, req.tty ?? false);
+  }
+
+  /** attach attaches to a background process from output offset since (-1: live only). */
+  async attach(pid: string, since = 0, tty = false): Promise<Process> {
+    const p = new Process(this, pid, tty, true);
+    await p.connect(since);
+    return p;
+  }
+
+  /** execStream starts a command and attaches in one round trip (the websocket exec). */
+  async execStream(opts: ExecStreamOptions): Promise<Process> {
+    const p = new Process(this, "", opts.tty ?? false, opts.detach ?? false, opts);
+    await p.connect(0);
+    return p;
+  }
+
+  private filePath(p: string, kind = "files"): string {
+    return leasePath(this.id, kind, escapePath(p));
+  }
+
+  /** writeFile writes a whole file atomically (bytes or a stream). */
+  async writeFile(p: string, data: Buffer | string | Readable, opts: { mode?: number; mkdirs?: boolean; digest?: string } = {}): Promise<void> {
+    const headers: OutgoingHttpHeaders = { "content-type": "application/octet-stream" };
+    if (opts.mode !== undefined) headers["x-file-mode"] = opts.mode.toString(8).padStart(4, "0");
+    if (opts.digest) headers["content-digest"] = `sha-256=:${opts.digest}:`;
+    const body = typeof data === "string" ? Buffer.from(data) : data;
+    await this.client.empty({ method: "PUT", path: this.filePath(p), query: opts.mkdirs ? { mkdirs: "1" } : undefined, headers, body, lease: this });
+  }
+
+  /** upload is writeFile for a stream: the bytes are never held in memory whole. */
+  upload(p: string, body: Readable, opts: { mode?: number; mkdirs?: boolean; digest?: string } = {}): Promise<void> {
+    return this.writeFile(p, body, opts);
+  }
+
+  async readFile(p: string): Promise<Buffer> {
+    return readAll(await this.download(p));
+  }
+
+  /** download streams a file; with digest, the reply carries Repr-Digest (see digestOf). */
+  async download(p: string, opts: { digest?: boolean } = {}): Promise<IncomingMessage> {
+    return this.client.send({ method: "GET", path: this.filePath(p), query: opts.digest ? { digest: "sha-256" } : undefined, lease: this });
+  }
+
+  async list(p = "."): Promise<FileEntry[]> {
+    const res = await this.client.send({ method: "GET", path: this.filePath(p), lease: this });
+    const b = await readAll(res);
+    if (!String(res.headers["content-type"]).startsWith("application/json")) {
+      throw new Error(`list ${p}: not a directory`);
+    }
+    return (JSON.parse(b.toString("utf8")) as DirListing).entries;
+  }
+
+  /** stat reads a path's metadata (HEAD). */
+  async stat(p: string): Promise<FileEntry> {
+    const res = await this.client.send({ method: "HEAD", path: this.filePath(p), lease: this });
+    res.resume();
+    const h = res.headers;
+    return {
+      name: p.split("/").filter(Boolean).pop() ?? ".",
+      type: (h["x-file-type"] as FileEntry["type"]) ?? "other",
+      size: Number(h["x-file-size"] ?? 0),
+      mode: String(h["x-file-mode"] ?? ""),
+      mtime: String(h["x-file-mtime"] ?? ""),
+      target: h["x-symlink-target"] as string | undefined,
+    };
+  }
+
+  remove(p: string, recursive = false): Promise<void> {
+    return this.client.empty({ method: "DELETE", path: this.filePath(p), query: recursive ? { recursive: "1" } : undefined, lease: this });
+  }
+
+  mkdir(p: string): Promise<void> {
+    return this.client.empty({ method: "POST", path: this.filePath(p), query: { op: "mkdir" }, lease: this });
+  }
+
+  move(from: string, to: string): Promise<void> {
+    return this.client.empty({ method: "POST", path: this.filePath(from), query: { op: "move", to: escapePath(to) }, lease: this });
+  }
+
+  /** putTree extracts a tar stream into dir, all or nothing. */
+  putTree(dir: string, tar: Readable, encoding?: "gzip" | "zstd"): Promise<ArchiveStats> {
+    const headers: OutgoingHttpHeaders = { "content-type": "application/x-tar" };
+    if (encoding) headers["content-encoding"] = encoding;
+    return this.client.json({ method: "PUT", path: this.filePath(dir, "archive"), headers, body: tar, lease: this });
+  }
+
+  /** getTree streams dir as an uncompressed tar. */
+  getTree(dir: string): Promise<IncomingMessage> {
+    return this.client.send({ method: "GET", path: this.filePath(dir, "archive"), lease: this });
+  }
+}

@@ -1,0 +1,108 @@
+// Problem codes of the wire contract as typed errors: every error reply becomes an
+// instance of the class of its code, all of them SidecarError.
+import type { components } from "./openapi.js";
+
+export type Problem = components["schemas"]["Problem"];
+export type ProblemCode = Problem["code"];
+
+/** An error reply of the daemon (RFC 9457 problem details with a stable code). */
+export class SidecarError extends Error {
+  readonly status: number;
+  readonly code: ProblemCode;
+  readonly title: string;
+  readonly detail?: string;
+  readonly line?: number;
+  readonly column?: number;
+
+  constructor(status: number, p: Partial<Problem> & { code: ProblemCode }) {
+    super(`sidecar: ${p.title ?? status}${p.detail ? ": " + p.detail : ""} [${status} ${p.code}]`);
+    this.name = new.target.name;
+    this.status = status;
+    this.code = p.code;
+    this.title = p.title ?? "";
+    this.detail = p.detail;
+    this.line = p.line;
+    this.column = p.column;
+  }
+}
+
+export class UnauthorizedError extends SidecarError {}
+export class ForbiddenError extends SidecarError {}
+export class InvalidRequestError extends SidecarError {}
+export class NotFoundError extends SidecarError {}
+export class LeaseNotFoundError extends NotFoundError {}
+export class ProcessNotFoundError extends NotFoundError {}
+export class LeaseExpiredError extends SidecarError {}
+export class LeaseLimitError extends SidecarError {}
+export class PathOutsideWorkdirError extends SidecarError {}
+export class NotADirectoryError extends SidecarError {}
+export class IsADirectoryError extends SidecarError {}
+export class ExistsError extends SidecarError {}
+export class QuotaExceededError extends SidecarError {}
+export class DigestMismatchError extends SidecarError {}
+export class PayloadTooLargeError extends SidecarError {}
+export class CapabilityError extends SidecarError {}
+export class ScriptError extends SidecarError {}
+export class ScriptTimeoutError extends SidecarError {}
+export class UnavailableError extends SidecarError {}
+export class InternalError extends SidecarError {}
+export class MethodNotAllowedError extends SidecarError {}
+export class HeaderTooLargeError extends SidecarError {}
+export class ConflictError extends SidecarError {}
+export class RangeNotSatisfiableError extends SidecarError {}
+export class PreconditionFailedError extends SidecarError {}
+
+/** The class of every code; the Record type makes a code added to the document without
+ * a class here a compile error. */
+export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<Problem> & { code: ProblemCode }) => SidecarError> = {
+  unauthorized: UnauthorizedError,
+  forbidden: ForbiddenError,
+  invalid_request: InvalidRequestError,
+  not_found: NotFoundError,
+  lease_not_found: LeaseNotFoundError,
+  lease_expired: LeaseExpiredError,
+  lease_limit: LeaseLimitError,
+  process_not_found: ProcessNotFoundError,
+  path_outside_workdir: PathOutsideWorkdirError,
+  not_a_directory: NotADirectoryError,
+  is_a_directory: IsADirectoryError,
+  exists: ExistsError,
+  quota_exceeded: QuotaExceededError,
+  digest_mismatch: DigestMismatchError,
+  payload_too_large: PayloadTooLargeError,
+  capability_disabled: CapabilityError,
+  script_error: ScriptError,
+  script_timeout: ScriptTimeoutError,
+  unavailable: UnavailableError,
+  internal: InternalError,
+  method_not_allowed: MethodNotAllowedError,
+  header_too_large: HeaderTooLargeError,
+  conflict: ConflictError,
+  range_not_satisfiable: RangeNotSatisfiableError,
+  precondition_failed: PreconditionFailedError,
+};
+
+// A code for replies without a problem body (HEAD, a proxy in between).
+const codeByStatus: Record<number, ProblemCode> = {
+  400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+  405: "method_not_allowed", 409: "conflict", 410: "lease_expired", 413: "payload_too_large",
+  416: "range_not_satisfiable", 429: "lease_limit", 431: "header_too_large",
+  500: "internal", 502: "unavailable", 503: "unavailable", 504: "unavailable", 507: "quota_exceeded",
+};
+
+/** errorFromReply builds the typed error of an error reply. */
+export function errorFromReply(status: number, contentType: string | undefined, body: Buffer): SidecarError {
+  const mt = (contentType ?? "").split(";")[0].trim().toLowerCase();
+  if (body.length > 0 && (mt === "application/problem+json" || mt === "application/json")) {
+    try {
+      const p = JSON.parse(body.toString("utf8")) as Partial<Problem>;
+      if (p.code && p.code in errorClasses) {
+        return new errorClasses[p.code](status, { ...p, code: p.code });
+      }
+    } catch {
+      // not a problem body: fall through
+    }
+  }
+  const code = codeByStatus[status] ?? (status < 500 ? "invalid_request" : "internal");
+  return new errorClasses[code](status, { code, title: `HTTP ${status}` });
+}

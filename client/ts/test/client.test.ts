@@ -1,0 +1,221 @@
+// The TypeScript client against the real daemon (node --test, run from .ci/run).
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { spawn } from "node:child_process";
+import { mkdtempSync, mkdirSync, writeFileSync, readFileSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { Readable, type Writable } from "node:stream";
+import { finished } from "node:stream/promises";
+import {
+  SidecarError, NotFoundError, LeaseNotFoundError, InvalidRequestError, PathOutsideWorkdirError,
+  errorFromReply, errorClasses, readAll, type LeaseHandle, type Process,
+} from "../src/index.js";
+import { startDaemon, type Daemon } from "./daemon.js";
+
+let d: Daemon;
+before(async () => {
+  d = await startDaemon();
+});
+after(async () => {
+  await d?.stop();
+});
+
+async function lease(session: string): Promise<LeaseHandle> {
+  return d.client.acquire({ session_id: session });
+}
+
+// eventually polls cond until it holds or a generous deadline passes.
+async function eventually(what: string, cond: () => Promise<boolean> | boolean): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  while (!(await cond())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test("a problem code maps to its typed error", { timeout: 120_000 }, async () => {
+  await assert.rejects(d.client.getLease("lnosuchlease"), (err: unknown) => {
+    assert.ok(err instanceof LeaseNotFoundError, `got ${err}`);
+    assert.ok(err instanceof NotFoundError && err instanceof SidecarError);
+    assert.equal(err.code, "lease_not_found");
+    assert.equal(err.status, 404);
+    return true;
+  });
+  const l = await lease("typed-errors");
+  await assert.rejects(l.exec({ argv: [] }), InvalidRequestError);
+  // The daemon's refusal of an escaping path (the client's own check is bypassed here).
+  await assert.rejects(
+    d.client.send({ method: "GET", path: `/v1/leases/${l.id}/files/%2e%2e%2fetc%2fpasswd` }),
+    (err: unknown) => err instanceof PathOutsideWorkdirError || err instanceof NotFoundError,
+  );
+  // Every code of the document has a class, and the class carries the code.
+  for (const [code, cls] of Object.entries(errorClasses)) {
+    const e = errorFromReply(400, "application/problem+json", Buffer.from(JSON.stringify({ type: "x", title: "t", status: 400, code })));
+    assert.ok(e instanceof cls && e.code === code, code);
+  }
+  await l.release();
+});
+
+test("leases renew themselves, run commands and move files", { timeout: 120_000 }, async () => {
+  const l = await d.client.acquire({ session_id: "basics", ttl_seconds: 3 });
+  const first = l.info.expires_at;
+  await eventually("a renewal", () => l.info.expires_at > first);
+  assert.equal(l.renewError, undefined);
+
+  const res = await l.exec({ argv: ["sh", "-c", "echo out; echo err >&2; exit 3"] });
+  assert.equal(res.stdout, "out\n");
+  assert.equal(res.stderr, "err\n");
+  assert.equal(res.exit_code, 3);
+
+  await l.writeFile("dir/a.txt", "hello", { mkdirs: true, mode: 0o600 });
+  assert.equal((await l.readFile("dir/a.txt")).toString(), "hello");
+  const st = await l.stat("dir/a.txt");
+  assert.equal(st.type, "file");
+  assert.equal(st.size, 5);
+  assert.equal(st.mode, "0600");
+  await l.mkdir("dir/sub");
+  await l.move("dir/a.txt", "dir/sub/b.txt");
+  const names = (await l.list("dir/sub")).map((e) => e.name);
+  assert.deepEqual(names, ["b.txt"]);
+  assert.ok((await l.list(".")).some((e) => e.name === "dir" && e.type === "dir"));
+  await l.remove("dir", true);
+  await assert.rejects(l.stat("dir"), NotFoundError);
+  await l.release();
+  await assert.rejects(d.client.getLease(l.id), LeaseNotFoundError);
+});
+
+// tar runs the system tar with its stdout (or stdin) as a stream.
+function tar(args: string[], input?: Readable): Readable {
+  const p = spawn("tar", args, { stdio: [input ? "pipe" : "ignore", "pipe", "inherit"] });
+  if (input) input.pipe(p.stdin as Writable);
+  return p.stdout!;
+}
+
+test("directory trees go in and out as tar streams", { timeout: 120_000 }, async () => {
+  const l = await lease("trees");
+  const src = mkdtempSync("/var/tmp/sidecar-ts-tree-");
+  try {
+    mkdirSync(join(src, "a/b"), { recursive: true });
+    writeFileSync(join(src, "a/b/c.txt"), "deep");
+    writeFileSync(join(src, "top.txt"), "top");
+    const stats = await l.putTree("proj", tar(["-C", src, "-cf", "-", "."]));
+    assert.equal(stats.Files, 2);
+    assert.equal((await l.readFile("proj/a/b/c.txt")).toString(), "deep");
+    const out = mkdtempSync("/var/tmp/sidecar-ts-tree-out-");
+    try {
+      const extract = spawn("tar", ["-C", out, "-xf", "-"], { stdio: ["pipe", "inherit", "inherit"] });
+      (await l.getTree("proj")).pipe(extract.stdin);
+      await new Promise((r) => extract.on("exit", r));
+      assert.equal(readFileSync(join(out, "a/b/c.txt"), "utf8"), "deep");
+      assert.equal(readFileSync(join(out, "top.txt"), "utf8"), "top");
+    } finally {
+      rmSync(out, { recursive: true, force: true });
+    }
+  } finally {
+    rmSync(src, { recursive: true, force: true });
+  }
+  await l.release();
+});
+
+// pattern is n deterministic bytes, produced in 1 MiB chunks (never held whole).
+function pattern(n: number): Readable {
+  let sent = 0;
+  let block = 0;
+  return new Readable({
+    read() {
+      if (sent >= n) {
+        this.push(null);
+        return;
+      }
+      const size = Math.min(1 << 20, n - sent);
+      const chunk = Buffer.alloc(size);
+      for (let off = 0; off < size; off += 32) {
+        createHash("sha256").update(`block ${block++}`).digest().copy(chunk, off);
+      }
+      sent += size;
+      this.push(chunk);
+    },
+  });
+}
+
+test("a 64 MiB upload arrives with the digest it left with", { timeout: 120_000 }, async () => {
+  const l = await lease("big-upload");
+  const size = 64 << 20;
+  const want = createHash("sha256");
+  for await (const chunk of pattern(size)) want.update(chunk as Buffer);
+  const digest = want.digest();
+  await l.upload("big.bin", pattern(size), { digest: digest.toString("base64") });
+  const res = await l.exec({ argv: ["sha256sum", "big.bin"] });
+  assert.equal(res.stdout.split(" ")[0], digest.toString("hex"));
+  const dl = await l.download("big.bin", { digest: true });
+  assert.equal(dl.headers["repr-digest"], `sha-256=:${digest.toString("base64")}:`);
+  const got = createHash("sha256");
+  let n = 0;
+  for await (const chunk of dl) {
+    got.update(chunk as Buffer);
+    n += (chunk as Buffer).length;
+  }
+  assert.equal(n, size);
+  assert.deepEqual(got.digest(), digest);
+  await l.release();
+});
+
+test("20,000 counted lines arrive byte-identical through three dropped connections", { timeout: 120_000 }, async () => {
+  const l = await lease("resume");
+  const lines = 20_000;
+  const want = Array.from({ length: lines }, (_, i) => `line ${i + 1}\n`).join("");
+  const p: Process = await l.start({ argv: ["sh", "-c", `i=1; while [ $i -le ${lines} ]; do echo "line $i"; i=$((i+1)); done`] });
+  // Drop the connection each time the delivered output crosses one of these offsets.
+  const dropsAt = [20_000, 60_000, 110_000];
+  const chunks: Buffer[] = [];
+  p.stdout.on("data", (b: Buffer) => {
+    chunks.push(b);
+    if (dropsAt.length > 0 && p.offset >= dropsAt[0]) {
+      dropsAt.shift();
+      p.dropConnection();
+    }
+  });
+  const st = await p.wait();
+  await finished(p.stdout);
+  const got = Buffer.concat(chunks).toString();
+  assert.equal(st.exit_code, 0);
+  assert.equal(dropsAt.length, 0, "not every drop happened");
+  assert.equal(p.connections, 4);
+  assert.equal(p.lost, 0);
+  assert.equal(got.length, want.length);
+  assert.ok(got === want, "the output differs");
+  await l.release();
+});
+
+test("a PTY follows a resize", { timeout: 120_000 }, async () => {
+  const l = await lease("pty");
+  const p = await l.execStream({ argv: ["/bin/sh", "-c", "stty size; read x; stty size"], tty: true, stdin: true, rows: 24, cols: 80 });
+  let out = "";
+  p.stdout.on("data", (b: Buffer) => (out += b.toString()));
+  await eventually("the first size", () => out.includes("24 80"));
+  p.resize(50, 132);
+  p.write("go\n");
+  await eventually("the new size", () => out.includes("50 132"));
+  const st = await p.wait();
+  assert.equal(st.exit_code, 0);
+  await l.release();
+});
+
+test("a streaming exec takes env and reports its exit", { timeout: 120_000 }, async () => {
+  const l = await lease("stream-env");
+  const p = await l.execStream({ argv: ["sh", "-c", 'printf %s "$GREETING"; exit 7'], env: { GREETING: "hi there" } });
+  const out = await readAll(p.stdout);
+  const st = await p.wait();
+  assert.equal(out.toString(), "hi there");
+  assert.equal(st.exit_code, 7);
+  await l.release();
+});
+
+test("a worker holding only the lease token works with it", { timeout: 120_000 }, async () => {
+  const owner = await lease("worker");
+  const worker = d.client.openLease(owner.id, owner.token!);
+  const res = await worker.exec({ argv: ["echo", "from the worker"] });
+  assert.equal(res.stdout, "from the worker\n");
+  await owner.release();
+});

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// runBin runs the built CLI with an empty environment and returns stdout, stderr and the
+// exit code.
+func runBin(t *testing.T, bin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return stdout.String(), stderr.String(), 0
+	case errors.As(err, &ee):
+		return stdout.String(), stderr.String(), ee.ExitCode()
+	}
+	t.Fatalf("%v: %v", args, err)
+	return "", "", 0
+}
+
+// Every command and subcommand of the built binary answers --help (and -h) with its
+// usage on stdout and exit 0; the command table is the list, so a new command is covered.
+func TestHelpOnEveryCommand(t *testing.T) {
+	bin := buildBinary(t, t.TempDir())
+	invocations := [][]string{{"--help"}, {"help"}, {"-h"}}
+	for _, name := range visibleCommands() {
+		invocations = append(invocations, []string{name, "--help"}, []string{name, "-h"}, []string{"help", name})
+		for _, sub := range commands[name].subs {
+			invocations = append(invocations, []string{name, sub, "--help"})
+		}
+	}
+	if len(invocations) < 30 {
+		t.Fatalf("only %d invocations: is the command table empty?", len(invocations))
+	}
+	for _, args := range invocations {
+		stdout, stderr, code := runBin(t, bin, args...)
+		if code != 0 || !strings.Contains(strings.ToLower(stdout), "usage") {
+			t.Errorf("sidecar %s: exit %d, stdout %q, stderr %q; want exit 0 and usage on stdout",
+				strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+}
+
+// Bad command lines exit 2 (docs/operations.md), -o included, before any request.
+func TestUsageErrorsExit2(t *testing.T) {
+	bin := buildBinary(t, t.TempDir())
+	for _, args := range [][]string{
+		{},
+		{"no-such-command"},
+		{"leases"},
+		{"leases", "frobnicate"},
+		{"leases", "ls", "-o", "yaml"},
+		{"leases", "show", "-o", "table", "L1"},
+		{"leases", "new", "s", "-o", "xml"},
+		{"cleanup", "-o", "yaml"},
+		{"token", "-o", "yaml"},
+		{"version", "-o", "yaml"},
+		{"script", "run", "-o", "text", "t.js"},
+		{"exec", "L1"},
+		{"exec", "--bogus", "L1", "true"},
+		{"cp", "a", "b"},
+		{"completion", "fish"},
+	} {
+		if _, stderr, code := runBin(t, bin, args...); code != exitUsage {
+			t.Errorf("sidecar %s: exit %d, want %d; stderr %q", strings.Join(args, " "), code, exitUsage, stderr)
+		}
+	}
+	for _, args := range [][]string{{"token", "-o", "json"}, {"version", "-o", "json"}} {
+		if stdout, _, code := runBin(t, bin, args...); code != 0 || !strings.HasPrefix(stdout, "{") {
+			t.Errorf("sidecar %s: exit %d, stdout %q", strings.Join(args, " "), code, stdout)
+		}
+	}
+	// Operator commands need a URL and a token, not SANDBOX_PROVIDER: without a URL the
+	// error names the URL only.
+	if _, stderr, code := runBin(t, bin, "leases", "ls"); code != exitFailure ||
+		!strings.Contains(stderr, "SANDBOX_REMOTE_URL") || strings.Contains(stderr, "SANDBOX_PROVIDER") {
+		t.Errorf("leases ls without configuration: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// The completion scripts list every visible command and parse in their shells.
+func TestCompletionScripts(t *testing.T) {
+	bin := buildBinary(t, t.TempDir())
+	for _, shell := range []string{"bash", "zsh"} {
+		script, _, code := runBin(t, bin, "completion", shell)
+		if code != 0 {
+			t.Fatalf("completion %s: exit %d", shell, code)
+		}
+		for _, name := range visibleCommands() {
+			if !strings.Contains(script, name) {
+				t.Errorf("%s completion lacks %q", shell, name)
+			}
+		}
+		// Both shells are installed by .ci/run; a missing one fails here.
+		if out, err := exec.Command(shell, "-n", "-c", script).CombinedOutput(); err != nil {
+			t.Errorf("%s -n: %v\n%s", shell, err, out)
+		}
+	}
+	// bash really completes: the subcommands of leases after "sidecar leases ".
+	script, _, _ := runBin(t, bin, "completion", "bash")
+	out, err := exec.Command("bash", "-c", script+`
+COMP_WORDS=(sidecar leases ""); COMP_CWORD=2; _sidecar; echo "${COMPREPLY[*]}"`).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new" {
+		t.Errorf("bash completion of 'sidecar leases ': %v %q", err, out)
+	}
+}
