@@ -44,17 +44,6 @@ func treeFlags(fs *flag.FlagSet, o *client.TreeOptions, globs, exclude *multiFla
 	fs.BoolVar(&o.GitIgnore, "gitignore", false, "honour .gitignore files")
 }
 
-func outputFlag(fs *flag.FlagSet) *string {
-	return fs.String("o", "text", "output: text or json")
-}
-
-func checkOutput(o string) error {
-	if o != "text" && o != "json" {
-		return fmt.Errorf("-o must be text or json")
-	}
-	return nil
-}
-
 const findUsage = "usage: sidecar find [--name GLOB] [--exclude GLOB] [--type f|d|l|o] [--maxdepth N] [--hidden] [--gitignore] [--limit N] [--all] [-l] [-o json] LEASE:DIR"
 
 func runFind(ctx context.Context, args []string) error {
@@ -66,16 +55,13 @@ func runFind(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Limit, "limit", 0, "entries per request (0: the daemon's default, 1000)")
 	all := fs.Bool("all", false, "follow truncated results to the end")
 	long := fs.Bool("l", false, "show type, size, mode and mtime")
-	out := outputFlag(fs)
+	out := outputFlag(fs, "text", "json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
 		return errors.New(findUsage)
-	}
-	if err := checkOutput(*out); err != nil {
-		return err
 	}
 	o.Globs, o.Exclude, o.Stat = globs, exclude, *long
 	switch *typ {
@@ -102,7 +88,7 @@ func runFind(ctx context.Context, args []string) error {
 		}
 		o.After = page.Next
 	}
-	if *out == "json" {
+	if out.json() {
 		return printJSON(os.Stdout, res)
 	}
 	for _, e := range res.Entries {
@@ -135,16 +121,13 @@ func runGrep(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Context, "C", 0, "lines of context before and after each match (at most 10)")
 	fs.IntVar(&o.MaxMatches, "m", 0, "matching lines at most (0: the daemon's default, 1000)")
 	fs.Int64Var(&o.MaxFileBytes, "max-file-bytes", 0, "skip larger files (0: the daemon's default, 8 MiB)")
-	out := outputFlag(fs)
+	out := outputFlag(fs, "text", "json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 2 {
 		return errors.New(grepUsage)
-	}
-	if err := checkOutput(*out); err != nil {
-		return err
 	}
 	o.Globs, o.Exclude = globs, exclude
 	l, p, err := leaseTarget(pos[1], grepUsage)
@@ -155,7 +138,7 @@ func runGrep(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *out == "json" {
+	if out.json() {
 		if err := printJSON(os.Stdout, res); err != nil {
 			return err
 		}
@@ -190,16 +173,13 @@ func printGrep(w io.Writer, res apitype.GrepResult) {
 func runStat(ctx context.Context, args []string) error {
 	const usage = "usage: sidecar stat [-o json] LEASE:PATH"
 	fs := flag.NewFlagSet("stat", flag.ContinueOnError)
-	out := outputFlag(fs)
+	out := outputFlag(fs, "text", "json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
 		return errors.New(usage)
-	}
-	if err := checkOutput(*out); err != nil {
-		return err
 	}
 	l, p, err := leaseTarget(pos[0], usage)
 	if err != nil {
@@ -209,7 +189,7 @@ func runStat(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *out == "json" {
+	if out.json() {
 		if err := printJSON(os.Stdout, st); err != nil {
 			return err
 		}
@@ -261,16 +241,13 @@ func runWatch(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
 	var o client.WatchOptions
 	fs.BoolVar(&o.Recursive, "r", false, "watch the directories below too")
-	out := outputFlag(fs)
+	out := outputFlag(fs, "text", "json")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) != 1 {
 		return errors.New(usage)
-	}
-	if err := checkOutput(*out); err != nil {
-		return err
 	}
 	l, dir, err := leaseTarget(pos[0], usage)
 	if err != nil {
@@ -292,7 +269,7 @@ func runWatch(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		if *out == "json" {
+		if out.json() {
 			if err := printJSONLine(os.Stdout, e); err != nil {
 				return err
 			}
