@@ -92,7 +92,7 @@ func (l *Lease) Find(ctx context.Context, dir string, o FindOptions) (apitype.Fi
 		q.Set("stat", "1")
 	}
 	var res apitype.FindResult
-	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, token: l.cred(), idempotent: true}, &res)
+	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, lease: l, idempotent: true}, &res)
 	return res, err
 }
 
@@ -130,7 +130,7 @@ func (l *Lease) Grep(ctx context.Context, path, pattern string, o GrepOptions) (
 		q.Set("max_file_bytes", strconv.FormatInt(o.MaxFileBytes, 10))
 	}
 	var res apitype.GrepResult
-	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, token: l.cred(), idempotent: true}, &res)
+	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, lease: l, idempotent: true}, &res)
 	return res, err
 }
 
@@ -142,7 +142,7 @@ func (l *Lease) FileStat(ctx context.Context, p string) (apitype.FileStat, error
 		return apitype.FileStat{}, err
 	}
 	var st apitype.FileStat
-	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: sp, token: l.cred(), idempotent: true}, &st)
+	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: sp, lease: l, idempotent: true}, &st)
 	return st, err
 }
 
@@ -168,7 +168,7 @@ func (l *Lease) ReadLines(ctx context.Context, p string, offset, limit int) (Lin
 		return Lines{}, err
 	}
 	q := url.Values{"line_offset": {strconv.Itoa(offset)}, "line_limit": {strconv.Itoa(limit)}}
-	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, query: q, token: l.cred(), idempotent: true})
+	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: fp, query: q, lease: l, idempotent: true})
 	if err != nil {
 		return Lines{}, err
 	}
@@ -202,7 +202,7 @@ func (l *Lease) Replace(ctx context.Context, p, old, new string, o ReplaceOption
 	}
 	var res apitype.ReplaceResult
 	err = l.c.doJSON(ctx, request{method: http.MethodPost, path: fp, query: url.Values{"op": {"replace"}}, header: h,
-		json: apitype.ReplaceRequest{Old: old, New: new, All: o.All}, token: l.cred()}, &res)
+		json: apitype.ReplaceRequest{Old: old, New: new, All: o.All}, lease: l}, &res)
 	return res, err
 }
 
@@ -232,7 +232,7 @@ func (l *Lease) WriteFileIf(ctx context.Context, p string, data []byte, mode fs.
 	if data == nil {
 		data = []byte{}
 	}
-	resp, err := l.c.do(ctx, request{method: http.MethodPut, path: fp, query: url.Values{"mkdirs": {"1"}}, header: h, body: data, token: l.cred()})
+	resp, err := l.c.do(ctx, request{method: http.MethodPut, path: fp, query: url.Values{"mkdirs": {"1"}}, header: h, body: data, lease: l})
 	if err != nil {
 		return "", err
 	}
@@ -277,7 +277,7 @@ func (l *Lease) Watch(ctx context.Context, dir string, o WatchOptions) (*Watcher
 		q.Set("queue", strconv.Itoa(o.Queue))
 	}
 	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: p, query: q, header: http.Header{"Accept": {"text/event-stream"}},
-		token: l.cred()})
+		lease: l})
 	if err != nil {
 		return nil, err
 	}
