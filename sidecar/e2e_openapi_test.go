@@ -144,7 +144,7 @@ func documentedPath(p string) string {
 		return p
 	}
 	id, tail, _ := strings.Cut(rest, "/")
-	for _, kind := range []string{"files/", "archive/"} {
+	for _, kind := range []string{"files/", "archive/", "find/", "grep/", "stat/", "watch/"} {
 		if file, ok := strings.CutPrefix(tail, kind); ok {
 			file = strings.ReplaceAll(file, "/", "_")
 			if file == "" {
