@@ -2,10 +2,8 @@ package sandbox
 
 import (
 	"fmt"
-	"os"
-	"runtime"
-
-	"golang.org/x/sys/unix"
+	"os/exec"
+	"syscall"
 )
 
 // Isolation is built in layers. Strict isolation needs the base layers (root, cgroups with
@@ -119,32 +117,17 @@ func (c Caps) Gaps() []string {
 
 // probeNamespaces checks that this process can make the namespaces strict isolation
 // gives every lease: a mount namespace (made by each helper) and a network namespace.
-func probeNamespaces() []string {
+// The mount namespace is tried in a child (the helper, which exits at once without its
+// config): unsharing one on a daemon thread would leave that thread with a root and
+// working directory of its own, or, on the main thread, keep it alive in the namespace.
+func probeNamespaces(helper string) []string {
 	var missing []string
-	errc := make(chan error, 1)
-	go func() {
-		// The probe's thread must come back to the daemon's mount namespace before it is
-		// unlocked: a thread left locked in a private namespace would, if it were the main
-		// thread, stay alive and make /proc/self (read for the host's namespace) lie.
-		runtime.LockOSThread()
-		host, err := os.Open("/proc/thread-self/ns/mnt")
-		if err != nil {
-			errc <- err
-			return // still locked: the thread dies with the goroutine
-		}
-		defer host.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-			runtime.UnlockOSThread() // nothing changed on this thread
-			errc <- err
-			return
-		}
-		if err := unix.Setns(int(host.Fd()), unix.CLONE_NEWNS); err == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
-		missing = append(missing, fmt.Sprintf("mount namespaces (unshare: %v)", err))
+	probe := exec.Command(helper, HelperArg)
+	probe.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	if err := probe.Start(); err != nil {
+		missing = append(missing, fmt.Sprintf("mount namespaces (%v)", err))
+	} else {
+		_ = probe.Wait() // it fails, finding no config: only the clone mattered
 	}
 	ns, err := newNetNS()
 	if err != nil {

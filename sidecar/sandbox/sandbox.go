@@ -221,7 +221,7 @@ func New(cfg Config) (*Sandbox, error) {
 			missing = append(missing, fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", cfg.RequireCgroup, cg.version()))
 		}
 		s.cg = cg
-		missing = append(missing, probeNamespaces()...)
+		missing = append(missing, probeNamespaces(helper)...)
 	}
 	if cfg.Seccomp == SeccompStrict && !s.caps.Seccomp {
 		missing = append(missing, "seccomp filters (CONFIG_SECCOMP_FILTER on amd64 or arm64; or SIDECAR_SECCOMP=off)")

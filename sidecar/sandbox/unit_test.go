@@ -260,9 +260,10 @@ func TestClaimParent(t *testing.T) {
 	second.Close()
 }
 
-// The namespace probe leaves no thread of the daemon in a mount namespace of its own: a
-// thread left there (the main thread cannot die) would make /proc/self name the wrong
-// namespace, and with it the helpers' "not in a private mount namespace" check.
+// The namespace probe leaves every thread of the daemon in the daemon's mount namespace
+// and working directory: a thread left in a namespace of its own (the main thread cannot
+// die) would make /proc/self name the wrong namespace, and one with a working directory
+// of its own would resolve relative paths elsewhere.
 func TestProbeNamespacesLeavesNoThreadBehind(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make namespaces")
@@ -271,8 +272,16 @@ func TestProbeNamespacesLeavesNoThreadBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 100 { // the probe lands on the main thread now and then
-		if missing := probeNamespaces(); len(missing) > 0 {
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if missing := probeNamespaces(self); len(missing) > 0 {
 			t.Fatalf("probe: %v", missing)
 		}
 	}
@@ -287,6 +296,9 @@ func TestProbeNamespacesLeavesNoThreadBehind(t *testing.T) {
 		}
 		if ns != host {
 			t.Errorf("thread %s is in mount namespace %s, the daemon in %s", task.Name(), ns, host)
+		}
+		if dir, err := os.Readlink("/proc/self/task/" + task.Name() + "/cwd"); err == nil && dir != cwd {
+			t.Errorf("thread %s works in %s, the daemon in %s", task.Name(), dir, cwd)
 		}
 	}
 }
