@@ -51,6 +51,9 @@ export class HeaderTooLargeError extends SidecarError {}
 export class ConflictError extends SidecarError {}
 export class RangeNotSatisfiableError extends SidecarError {}
 export class PreconditionFailedError extends SidecarError {}
+export class ExecLimitError extends SidecarError {}
+export class OldTextNotFoundError extends SidecarError {}
+export class OldTextNotUniqueError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -80,6 +83,9 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   conflict: ConflictError,
   range_not_satisfiable: RangeNotSatisfiableError,
   precondition_failed: PreconditionFailedError,
+  exec_limit: ExecLimitError,
+  old_text_not_found: OldTextNotFoundError,
+  old_text_not_unique: OldTextNotUniqueError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).
