@@ -31,7 +31,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run test check vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test
+.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test
 
 all: build
 
@@ -75,7 +75,12 @@ run: build
 # a short run of each fuzz target.
 test: check
 
-check: fmt vet staticcheck race fuzz
+check: fmt tidy vet staticcheck race fuzz
+
+# tidy: go.mod says what the code imports, no more, no less (direct dependencies are not
+# marked indirect).
+tidy:
+	$(GO) mod tidy -diff
 
 fmt:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
