@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
 )
@@ -62,18 +63,46 @@ func (d *testDaemon) rawAttach(t *testing.T, path string, smallWindow bool) (*we
 	return conn, tcp, resp
 }
 
-// settleGoroutines waits (bounded) until the goroutine count is back to at most base.
-func settleGoroutines(t *testing.T, base int, what string) {
+// settleStreams waits (bounded) until the goroutines serving websocket streams in this
+// process (handler, writer, pump) are back to at most base. Counting only these keeps
+// the check about the stream: the test process also runs clients, renew loops and
+// other daemons whose goroutines come and go.
+func settleStreams(t *testing.T, base int, what string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
-	for runtime.NumGoroutine() > base {
+	for streamGoroutines() > base {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 1<<20)
 			n := runtime.Stack(buf, true)
-			t.Fatalf("%s: %d goroutines, %d before:\n%s", what, runtime.NumGoroutine(), base, buf[:n])
+			t.Fatalf("%s: %d stream goroutines, %d before:\n%s", what, streamGoroutines(), base, buf[:n])
 		}
 		time.Sleep(10 * time.Millisecond) // poll interval
 	}
+}
+
+// startUnwatched starts a background process and closes the attachment that Start
+// opens, so that the only streams the daemon serves afterwards are the test's own.
+func startUnwatched(t *testing.T, l *client.Lease, req apitype.StartRequest) {
+	t.Helper()
+	p, err := l.Start(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Close()
+	settleStreams(t, 0, "stream goroutines after the start handle closed")
+}
+
+// streamGoroutines counts the goroutines running the daemon's stream code.
+func streamGoroutines() int {
+	buf := make([]byte, 4<<20)
+	n := runtime.Stack(buf, true)
+	count := 0
+	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+		if strings.Contains(g, "sidecar.(*Server).stream") {
+			count++
+		}
+	}
+	return count
 }
 
 func TestFaultClientResetMidStream(t *testing.T) {
@@ -83,17 +112,18 @@ func TestFaultClientResetMidStream(t *testing.T) {
 	const lines = 100000 // 589 KB of output: less than the 1 MiB replay buffer
 	// The process waits for a file before it ends, so it is still running when the
 	// client resets.
-	if _, err := l.Start(ctx, apitype.StartRequest{ID: "counter", Argv: []string{"sh", "-c", "seq 1 " + strconv.Itoa(lines) + "; while [ ! -e go ]; do sleep 0.05; done"}}); err != nil {
-		t.Fatal(err)
-	}
-	base := runtime.NumGoroutine()
+	startUnwatched(t, l, apitype.StartRequest{ID: "counter", Argv: []string{"sh", "-c", "seq 1 " + strconv.Itoa(lines) + "; while [ ! -e go ]; do sleep 0.05; done"}})
+	base := streamGoroutines()
 	path := "/v1/leases/" + l.ID() + "/processes/counter/attach"
 	conn, tcp, _ := d.rawAttach(t, path+"?since=0", false)
 	got, _ := readOutput(t, conn, 1000)
+	if streamGoroutines() <= base {
+		t.Fatal("no stream goroutine is running during the attach")
+	}
 	_ = tcp.SetLinger(0)
 	_ = tcp.Close() // RST: no close frame, no FIN
 	start := time.Now()
-	settleGoroutines(t, base, "goroutines after a reset stream")
+	settleStreams(t, base, "stream goroutines after a reset stream")
 	t.Logf("stream goroutines gone %v after the reset", time.Since(start).Round(time.Millisecond))
 
 	pr := must(l.Process(ctx, "counter"))(t)
@@ -123,7 +153,7 @@ func TestFaultExecStreamResetKillsProcess(t *testing.T) {
 	d := startFaultDaemon(t)
 	l := d.acquire("reset-exec")
 	marker := "sidecar-fault-exec-reset-" + strconv.Itoa(os.Getpid())
-	base := runtime.NumGoroutine()
+	base := streamGoroutines()
 	q := url.Values{"command": {"sh", "-c", "echo up; while :; do sleep 1; done", marker}}
 	conn, tcp, resp := d.rawAttach(t, "/v1/leases/"+l.ID()+"/exec?"+q.Encode(), false)
 	pid := resp.Header.Get(apitype.HeaderProcessID)
@@ -136,8 +166,12 @@ func TestFaultExecStreamResetKillsProcess(t *testing.T) {
 	_ = tcp.SetLinger(0)
 	_ = tcp.Close()
 	waitFor(t, "the exec stream's process tree to die", 15*time.Second, func() bool { return len(markedProcs(marker)) == 0 })
-	settleGoroutines(t, base, "goroutines after a reset exec stream")
-	pr := must(l.Process(context.Background(), pid))(t)
+	settleStreams(t, base, "stream goroutines after a reset exec stream")
+	var pr apitype.Process
+	waitFor(t, "the daemon to see the process end", 15*time.Second, func() bool {
+		pr = must(l.Process(context.Background(), pid))(t)
+		return pr.State != apitype.ProcessRunning
+	})
 	if pr.State == apitype.ProcessRunning || (pr.ExitCode != nil && *pr.ExitCode == 0 && pr.Signal == "") {
 		t.Fatalf("process of a reset exec stream: %+v", pr)
 	}
@@ -150,10 +184,8 @@ func TestFaultClientStopsReading(t *testing.T) {
 	l := d.acquire("stalled")
 	ctx := context.Background()
 	const total = 64 << 20
-	if _, err := l.Start(ctx, apitype.StartRequest{ID: "firehose", Argv: []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}}); err != nil {
-		t.Fatal(err)
-	}
-	base := runtime.NumGoroutine()
+	startUnwatched(t, l, apitype.StartRequest{ID: "firehose", Argv: []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}})
+	base := streamGoroutines()
 	var before runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
@@ -175,7 +207,7 @@ func TestFaultClientStopsReading(t *testing.T) {
 	}
 	// The daemon cut the stalled client at its write timeout: its goroutines are gone
 	// even though the client never closed.
-	settleGoroutines(t, base+2, "goroutines after a stalled client was cut") // +2: the client's own conn
+	settleStreams(t, base, "stream goroutines after a stalled client was cut")
 }
 
 // A client that stops reading is cut once a write has been blocked for WSWriteTimeout,
@@ -189,30 +221,21 @@ func TestFaultStalledReaderCut(t *testing.T) {
 	l := d.acquire("stalled-reader")
 	ctx := context.Background()
 	// A steady trickle (about 2.5 MB/s) that never ends: something is always to be written.
-	if _, err := l.Start(ctx, apitype.StartRequest{ID: "trickle", Argv: []string{"sh", "-c", "while :; do head -c 262144 /dev/zero; sleep 0.1; done"}}); err != nil {
-		t.Fatal(err)
-	}
+	startUnwatched(t, l, apitype.StartRequest{ID: "trickle", Argv: []string{"sh", "-c", "while :; do head -c 262144 /dev/zero; sleep 0.1; done"}})
 	conn, _, _ := d.rawAttach(t, "/v1/leases/"+l.ID()+"/processes/trickle/attach?since=-1", true)
 	defer conn.Close()
-	if streamHandlers() == 0 {
+	if streamGoroutines() == 0 {
 		t.Fatal("no stream handler is running after the attach")
 	}
 	// Read nothing: the daemon must end the stream (its handler returns) well before the
 	// reader's own deadline of two hours. (What the client reads afterwards depends on
 	// the kernel's handling of the orphaned socket, so it is not asserted.)
 	waitFor(t, "the daemon to end the stream of a client that reads nothing", time.Minute, func() bool {
-		return streamHandlers() == 0
+		return streamGoroutines() == 0
 	})
 	if pr := must(l.Process(ctx, "trickle"))(t); pr.State != apitype.ProcessRunning {
 		t.Fatalf("the process behind a cut viewer: %+v", pr)
 	}
-}
-
-// streamHandlers counts the goroutines serving a websocket stream in this process.
-func streamHandlers() int {
-	buf := make([]byte, 4<<20)
-	n := runtime.Stack(buf, true)
-	return strings.Count(string(buf[:n]), "sidecar.(*Server).stream(")
 }
 
 // A slow reader against a fast writer: it gets what it can, the rest is counted in
@@ -222,9 +245,7 @@ func TestFaultSlowReader(t *testing.T) {
 	l := d.acquire("slow")
 	ctx := context.Background()
 	const total = 32 << 20
-	if _, err := l.Start(ctx, apitype.StartRequest{ID: "fast", Argv: []string{"head", "-c", strconv.Itoa(total), "/dev/urandom"}}); err != nil {
-		t.Fatal(err)
-	}
+	startUnwatched(t, l, apitype.StartRequest{ID: "fast", Argv: []string{"head", "-c", strconv.Itoa(total), "/dev/urandom"}})
 	conn, _, resp := d.rawAttach(t, "/v1/leases/"+l.ID()+"/processes/fast/attach?since=0", false)
 	defer conn.Close()
 	headerLost, _ := strconv.ParseInt(resp.Header.Get(apitype.HeaderBytesLost), 10, 64)
