@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os/exec"
+	"strconv"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
@@ -97,6 +98,7 @@ func problemOf(err error) apitype.Problem {
 		e     *Error
 		se    *script.Error
 		mbErr *http.MaxBytesError
+		setup *sandbox.SetupError
 	)
 	switch {
 	case errors.As(err, &e):
@@ -107,6 +109,9 @@ func problemOf(err error) apitype.Problem {
 		if se.Kind == "timeout" {
 			p.Code = apitype.CodeScriptTimeout
 		}
+	case errors.As(err, &setup):
+		p.Status, p.Code = http.StatusInternalServerError, apitype.CodeSandboxSetupFailed
+		p.Detail = "sandbox setup failed at step " + strconv.Quote(setup.Step)
 	case errors.As(err, &mbErr):
 		p.Status, p.Code = http.StatusRequestEntityTooLarge, apitype.CodePayloadTooLarge
 		p.Detail = fmt.Sprintf("request body over %d bytes", mbErr.Limit)

@@ -285,6 +285,7 @@ func (t pgroupTree) Signal(sig syscall.Signal) error {
 	}
 	return syscall.Kill(-t.cmd.Process.Pid, sig)
 }
+func (t pgroupTree) Start() error    { return t.cmd.Start() }
 func (t pgroupTree) Kill() error     { return t.Signal(syscall.SIGKILL) }
 func (t pgroupTree) OOMKilled() bool { return false }
 func (t pgroupTree) Close() error    { _ = t.Kill(); return nil }

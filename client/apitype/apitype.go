@@ -96,6 +96,9 @@ const (
 	// old text nowhere, or more than once without "all".
 	CodeOldTextNotFound  = "old_text_not_found"
 	CodeOldTextNotUnique = "old_text_not_unique"
+	// CodeSandboxSetupFailed (500): a step of the lease's sandbox (cgroup join, mount, uid
+	// drop, Landlock, seccomp…) failed before the command ran; the detail names the step.
+	CodeSandboxSetupFailed = "sandbox_setup_failed"
 )
 
 // Problem is an RFC 9457 problem details body.

@@ -118,6 +118,7 @@ func (g *groupTree) Signal(sig syscall.Signal) error {
 	return nil
 }
 
+func (g *groupTree) Start() error    { return g.cmd.Start() }
 func (g *groupTree) OOMKilled() bool { return false }
 func (g *groupTree) Close() error    { return g.Kill() }
 

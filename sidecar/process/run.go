@@ -133,7 +133,7 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, then func
 			cmd.Stdin, r.stdin = pr, pw
 		}
 	}
-	if err := cmd.Start(); err != nil {
+	if err := tree.Start(); err != nil {
 		return fail(err)
 	}
 	for _, f := range childEnds {

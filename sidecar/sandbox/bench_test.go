@@ -1,15 +1,12 @@
 package sandbox
 
 import (
-	"context"
 	"errors"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // BenchmarkExec compares /bin/true run as a lease command (child cgroup, namespaces, uid,
@@ -103,14 +100,11 @@ func localTrue(b *testing.B) {
 }
 
 func sandboxTrue(b *testing.B, s *Sandbox, leaseID string) {
-	cmd, tr, err := s.Command(leaseID, process.Spec{Argv: []string{"/bin/true"}})
+	cmd, tr, err := s.Command(leaseID, Spec{Argv: []string{"/bin/true"}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	if err := tr.(*tree).Started(context.Background()); err != nil {
+	if err := tr.Start(); err != nil {
 		b.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {

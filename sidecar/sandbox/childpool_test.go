@@ -5,8 +5,6 @@ import (
 	"os"
 	"slices"
 	"testing"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // children lists the child cgroups of a lease in every hierarchy (several on v1), failing
@@ -42,7 +40,7 @@ func TestChildCgroupsAheadAndBehind(t *testing.T) {
 		if i > 0 && (len(spares) != spareChildren || slices.Contains(spares, prev)) {
 			t.Fatalf("before command %d: children %q, want %d spares without the last command's %s", i, spares, spareChildren, prev)
 		}
-		cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"true"}})
+		cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"true"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +80,7 @@ func TestTeardownRacesBackgroundWork(t *testing.T) {
 	s := newTestSandbox(t)
 	for range 10 {
 		l := newTestLease(t, s, nil)
-		run(t, s, l.ID, process.Spec{Argv: []string{"true"}})
+		run(t, s, l.ID, Spec{Argv: []string{"true"}})
 		if err := s.Teardown(context.Background(), l.ID); err != nil {
 			t.Fatalf("Teardown: %v", err)
 		}

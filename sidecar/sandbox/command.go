@@ -10,16 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
 
 var errNotFound = exec.ErrNotFound
-
-var (
-	_ process.Execer    = (*Sandbox)(nil)
-	_ process.PTYOpener = (*Sandbox)(nil)
-)
 
 // Command prepares spec to run in the lease: the returned command starts the helper, which
 // enters the command's own child cgroup, the lease's namespaces, uid and Landlock policy
@@ -28,8 +22,8 @@ var (
 //
 // The caller sets Stdin/Stdout/Stderr (or starts it with creack/pty, which adds Setctty
 // to the SysProcAttr set here; replacing SysProcAttr makes the helper refuse to run),
-// calls Start, optionally Tree.Started for setup errors, Wait, then Tree.Close.
-func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process.Tree, error) {
+// calls Tree.Start, Wait, then Tree.Close.
+func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
 	var l LeaseSpec
@@ -97,7 +91,7 @@ func (s *Sandbox) Command(leaseID string, spec process.Spec) (*exec.Cmd, process
 			fd, err := os.Open(d)
 			if err != nil {
 				t.Close()
-				return nil, nil, err
+				return nil, nil, &SetupError{Step: "join cgroup", Msg: err.Error()}
 			}
 			t.parentFiles = append(t.parentFiles, fd)
 			attr.UseCgroupFD, attr.CgroupFD = true, int(fd.Fd())

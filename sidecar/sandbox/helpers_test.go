@@ -17,8 +17,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // The test binary is its own helper (`<test binary> __sandbox-init`) and, like the
@@ -201,7 +199,7 @@ type result struct {
 }
 
 // run runs argv in the lease to completion.
-func run(t testing.TB, s *Sandbox, leaseID string, spec process.Spec) result {
+func run(t testing.TB, s *Sandbox, leaseID string, spec Spec) result {
 	t.Helper()
 	cmd, tr, err := s.Command(leaseID, spec)
 	if err != nil {
@@ -210,12 +208,8 @@ func run(t testing.TB, s *Sandbox, leaseID string, spec process.Spec) result {
 	defer tr.Close()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
+	if err := tr.Start(); err != nil {
 		t.Fatalf("Start(%q): %v", spec.Argv, err)
-	}
-	if err := tr.(*tree).Started(context.Background()); err != nil {
-		cmd.Wait()
-		t.Fatalf("Started(%q): %v", spec.Argv, err)
 	}
 	err = cmd.Wait()
 	r := result{stdout: stdout.String(), stderr: stderr.String(), oom: tr.OOMKilled()}
@@ -229,13 +223,13 @@ func run(t testing.TB, s *Sandbox, leaseID string, spec process.Spec) result {
 	return r
 }
 
-func sh(script string) process.Spec { return process.Spec{Argv: []string{"/bin/sh", "-c", script}} }
+func sh(script string) Spec { return Spec{Argv: []string{"/bin/sh", "-c", script}} }
 
 func lines(s string) []string { return strings.Split(strings.TrimSpace(s), "\n") }
 
 // runTTY starts cmd on a PTY of the lease's (as package process does) and returns what it
 // wrote until it exited.
-func runTTY(t *testing.T, s *Sandbox, leaseID string, cmd *exec.Cmd, tr process.Tree) string {
+func runTTY(t *testing.T, s *Sandbox, leaseID string, cmd *exec.Cmd, tr Tree) string {
 	t.Helper()
 	master, slave, err := s.OpenPTY(leaseID)
 	if err != nil {
@@ -244,12 +238,9 @@ func runTTY(t *testing.T, s *Sandbox, leaseID string, cmd *exec.Cmd, tr process.
 	defer master.Close()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 	cmd.SysProcAttr.Setctty, cmd.SysProcAttr.Ctty = true, 0
-	err = cmd.Start()
+	err = tr.Start()
 	slave.Close()
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tr.(*tree).Started(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer

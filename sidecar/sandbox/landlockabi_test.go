@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
 
@@ -154,8 +153,8 @@ func installProbe(t *testing.T, l LeaseSpec) string {
 	return dst
 }
 
-func probeSpec(probe string, args ...string) process.Spec {
-	return process.Spec{Argv: append([]string{probe, probeArg}, args...)}
+func probeSpec(probe string, args ...string) Spec {
+	return Spec{Argv: append([]string{probe, probeArg}, args...)}
 }
 
 // probeMain is the probe: exit 0 when the call succeeds, 1 with the error when refused.

@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -176,11 +174,11 @@ socket.create_connection(s.getsockname()); print('lo up')"; readlink /proc/self/
 	}
 	// One namespace per lease: a second process is in the same one, so a server and an
 	// exec of the same lease can talk over loopback.
-	if r2 := run(t, s, l.ID, process.Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r2.stdout) != out[2] {
+	if r2 := run(t, s, l.ID, Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r2.stdout) != out[2] {
 		t.Errorf("second process in %q, first in %q", r2.stdout, out[2])
 	}
 	host := newTestLease(t, s, nil)
-	if r := run(t, s, host.ID, process.Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r.stdout) != own {
+	if r := run(t, s, host.ID, Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r.stdout) != own {
 		t.Errorf("network host lease in %q, want the host's %q", r.stdout, own)
 	}
 }
@@ -245,15 +243,12 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	t.Cleanup(func() { removeCgroupParent(parent) })
 	kept := newTestLease(t, old, nil)
 	orphan := newTestLease(t, old, nil)
-	cmd, tr, err := old.Command(orphan.ID, process.Spec{Argv: []string{"sleep", "100"}})
+	cmd, tr, err := old.Command(orphan.ID, Spec{Argv: []string{"sleep", "100"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := tr.(*tree).Started(context.Background()); err != nil {
+	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go cmd.Wait()

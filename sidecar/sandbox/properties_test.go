@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -10,8 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // What a lease process is, seen from inside: its credentials, capabilities, OOM score,
@@ -110,9 +107,10 @@ func testLandlockConfines(t *testing.T, s *Sandbox) {
 	}
 }
 
-// Setup failures after Command returned come back from Started as a *SetupError with the
-// helper's exit code: a working directory the lease's uid may no longer enter (125) and a target no longer executable
-// (126).
+// Setup failures after Command returned come back from Start as a *SetupError naming the
+// step: a child cgroup removed under the command (v1: the helper's join; v2: clone3) and a
+// working directory the lease's uid may no longer enter. A target no longer executable is
+// the target's exit status (126), as in a shell, with the reason on stderr.
 func TestSetupFailuresReported(t *testing.T) { forEachHelper(t, testSetupFailuresReported) }
 
 func testSetupFailuresReported(t *testing.T, s *Sandbox) {
@@ -120,13 +118,18 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 	sub, exe := filepath.Join(l.Workdir, "sub"), filepath.Join(l.Workdir, "prog")
 	for _, tc := range []struct {
 		name   string
-		spec   process.Spec
-		before func()
-		code   int
+		spec   Spec
+		before func(*tree)
+		step   string // "": no SetupError, exit 126 with msg on stderr
 		msg    string
 	}{
-		{"dir closed to the lease", process.Spec{Argv: []string{"true"}, Dir: "sub"}, func() { os.Chmod(sub, 0o700) }, 125, "chdir"},
-		{"not executable", process.Spec{Argv: []string{"./prog"}}, func() { os.Chmod(exe, 0o644) }, 126, "./prog"},
+		{"cgroup removed", Spec{Argv: []string{"true"}}, func(tr *tree) {
+			if err := s.cg.removeChild(l.ID, tr.child); err != nil {
+				t.Fatal(err)
+			}
+		}, "join cgroup", ""},
+		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(*tree) { os.Chmod(sub, 0o700) }, "chdir " + sub, "setup: chdir"},
+		{"not executable", Spec{Argv: []string{"./prog"}}, func(*tree) { os.Chmod(exe, 0o644) }, "", "./prog"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.Mkdir(sub, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
@@ -140,15 +143,23 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 				t.Fatal(err)
 			}
 			defer tr.Close()
-			tc.before()
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			err = tr.(*tree).Started(context.Background())
-			cmd.Wait()
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			tc.before(tr.(*tree))
+			err = tr.Start()
 			var se *SetupError
-			if !errors.As(err, &se) || se.Code != tc.code || !strings.Contains(se.Msg, tc.msg) || cmd.ProcessState.ExitCode() != tc.code {
-				t.Errorf("Started = %v (exit %d), want a SetupError %d mentioning %q", err, cmd.ProcessState.ExitCode(), tc.code, tc.msg)
+			if tc.step != "" {
+				if !errors.As(err, &se) || se.Step != tc.step || !strings.Contains(se.Msg, tc.msg) {
+					t.Errorf("Start = %v, want a SetupError at %q mentioning %q", err, tc.step, tc.msg)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Start = %v, want the exec failure as the exit status", err)
+			}
+			cmd.Wait()
+			if cmd.ProcessState.ExitCode() != 126 || !strings.Contains(stderr.String(), tc.msg) {
+				t.Errorf("exit %d, stderr %q; want 126 mentioning %q", cmd.ProcessState.ExitCode(), stderr.String(), tc.msg)
 			}
 		})
 	}

@@ -8,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/creack/pty"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // A lease that opens PTYs until it cannot gets its own instance's max and no more; another
@@ -22,7 +20,7 @@ func TestPTYHog(t *testing.T) {
 			a := newTestLease(t, s, nil)
 			b := newTestLease(t, s, nil)
 
-			hog, tr, err := s.Command(a.ID, process.Spec{Argv: []string{"/usr/bin/python3", "-c", `
+			hog, tr, err := s.Command(a.ID, Spec{Argv: []string{"/usr/bin/python3", "-c", `
 import os, sys
 fds = []
 try:
@@ -64,7 +62,7 @@ sys.stdin.read()`}})
 				t.Errorf("OpenPTY in the full lease A: %v, want ErrLimit (429 lease_limit)", err)
 			}
 			// ...while B's is untouched, and so are the host's PTYs.
-			cmd, btr, err := s.Command(b.ID, process.Spec{Argv: []string{"/bin/sh", "-c", `tty && python3 -c 'import os; os.openpty(); print("openpty ok")'`}, TTY: true})
+			cmd, btr, err := s.Command(b.ID, Spec{Argv: []string{"/bin/sh", "-c", `tty && python3 -c 'import os; os.openpty(); print("openpty ok")'`}, TTY: true})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,8 +9,6 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // surfaceProbe makes each system call in a child of its own (so that a user namespace one
@@ -72,7 +70,7 @@ var unfiltered = map[string]string{
 
 func probeSurface(t *testing.T, s *Sandbox, leaseID string) map[string]string {
 	t.Helper()
-	r := run(t, s, leaseID, process.Spec{Argv: []string{"/usr/bin/python3", "-c", surfaceProbe}})
+	r := run(t, s, leaseID, Spec{Argv: []string{"/usr/bin/python3", "-c", surfaceProbe}})
 	if r.exitCode != 0 {
 		t.Fatalf("probe: exit %d: %s", r.exitCode, r.stderr)
 	}
@@ -190,7 +188,7 @@ func TestLeaseRlimits(t *testing.T) { forEachHelper(t, testLeaseRlimits) }
 
 func testLeaseRlimits(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	r := run(t, s, l.ID, process.Spec{Argv: []string{"/usr/bin/python3", "-c", `
+	r := run(t, s, l.ID, Spec{Argv: []string{"/usr/bin/python3", "-c", `
 import resource as r
 for n in ("NOFILE", "CORE", "MEMLOCK", "MSGQUEUE", "SIGPENDING", "FSIZE"):
     print(n, *r.getrlimit(getattr(r, "RLIMIT_" + n)))`}})

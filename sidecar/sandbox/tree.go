@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -11,19 +10,46 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"time"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
 
-// SetupError is a failure the helper reported before it could exec the target (the
-// executable vanished, a mount or Landlock failed). The helper then exits with 125-127.
-type SetupError struct {
-	Code int // the helper's exit code
-	Msg  string
+// Spec is one process to start inside a lease.
+type Spec struct {
+	Argv []string
+	// Env is the request's environment; Command adds the clean base (PATH, HOME, LANG, TERM).
+	Env map[string]string
+	// Dir is relative to the lease workdir ("" is the workdir itself).
+	Dir string
+	TTY bool
 }
 
-func (e *SetupError) Error() string { return "sandbox: start: " + e.Msg }
+// Tree is everything one command may fork: its own child cgroup (or, without cgroups, its
+// process group). Package process supervises it; fakes in its tests stand in for it.
+type Tree interface {
+	// Start starts the command and returns once it runs the target, or with a *SetupError
+	// when the sandbox could not be set up around it (the helper has then been waited for).
+	Start() error
+	// Kill sends SIGKILL to every process in the tree, including those that called
+	// setsid or double-forked, and returns once the tree is empty (a bounded wait).
+	Kill() error
+	// Signal delivers sig to the command's process group.
+	Signal(sig syscall.Signal) error
+	// OOMKilled reports whether the kernel's OOM killer killed a process of the tree.
+	OOMKilled() bool
+	// Close kills what is left and releases the tree's resources. Call it after Wait.
+	Close() error
+}
+
+// SetupError is a step of the sandbox that failed before the target ran: the helper's
+// cgroup join, a mount, the uid drop, Landlock, seccomp... Step names it ("join cgroup").
+// An exec failure (exit 126 or 127) is not one: it is the target's status, as a shell's.
+type SetupError struct {
+	Step string
+	Msg  string // the helper's report, host paths included: for logs
+}
+
+func (e *SetupError) Error() string { return "sandbox: setup failed at " + e.Step + ": " + e.Msg }
 
 // tree is one command's process tree: its child cgroup, or its process group without
 // cgroups.
@@ -36,47 +62,40 @@ type tree struct {
 	report      *os.File   // read end of the helper's report pipe
 	parentFiles []*os.File // the daemon's copies of what the helper inherits
 
-	once      sync.Once
-	setupErr  error
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Started waits until the helper has exec'd the target and returns the helper's setup
-// error, if any (a *SetupError; "not found" also wraps exec.ErrNotFound). Call it after
-// cmd.Start; it also drops the daemon's copies of the helper's descriptors.
-func (t *tree) Started(ctx context.Context) error {
-	if t.cmd.Process == nil {
-		return errors.New("sandbox: command not started")
-	}
-	t.once.Do(func() {
-		t.closeParentFiles()
-		done := make(chan struct{})
-		go func() {
-			select {
-			case <-ctx.Done():
-				t.report.SetReadDeadline(time.Now())
-			case <-done:
+// Start starts the helper and reads its report pipe, which closes empty when the target
+// is exec'd: no round trip beyond the start itself.
+func (t *tree) Start() error {
+	err := t.cmd.Start()
+	t.closeParentFiles()
+	if err != nil {
+		if t.cmd.SysProcAttr.UseCgroupFD {
+			if _, serr := os.Stat(t.s.cg.childDir(t.leaseID, t.child)); serr != nil {
+				// v2: clone3 could not enter a child cgroup removed under it.
+				return &SetupError{Step: "join cgroup", Msg: err.Error()}
 			}
-		}()
-		msg, err := io.ReadAll(io.LimitReader(t.report, 4096))
-		close(done)
-		switch {
-		case err != nil:
-			t.setupErr = fmt.Errorf("sandbox: waiting for start: %w", err)
-		case len(msg) > 0:
-			t.setupErr = parseReport(string(msg))
 		}
-	})
-	return t.setupErr
-}
-
-// Unwrap makes a missing executable match exec.ErrNotFound.
-func (e *SetupError) Unwrap() error {
-	if e.Code == initproc.ExitNotFound {
-		return exec.ErrNotFound
+		return err
 	}
-	return nil
+	msg, err := io.ReadAll(io.LimitReader(t.report, 4096))
+	if err != nil || len(msg) == 0 {
+		return err
+	}
+	code, rest, _ := strings.Cut(string(msg), " ")
+	if code != strconv.Itoa(initproc.ExitSetup) {
+		return nil // 126, 127: the exit status says it
+	}
+	t.cmd.Wait()
+	// "setup: join cgroup: open …: no such file…" or "config: bad config…".
+	stage, detail, _ := strings.Cut(rest, ": ")
+	step, _, _ := strings.Cut(detail, ": ")
+	if stage != "setup" || step == "" {
+		step = stage
+	}
+	return &SetupError{Step: step, Msg: rest}
 }
 
 func (t *tree) closeParentFiles() {
@@ -84,15 +103,6 @@ func (t *tree) closeParentFiles() {
 		f.Close()
 	}
 	t.parentFiles = nil
-}
-
-func parseReport(msg string) *SetupError {
-	code, rest, _ := strings.Cut(msg, " ")
-	n, err := strconv.Atoi(code)
-	if err != nil {
-		return &SetupError{Code: initproc.ExitSetup, Msg: msg}
-	}
-	return &SetupError{Code: n, Msg: rest}
 }
 
 // Kill SIGKILLs the whole tree, setsid'd and double-forked descendants included, and

@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
 
@@ -218,7 +217,7 @@ func TestTTY(t *testing.T) { forEachHelper(t, testTTY) }
 
 func testTTY(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	cmd, tr, err := s.Command(l.ID, process.Spec{Argv: []string{"/bin/sh", "-c", `tty; test -t 0 && echo isatty; echo TERM=$TERM; ps -o tty= -p $$`}, TTY: true})
+	cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"/bin/sh", "-c", `tty; test -t 0 && echo isatty; echo TERM=$TERM; ps -o tty= -p $$`}, TTY: true})
 	if err != nil {
 		t.Fatal(err)
 	}

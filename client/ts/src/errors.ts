@@ -54,6 +54,7 @@ export class PreconditionFailedError extends SidecarError {}
 export class ExecLimitError extends SidecarError {}
 export class OldTextNotFoundError extends SidecarError {}
 export class OldTextNotUniqueError extends SidecarError {}
+export class SandboxSetupFailedError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -86,6 +87,7 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   exec_limit: ExecLimitError,
   old_text_not_found: OldTextNotFoundError,
   old_text_not_unique: OldTextNotUniqueError,
+  sandbox_setup_failed: SandboxSetupFailedError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).

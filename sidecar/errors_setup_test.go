@@ -1,0 +1,23 @@
+package sidecar
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+)
+
+// A sandbox setup failure is its own code, naming the step; the helper's report (host
+// paths) stays in the log.
+func TestHandlerSetupErrorProblem(t *testing.T) {
+	err := fmt.Errorf("%w: %w", process.ErrStart, &sandbox.SetupError{Step: "join cgroup", Msg: "setup: join cgroup: open /sys/fs/cgroup/pids/x/cgroup.procs: no such file or directory"})
+	p := problemOf(err)
+	if p.Status != http.StatusInternalServerError || p.Code != apitype.CodeSandboxSetupFailed ||
+		!strings.Contains(p.Detail, `"join cgroup"`) || strings.Contains(p.Detail, "/sys") {
+		t.Fatalf("problem %+v", p)
+	}
+}
