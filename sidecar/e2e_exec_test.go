@@ -129,6 +129,8 @@ func TestExecBadInput(t *testing.T) {
 		{"cwd outside", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, Cwd: "../.."}, apitype.CodePathOutsideWorkdir, 400},
 		{"missing binary", l.ID(), apitype.ExecRequest{Argv: []string{"/no/such/binary"}}, apitype.CodeInvalidRequest, 400},
 		{"negative timeout", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, TimeoutSeconds: -1}, apitype.CodeInvalidRequest, 400},
+		{"timeout over a day", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, IdleTimeoutSeconds: 86401}, apitype.CodeInvalidRequest, 400},
+		{"NUL in argv", l.ID(), apitype.ExecRequest{Argv: []string{"echo", "a\x00b"}}, apitype.CodeInvalidRequest, 400},
 		{"bad env", l.ID(), apitype.ExecRequest{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, apitype.CodeInvalidRequest, 400},
 		{"unknown lease", "lnosuch", apitype.ExecRequest{Argv: []string{"true"}}, apitype.CodeLeaseNotFound, 404},
 	}

@@ -13,37 +13,27 @@ import (
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
-// maxProcessTimeout bounds timeout_seconds and idle_timeout_seconds: a lease's processes
-// never outlive a day on one request's word.
-const maxProcessTimeout = 24 * time.Hour
-
-func seconds(name string, v float64) (time.Duration, error) {
-	if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) || v > maxProcessTimeout.Seconds() {
-		return 0, badRequest("%s must be between 0 and %d", name, int(maxProcessTimeout.Seconds()))
+// seconds converts timeout_seconds and idle_timeout_seconds; package process bounds them
+// (clamped here so that no float overflows a Duration: 1e9 s is far beyond the bound, and
+// NaN, which a query string can say, is refused as negative).
+func seconds(v float64) time.Duration {
+	if math.IsNaN(v) {
+		return -1
 	}
-	return time.Duration(v * float64(time.Second)), nil
+	return time.Duration(min(v, 1e9) * float64(time.Second))
 }
 
-// timeouts checks and converts a request's timeout_seconds and idle_timeout_seconds.
-func timeouts(hard, idle float64) (time.Duration, time.Duration, error) {
-	h, err := seconds("timeout_seconds", hard)
-	if err != nil {
-		return 0, 0, err
+// startRequest is a start's wire form in package process's terms, which checks it.
+func startRequest(req apitype.StartRequest) process.StartRequest {
+	return process.StartRequest{
+		ID:          req.ID,
+		Spec:        process.Spec{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, TTY: req.TTY},
+		Rows:        req.Rows,
+		Cols:        req.Cols,
+		Timeout:     seconds(req.TimeoutSeconds),
+		IdleTimeout: seconds(req.IdleTimeoutSeconds),
+		Stdin:       req.Stdin || req.TTY,
 	}
-	i, err := seconds("idle_timeout_seconds", idle)
-	return h, i, err
-}
-
-func validArgv(argv []string) error {
-	if len(argv) == 0 || argv[0] == "" {
-		return badRequest("argv must name a command")
-	}
-	for _, a := range argv {
-		if strings.IndexByte(a, 0) >= 0 {
-			return badRequest("argv must not contain NUL bytes")
-		}
-	}
-	return nil
 }
 
 func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -55,13 +45,6 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal)
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if err := validArgv(req.Argv); err != nil {
-		return err
-	}
-	timeout, idle, err := timeouts(req.TimeoutSeconds, req.IdleTimeoutSeconds)
-	if err != nil {
-		return err
-	}
 	var stdin io.Reader
 	if req.Stdin != nil {
 		stdin = strings.NewReader(*req.Stdin)
@@ -70,8 +53,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal)
 	_, err = s.opts.Processes.Exec(r.Context(), l.ID, process.ExecRequest{
 		Spec:        process.Spec{Argv: req.Argv, Env: req.Env, Dir: req.Cwd},
 		Stdin:       stdin,
-		Timeout:     timeout,
-		IdleTimeout: idle,
+		Timeout:     seconds(req.TimeoutSeconds),
+		IdleTimeout: seconds(req.IdleTimeoutSeconds),
 		// Written while the exec still holds its slot and its share of the output
 		// budget, so a client that reads its reply slowly stays within both.
 		Reply: func(res process.ExecResult) error { replied = true; return writeExecResult(w, res) },
@@ -93,12 +76,8 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request, _ principal
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	sr, err := startRequest(req)
-	if err != nil {
-		return err
-	}
 	// The process belongs to the lease, not to this request.
-	p, created, err := s.opts.Processes.Start(context.WithoutCancel(r.Context()), l.ID, sr)
+	p, created, err := s.opts.Processes.Start(context.WithoutCancel(r.Context()), l.ID, startRequest(req))
 	if created || err != nil {
 		s.metrics.procStart("background", err)
 	}
@@ -110,28 +89,6 @@ func (s *Server) handleStart(w http.ResponseWriter, r *http.Request, _ principal
 		status = http.StatusCreated
 	}
 	return writeJSON(w, status, p.Status())
-}
-
-func startRequest(req apitype.StartRequest) (process.StartRequest, error) {
-	if err := validArgv(req.Argv); err != nil {
-		return process.StartRequest{}, err
-	}
-	timeout, idle, err := timeouts(req.TimeoutSeconds, req.IdleTimeoutSeconds)
-	if err != nil {
-		return process.StartRequest{}, err
-	}
-	if req.Rows > maxTermSize || req.Cols > maxTermSize {
-		return process.StartRequest{}, badRequest("rows and cols must be at most %d", maxTermSize)
-	}
-	return process.StartRequest{
-		ID:          req.ID,
-		Spec:        process.Spec{Argv: req.Argv, Env: req.Env, Dir: req.Cwd, TTY: req.TTY},
-		Rows:        req.Rows,
-		Cols:        req.Cols,
-		Timeout:     timeout,
-		IdleTimeout: idle,
-		Stdin:       req.Stdin || req.TTY,
-	}, nil
 }
 
 func (s *Server) handleListProcesses(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -250,16 +207,12 @@ func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ prin
 		}
 	}
 	detach := queryBool(q.Get("detach"))
-	sr, err := startRequest(req)
-	if err != nil {
-		return err
-	}
 	// Everything that can be refused is checked before anything is started.
 	proto, err := streamProtocol(r)
 	if err != nil {
 		return err
 	}
-	p, _, err := s.opts.Processes.Start(context.WithoutCancel(r.Context()), l.ID, sr)
+	p, _, err := s.opts.Processes.Start(context.WithoutCancel(r.Context()), l.ID, startRequest(req))
 	s.metrics.procStart("background", err)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -17,9 +18,6 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
-
-// maxTermSize bounds PTY rows and columns from any source.
-const maxTermSize = 1000
 
 // Websocket buffers: gorilla's 4 KiB default halves throughput on this machine kind
 // (0.42 vs 0.79 GB/s measured with 64 KiB).
@@ -222,8 +220,8 @@ func (s *Server) control(p *process.Process, proto string, channel byte, payload
 		if err := json.Unmarshal(payload, &rs); err != nil {
 			return errors.New("resize: invalid JSON")
 		}
-		if rs.Width == 0 || rs.Height == 0 || rs.Width > maxTermSize || rs.Height > maxTermSize {
-			return errors.New("resize: width and height must be 1.." + strconv.Itoa(maxTermSize))
+		if err := process.CheckSize(rs.Height, rs.Width); err != nil {
+			return fmt.Errorf("resize: %w", err)
 		}
 		if !p.TTY() {
 			return nil // Kubernetes ignores resize for a non-TTY stream too.

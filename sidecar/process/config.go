@@ -23,6 +23,9 @@ const (
 	MaxCols                  = 1000
 	// MaxIDLength bounds a client-chosen process id.
 	MaxIDLength = 64
+	// MaxTimeout bounds Timeout and IdleTimeout: a lease's processes never outlive a day
+	// on one request's word.
+	MaxTimeout = 24 * time.Hour
 )
 
 // outputGrace bounds how long output is still collected after the main process exited,

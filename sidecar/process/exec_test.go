@@ -145,8 +145,6 @@ func TestExecStartErrors(t *testing.T) {
 		argv []string
 		want []error
 	}{
-		{"empty argv", nil, []error{ErrInvalid}},
-		{"empty argv0", []string{""}, []error{ErrInvalid}},
 		{"not on PATH", []string{"no-such-command-xyz"}, []error{ErrStart, exec.ErrNotFound}},
 		{"no such file", []string{"/no/such/file"}, []error{ErrStart, fs.ErrNotExist}},
 	} {

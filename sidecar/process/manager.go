@@ -111,16 +111,11 @@ type StartRequest struct {
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
-func checkSpec(s Spec) error {
-	if len(s.Argv) == 0 || s.Argv[0] == "" {
-		return fmt.Errorf("%w: empty argv", ErrInvalid)
-	}
-	return nil
-}
-
+// checkTimeouts bounds a request's timeouts to 0 (none) .. MaxTimeout. (The Spec, argv
+// included, is the Execer's to check.)
 func checkTimeouts(timeout, idle time.Duration) error {
-	if timeout < 0 || idle < 0 {
-		return fmt.Errorf("%w: negative timeout", ErrInvalid)
+	if timeout < 0 || idle < 0 || timeout > MaxTimeout || idle > MaxTimeout {
+		return fmt.Errorf("%w: timeouts must be between 0 and %d seconds", ErrInvalid, int(MaxTimeout.Seconds()))
 	}
 	return nil
 }
@@ -134,9 +129,6 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 	if r.ID != "" && !idPattern.MatchString(r.ID) {
 		return nil, false, fmt.Errorf("%w: process id must match [A-Za-z0-9._-]{1,%d}", ErrInvalid, MaxIDLength)
 	}
-	if err := checkSpec(r.Spec); err != nil {
-		return nil, false, err
-	}
 	if err := checkTimeouts(r.Timeout, r.IdleTimeout); err != nil {
 		return nil, false, err
 	}
@@ -147,10 +139,8 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 	if cols == 0 {
 		cols = DefaultCols
 	}
-	if r.Spec.TTY {
-		if err := checkSize(rows, cols); err != nil {
-			return nil, false, err
-		}
+	if err := CheckSize(rows, cols); err != nil { // bounded even without a TTY
+		return nil, false, err
 	}
 
 	m.mu.Lock()

@@ -130,7 +130,7 @@ func (p *Process) Resize(rows, cols uint16) error {
 	if !p.tty {
 		return fmt.Errorf("%w: process %s has no TTY", ErrInvalid, p.id)
 	}
-	if err := checkSize(rows, cols); err != nil {
+	if err := CheckSize(rows, cols); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -225,8 +225,8 @@ func (p *Process) Subscribe(since int64) (*Subscription, error) {
 	return s, nil
 }
 
-// checkSize validates a terminal size.
-func checkSize(rows, cols uint16) error {
+// CheckSize validates a terminal size: rows in 1..MaxRows, cols in 1..MaxCols.
+func CheckSize(rows, cols uint16) error {
 	if rows < 1 || rows > MaxRows || cols < 1 || cols > MaxCols {
 		return fmt.Errorf("%w: terminal size %dx%d outside 1..%d x 1..%d", ErrInvalid, rows, cols, MaxRows, MaxCols)
 	}
