@@ -37,9 +37,6 @@ type Process struct {
 // ID is the daemon's id of the process (the wire's "pid").
 func (p *Process) ID() string { return p.id }
 
-// LeaseID is the lease the process belongs to.
-func (p *Process) LeaseID() string { return p.lease }
-
 // TTY reports whether the process runs on a PTY (its output is all on stdout).
 func (p *Process) TTY() bool { return p.tty }
 

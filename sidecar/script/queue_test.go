@@ -13,9 +13,9 @@ import (
 func waitQueued(t *testing.T, r *Runner, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for r.Queued() != n {
+	for int(r.queued.Load()) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("queued = %d, want %d", r.Queued(), n)
+			t.Fatalf("queued = %d, want %d", int(r.queued.Load()), n)
 		}
 		time.Sleep(time.Millisecond) // polling a counter, not waiting for time to pass
 	}
@@ -32,7 +32,7 @@ func TestQueueIsFairAndCancellable(t *testing.T) {
 		hold <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(r.idle) != 0 || r.Queued() != 0 { // the worker is taken
+	for len(r.idle) != 0 || int(r.queued.Load()) != 0 { // the worker is taken
 		if time.Now().After(deadline) {
 			t.Fatal("the holding script never got the worker")
 		}

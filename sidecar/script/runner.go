@@ -31,7 +31,7 @@ type Runner struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	seq    atomic.Int64
-	queued atomic.Int64  // callers waiting for a worker
+	queued atomic.Int64  // callers waiting for a worker (what the queue test waits on)
 	warm   chan struct{} // closed once the first worker is ready and the cache sealed
 	mu     sync.Mutex
 	live   map[*proc]struct{}
@@ -326,9 +326,6 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	}
 	return res, err
 }
-
-// Queued is how many callers are waiting for a worker (a gauge for metrics).
-func (r *Runner) Queued() int { return int(r.queued.Load()) }
 
 func (r *Runner) validate(req Request) (job, time.Duration, error) {
 	c := r.cfg
