@@ -14,11 +14,11 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 )
 
 // landlockKernelABI is this kernel's Landlock ABI, 0 without Landlock.
-func landlockKernelABI() int { return initproc.ABIVersion() }
+func landlockKernelABI() int { return landlock.ABI() }
 
 // wantLayers are the layers a strict daemon reports on cgroup mode cg with Landlock ABI
 // abi, spelled out here rather than computed, as docs/api.md lists them.

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 )
 
 // badConfigs are configs both helpers must refuse at the config stage (exit 125).
@@ -246,7 +247,7 @@ func buildParseOnlyHelper(f *testing.F) string {
 // Neither helper ever applies less Landlock than the daemon promised: below the minimum
 // (a kernel with less, or a cap under it) the command does not start.
 func TestHelpersRefuseBelowMinABI(t *testing.T) {
-	kernel := initproc.ABIVersion()
+	kernel := landlock.ABI()
 	cases := []struct {
 		ll   initproc.Landlock
 		want string

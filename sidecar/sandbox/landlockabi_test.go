@@ -14,14 +14,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 )
 
 // landlockCaps are the Landlock ABIs the helpers branch on (none, 1 without refer, 2
 // without truncate, 3 and 4 without device ioctls, 5 without scoping, 6 and above), each
 // below this kernel's, then the kernel's own (0: no cap).
 func landlockCaps() []int {
-	kernel := initproc.ABIVersion()
+	kernel := landlock.ABI()
 	if kernel == 0 {
 		return []int{0}
 	}
@@ -44,7 +44,7 @@ func TestIsolationAtEachLandlockABI(t *testing.T) {
 			t.Run(fmt.Sprintf("cap%d/%s", cap, h.name), func(t *testing.T) {
 				s := newTestSandboxConfig(t, Config{HelperPath: h.usable(t), LandlockMaxABI: cap})
 				abi := s.Caps().LandlockABI
-				if want := appliedLandlockABI(initproc.ABIVersion(), cap); abi != want {
+				if want := appliedLandlockABI(landlock.ABI(), cap); abi != want {
 					t.Fatalf("Caps().LandlockABI = %d, want %d", abi, want)
 				}
 				t.Run("isolated", func(t *testing.T) { testLeasesAreIsolated(t, s) })

@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/seccomp"
 )
 
@@ -187,7 +188,7 @@ func New(cfg Config) (*Sandbox, error) {
 		cfg.Logger.Warn("seccomp is OFF: lease processes and script workers may create user namespaces, open raw sockets and reach the rest of the kernel surface the filter denies",
 			"seccomp", SeccompOff)
 	}
-	kernelABI := initproc.ABIVersion()
+	kernelABI := landlock.ABI()
 	s.caps.LandlockABI = appliedLandlockABI(kernelABI, cfg.LandlockMaxABI)
 
 	var missing []string

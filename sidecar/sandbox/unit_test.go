@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 )
 
 func TestV2Paths(t *testing.T) {
@@ -129,7 +129,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 // An operator's floor above what the host gives refuses to start, naming the kernel
 // that has it; the floor is checked against the ABI lease processes would really get.
 func TestNewRefusesBelowFloor(t *testing.T) {
-	kernel := initproc.ABIVersion()
+	kernel := landlock.ABI()
 	if kernel < 2 {
 		t.Skipf("needs Landlock ABI >= 2 to cap below it; this kernel has %d", kernel)
 	}
