@@ -3,16 +3,14 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/containerd/cgroups/v3"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
 )
 
 // cgroupDriver is one cgroup version's way of doing the same few things. Child cgroups
@@ -47,53 +45,14 @@ const (
 var errNotEmpty = errors.New("cgroup did not empty")
 
 func newCgroupDriver(parent string, log *slog.Logger) (cgroupDriver, error) {
-	switch cgroups.Mode() {
-	case cgroups.Legacy, cgroups.Hybrid:
-		// Hybrid hosts mount the controllers as v1; their cgroup2 mount holds none.
+	switch cgroupfs.Version() {
+	case 1:
 		return newCgroupV1(parent, "/proc/self/mountinfo")
-	case cgroups.Unified:
-		return newCgroupV2(parent, "/sys/fs/cgroup", log)
+	case 2:
+		return newCgroupV2(parent, cgroupfs.Root, log)
 	default:
 		return nil, errors.New("no cgroup filesystem mounted")
 	}
-}
-
-// writeFile writes a cgroupfs control file (which must already exist).
-func writeFile(path, value string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteString(value)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write %s=%q: %w", path, value, err)
-	}
-	return nil
-}
-
-func readInt(path string) (int64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-}
-
-// readKey reads "key value" lines (memory.events, memory.oom_control, cpu.stat).
-func readKey(path, key string) (int64, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, key+" "); ok {
-			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("%s: no %q", path, key)
 }
 
 // readPids lists cgroup.procs of dir and all its descendants.
@@ -124,29 +83,6 @@ func readPids(dir string) ([]int, error) {
 		return nil
 	})
 	return pids, err
-}
-
-// removeTree removes a cgroup directory and its descendants, deepest first. cgroupfs
-// directories hold only control files, which rmdir takes with them.
-func removeTree(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if e.IsDir() {
-			if err := removeTree(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, syscall.ENOENT) {
-		return fmt.Errorf("rmdir %s: %w", dir, err)
-	}
-	return nil
 }
 
 func listDirs(dir string) ([]string, error) {

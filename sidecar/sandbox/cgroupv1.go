@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
+
 	"context"
 	"errors"
 	"fmt"
@@ -103,17 +105,17 @@ func (c *cgroupV1) provision(id string, l LeaseSpec) error {
 	if l.CPUMillicores > 0 {
 		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
 	}
-	if err := writeFile(c.dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
+	if err := cgroupfs.WriteFile(c.dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
 		return err
 	}
-	if err := writeFile(c.dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
+	if err := cgroupfs.WriteFile(c.dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
 		return err
 	}
 	pids := "max"
 	if l.Pids > 0 {
 		pids = strconv.FormatInt(l.Pids, 10)
 	}
-	return writeFile(c.dir("pids", id, "pids.max"), pids)
+	return cgroupfs.WriteFile(c.dir("pids", id, "pids.max"), pids)
 }
 
 // setMemoryV1 sets the memory limit and, where swap accounting exists, the memory+swap
@@ -126,15 +128,15 @@ func setMemoryV1(dir string, n int64) error {
 	}
 	mem, memsw := filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.memsw.limit_in_bytes")
 	if _, err := os.Stat(memsw); err != nil {
-		return writeFile(mem, v)
+		return cgroupfs.WriteFile(mem, v)
 	}
-	if err := writeFile(mem, v); err != nil {
-		if err := writeFile(memsw, v); err != nil {
+	if err := cgroupfs.WriteFile(mem, v); err != nil {
+		if err := cgroupfs.WriteFile(memsw, v); err != nil {
 			return err
 		}
-		return writeFile(mem, v)
+		return cgroupfs.WriteFile(mem, v)
 	}
-	return writeFile(memsw, v)
+	return cgroupfs.WriteFile(memsw, v)
 }
 
 func (c *cgroupV1) newChild(id, child string) error {
@@ -167,14 +169,14 @@ func (c *cgroupV1) killChild(ctx context.Context, id, child string) error {
 }
 
 func (c *cgroupV1) childOOMKills(id, child string) int64 {
-	n, _ := readKey(c.dir("memory", id, child, "memory.oom_control"), "oom_kill")
+	n, _ := cgroupfs.ReadKey(c.dir("memory", id, child, "memory.oom_control"), "oom_kill")
 	return n
 }
 
 func (c *cgroupV1) removeChild(id, child string) error {
 	var errs []error
 	for _, d := range c.dirs(id, child) {
-		errs = append(errs, removeTree(d))
+		errs = append(errs, cgroupfs.RemoveTree(d))
 	}
 	return errors.Join(errs...)
 }
@@ -186,7 +188,7 @@ func (c *cgroupV1) killLease(ctx context.Context, id string) ([]int, error) {
 func (c *cgroupV1) removeLease(id string) error {
 	var errs []error
 	for _, d := range c.dirs(id) {
-		errs = append(errs, removeTree(d))
+		errs = append(errs, cgroupfs.RemoveTree(d))
 	}
 	return errors.Join(errs...)
 }
@@ -194,15 +196,15 @@ func (c *cgroupV1) removeLease(id string) error {
 func (c *cgroupV1) usage(id string, counted map[string]bool) (Usage, error) {
 	var u Usage
 	var err error
-	if u.MemoryBytes, err = readInt(c.dir("memory", id, "memory.usage_in_bytes")); err != nil {
+	if u.MemoryBytes, err = cgroupfs.ReadInt(c.dir("memory", id, "memory.usage_in_bytes")); err != nil {
 		return u, err
 	}
-	ns, err := readInt(c.dir("cpuacct", id, "cpuacct.usage"))
+	ns, err := cgroupfs.ReadInt(c.dir("cpuacct", id, "cpuacct.usage"))
 	if err != nil {
 		return u, err
 	}
 	u.CPUSeconds = float64(ns) / 1e9
-	if u.Pids, err = readInt(c.dir("pids", id, "pids.current")); err != nil {
+	if u.Pids, err = cgroupfs.ReadInt(c.dir("pids", id, "pids.current")); err != nil {
 		return u, err
 	}
 	// v1 counts OOM kills in the victim's own cgroup only (no propagation to parents), so
@@ -219,7 +221,7 @@ func (c *cgroupV1) usage(id string, counted map[string]bool) (Usage, error) {
 		if path != root && counted[d.Name()] {
 			return filepath.SkipDir // being removed; its kills are in the lease's tally
 		}
-		n, _ := readKey(filepath.Join(path, "memory.oom_control"), "oom_kill")
+		n, _ := cgroupfs.ReadKey(filepath.Join(path, "memory.oom_control"), "oom_kill")
 		u.OOMKills += n
 		return nil
 	})
@@ -255,7 +257,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 	state := filepath.Join(dir, "freezer.state")
 	var killed []int
 	for range killRounds {
-		if err := writeFile(state, "FROZEN"); err != nil {
+		if err := cgroupfs.WriteFile(state, "FROZEN"); err != nil {
 			return killed, err
 		}
 		// A task stuck in the kernel may keep the cgroup FREEZING; kill what we see anyway.
@@ -265,7 +267,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 		})
 		pids, err := readPids(dir)
 		if err != nil {
-			writeFile(state, "THAWED")
+			cgroupfs.WriteFile(state, "THAWED")
 			return killed, err
 		}
 		for _, pid := range pids {
@@ -273,7 +275,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 				killed = append(killed, pid)
 			}
 		}
-		if err := writeFile(state, "THAWED"); err != nil {
+		if err := cgroupfs.WriteFile(state, "THAWED"); err != nil {
 			return killed, err
 		}
 		if len(pids) == 0 {

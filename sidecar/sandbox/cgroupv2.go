@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
+
 	"context"
 	"errors"
 	"fmt"
@@ -35,7 +37,7 @@ func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("cgroup v2 leaf: %w", err)
 		}
-		if err := writeFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
+		if err := cgroupfs.WriteFile(filepath.Join(leaf, "cgroup.procs"), strconv.Itoa(os.Getpid())); err != nil {
 			return nil, fmt.Errorf("cgroup v2: move daemon into its leaf: %w", err)
 		}
 		log.Info("moved the daemon into its own cgroup leaf", "cgroup", leaf)
@@ -84,7 +86,7 @@ func enableControllers(dir string) error {
 		}
 		want = append(want, "+"+c)
 	}
-	return writeFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(want, " "))
+	return cgroupfs.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(want, " "))
 }
 
 func (c *cgroupV2) version() string { return "v2" }
@@ -107,11 +109,11 @@ func (c *cgroupV2) provision(id string, l LeaseSpec) error {
 		}
 		return strconv.FormatInt(n, 10)
 	}
-	if err := writeFile(filepath.Join(d, "memory.max"), limit(l.MemoryBytes)); err != nil {
+	if err := cgroupfs.WriteFile(filepath.Join(d, "memory.max"), limit(l.MemoryBytes)); err != nil {
 		return err
 	}
 	if _, err := os.Stat(filepath.Join(d, "memory.swap.max")); err == nil {
-		if err := writeFile(filepath.Join(d, "memory.swap.max"), "0"); err != nil {
+		if err := cgroupfs.WriteFile(filepath.Join(d, "memory.swap.max"), "0"); err != nil {
 			return err
 		}
 	}
@@ -119,10 +121,10 @@ func (c *cgroupV2) provision(id string, l LeaseSpec) error {
 	if l.CPUMillicores > 0 {
 		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
 	}
-	if err := writeFile(filepath.Join(d, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUS)); err != nil {
+	if err := cgroupfs.WriteFile(filepath.Join(d, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUS)); err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(d, "pids.max"), limit(l.Pids))
+	return cgroupfs.WriteFile(filepath.Join(d, "pids.max"), limit(l.Pids))
 }
 
 func (c *cgroupV2) newChild(id, child string) error { return os.Mkdir(c.dir(id, child), 0o755) }
@@ -137,33 +139,33 @@ func (c *cgroupV2) killChild(ctx context.Context, id, child string) error {
 }
 
 func (c *cgroupV2) childOOMKills(id, child string) int64 {
-	n, _ := readKey(c.dir(id, child, "memory.events"), "oom_kill")
+	n, _ := cgroupfs.ReadKey(c.dir(id, child, "memory.events"), "oom_kill")
 	return n
 }
 
-func (c *cgroupV2) removeChild(id, child string) error { return removeTree(c.dir(id, child)) }
+func (c *cgroupV2) removeChild(id, child string) error { return cgroupfs.RemoveTree(c.dir(id, child)) }
 
 func (c *cgroupV2) killLease(ctx context.Context, id string) ([]int, error) {
 	return killV2(ctx, c.dir(id))
 }
 
-func (c *cgroupV2) removeLease(id string) error { return removeTree(c.dir(id)) }
+func (c *cgroupV2) removeLease(id string) error { return cgroupfs.RemoveTree(c.dir(id)) }
 
 func (c *cgroupV2) usage(id string, _ map[string]bool) (Usage, error) {
 	var u Usage
 	var err error
-	if u.MemoryBytes, err = readInt(c.dir(id, "memory.current")); err != nil {
+	if u.MemoryBytes, err = cgroupfs.ReadInt(c.dir(id, "memory.current")); err != nil {
 		return u, err
 	}
-	us, err := readKey(c.dir(id, "cpu.stat"), "usage_usec")
+	us, err := cgroupfs.ReadKey(c.dir(id, "cpu.stat"), "usage_usec")
 	if err != nil {
 		return u, err
 	}
 	u.CPUSeconds = float64(us) / 1e6
-	if u.Pids, err = readInt(c.dir(id, "pids.current")); err != nil {
+	if u.Pids, err = cgroupfs.ReadInt(c.dir(id, "pids.current")); err != nil {
 		return u, err
 	}
-	u.OOMKills, err = readKey(c.dir(id, "memory.events"), "oom_kill") // hierarchical on v2
+	u.OOMKills, err = cgroupfs.ReadKey(c.dir(id, "memory.events"), "oom_kill") // hierarchical on v2
 	return u, err
 }
 
@@ -176,11 +178,11 @@ func killV2(ctx context.Context, dir string) ([]int, error) {
 		return nil, nil
 	}
 	pids, _ := readPids(dir)
-	if err := writeFile(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
+	if err := cgroupfs.WriteFile(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
 		return nil, err
 	}
 	err := pollUntil(ctx, killDeadline, func() (bool, error) {
-		n, err := readKey(filepath.Join(dir, "cgroup.events"), "populated")
+		n, err := cgroupfs.ReadKey(filepath.Join(dir, "cgroup.events"), "populated")
 		return n == 0, err
 	})
 	if errors.Is(err, syscall.ENOENT) {

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
+
 	"bufio"
 	"context"
 	"os"
@@ -37,7 +39,7 @@ func testForkBombStopsAtPidsLimit(t *testing.T, s *Sandbox) {
 	// v1 counts refused forks in the forking cgroup: the command's child.
 	events := filepath.Join(cgroupDir(s, "pids", a.ID, tr.(*tree).child), "pids.events")
 	waitFor(t, "a fork refused by pids.max", func() bool {
-		n, _ := readKey(events, "max")
+		n, _ := cgroupfs.ReadKey(events, "max")
 		return n > 0
 	})
 	if u, err := s.Usage(a.ID); err != nil || u.Pids > 40 {

@@ -1,31 +1,27 @@
 package script
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/containerd/cgroups/v3"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
 )
 
 // memoryRoot is where the cgroup v1 memory hierarchy is mounted.
-const memoryRoot = "/sys/fs/cgroup/memory"
+const memoryRoot = cgroupfs.Root + "/memory"
 
-// memCgroup is one cgroup v1 memory cgroup. It is driven through its files because the
-// cgroup1 package of containerd/cgroups/v3 needs modules (protobuf, runtime-spec) that
-// this module's go.sum does not carry; cgroups.Mode still picks the hierarchy.
+// memCgroup is one cgroup v1 memory cgroup, driven through package cgroupfs.
 type memCgroup struct{ dir string }
 
 // newMemCgroup creates (or reuses) the memory cgroup at rel, below the v1 hierarchy, with
 // the given limit. It fails when the host has no v1 memory controller or we are not root.
 func newMemCgroup(rel string, limit int64) (*memCgroup, error) {
-	if cgroups.Mode() == cgroups.Unified {
+	if cgroupfs.Version() != 1 {
 		return nil, errors.New("no cgroup v1 memory hierarchy (unified mode)")
 	}
 	if _, err := os.Stat(filepath.Join(memoryRoot, "memory.limit_in_bytes")); err != nil {
@@ -52,28 +48,17 @@ func (c *memCgroup) child(name string, limit int64) (*memCgroup, error) {
 }
 
 func (c *memCgroup) setLimit(limit int64) error {
-	return os.WriteFile(filepath.Join(c.dir, "memory.limit_in_bytes"), []byte(strconv.FormatInt(limit, 10)), 0)
+	return cgroupfs.WriteFile(filepath.Join(c.dir, "memory.limit_in_bytes"), strconv.FormatInt(limit, 10))
 }
 
 func (c *memCgroup) addProc(pid int) error {
-	return os.WriteFile(filepath.Join(c.dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+	return cgroupfs.WriteFile(filepath.Join(c.dir, "cgroup.procs"), strconv.Itoa(pid))
 }
 
 // oomKills is how many processes the kernel killed for the limit.
 func (c *memCgroup) oomKills() int {
-	f, err := os.Open(filepath.Join(c.dir, "memory.oom_control"))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "oom_kill "); ok {
-			n, _ := strconv.Atoi(v)
-			return n
-		}
-	}
-	return 0
+	n, _ := cgroupfs.ReadKey(filepath.Join(c.dir, "memory.oom_control"), "oom_kill")
+	return int(n)
 }
 
 // remove deletes the cgroup once its last process is gone (the kernel needs a moment

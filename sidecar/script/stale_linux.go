@@ -2,6 +2,7 @@ package script
 
 import (
 	"errors"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -38,7 +39,7 @@ func CleanupStale(cgroupParent, tmpDir string) ([]string, error) {
 		for _, e := range entries {
 			if m := staleCgroup.FindStringSubmatch(e.Name()); e.IsDir() && m != nil && !alive(m[1]) {
 				dir := filepath.Join(parent, e.Name())
-				if err := removeCgroupTree(dir); err != nil {
+				if err := cgroupfs.RemoveTree(dir); err != nil {
 					errs = append(errs, err)
 					continue
 				}
@@ -62,23 +63,6 @@ func CleanupStale(cgroupParent, tmpDir string) ([]string, error) {
 		}
 	}
 	return removed, errors.Join(errs...)
-}
-
-// removeCgroupTree removes a cgroup and its child cgroups (rmdir only: a cgroup that
-// still has processes stays and is reported).
-func removeCgroupTree(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if e.IsDir() {
-			if err := removeCgroupTree(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	return os.Remove(dir)
 }
 
 func alive(pid string) bool {

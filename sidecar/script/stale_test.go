@@ -1,6 +1,8 @@
 package script
 
 import (
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
+
 	"fmt"
 	"os"
 	"os/exec"
@@ -38,7 +40,7 @@ func TestCleanupStale(t *testing.T) {
 		t.Logf("no cgroup part (%v): need root and a cgroup v1 memory hierarchy", err)
 		parent = "sidecar-scripts-test-none"
 	} else {
-		t.Cleanup(func() { _ = removeCgroupTree(pool.dir) })
+		t.Cleanup(func() { _ = cgroupfs.RemoveTree(pool.dir) })
 		stale, err := pool.child(fmt.Sprintf("sidecar-scripts-%d", deadPID), 1<<30)
 		if err != nil {
 			t.Fatal(err)

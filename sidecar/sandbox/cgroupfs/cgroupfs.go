@@ -1,0 +1,102 @@
+// Package cgroupfs is the one place cgroup control files are written and read: the lease
+// cgroups of package sandbox and the script workers' memory cgroups both go through it.
+//
+// It drives cgroupfs directly rather than through containerd/cgroups' managers: their v1
+// package needs modules (protobuf, runtime-spec) this module does not carry, a lease
+// process joins its cgroup in the helper (v1) or by clone3 (v2), never through a manager,
+// and what the daemon writes is a handful of files (limits, cgroup.procs, cgroup.kill)
+// and reads a few counters. The one thing that module was used for, telling v1 from v2,
+// is Version below.
+package cgroupfs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Root is where the cgroup filesystems are mounted.
+const Root = "/sys/fs/cgroup"
+
+// Version is the cgroup version whose controllers the host uses: 2 when Root is a
+// cgroup2 mount (unified), 1 for v1 and hybrid hosts (whose cgroup2 mount, if any,
+// holds no controllers), 0 when nothing is mounted there.
+func Version() int {
+	var st unix.Statfs_t
+	if err := unix.Statfs(Root, &st); err != nil {
+		return 0
+	}
+	if st.Type == unix.CGROUP2_SUPER_MAGIC {
+		return 2
+	}
+	return 1
+}
+
+// WriteFile writes a control file (which must already exist).
+func WriteFile(path, value string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(value)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s=%q: %w", path, value, err)
+	}
+	return nil
+}
+
+// ReadInt reads a control file holding one number.
+func ReadInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}
+
+// ReadKey reads "key value" lines (memory.events, memory.oom_control, cpu.stat).
+func ReadKey(path, key string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key+" "); ok {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s: no %q", path, key)
+}
+
+// RemoveTree removes a cgroup directory and its descendants, deepest first; cgroupfs
+// directories hold only control files, which rmdir takes with them. A cgroup that still
+// has processes stays, with an error.
+func RemoveTree(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := RemoveTree(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, syscall.ENOENT) {
+		return fmt.Errorf("rmdir %s: %w", dir, err)
+	}
+	return nil
+}
