@@ -43,6 +43,9 @@ var (
 	// text nowhere, or more than once without All.
 	ErrOldTextNotFound  = errors.New("old text not found")
 	ErrOldTextNotUnique = errors.New("old text not unique")
+	// ErrSandboxSetupFailed: a step of the lease's sandbox failed before the command ran;
+	// the APIError's Detail names the step.
+	ErrSandboxSetupFailed = errors.New("sandbox setup failed")
 )
 
 var sentinelByCode = map[string]error{
@@ -70,6 +73,7 @@ var sentinelByCode = map[string]error{
 	apitype.CodePreconditionFailed: ErrPreconditionFailed,
 	apitype.CodeOldTextNotFound:    ErrOldTextNotFound,
 	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
+	apitype.CodeSandboxSetupFailed: ErrSandboxSetupFailed,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

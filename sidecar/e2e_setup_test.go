@@ -63,7 +63,7 @@ func TestExecSetupFailure(t *testing.T) {
 	}
 	_, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}})
 	var apiErr *client.APIError
-	if !errors.As(err, &apiErr) || apiErr.Status != 500 || apiErr.Code != apitype.CodeSandboxSetupFailed ||
+	if !errors.Is(err, client.ErrSandboxSetupFailed) || !errors.As(err, &apiErr) || apiErr.Status != 500 ||
 		!strings.Contains(apiErr.Detail, `"join cgroup"`) {
 		t.Fatalf("exec with its cgroup gone: %v, want 500 sandbox_setup_failed at \"join cgroup\"", err)
 	}
