@@ -2,8 +2,9 @@
 // (Exec) and background processes (Start) whose output is numbered by byte offset so
 // that several watchers can attach, drop and resume exactly where they stopped.
 //
-// Every process comes from the Execer, the one place lease processes are made. This
-// package owns what happens after that: pipes or a PTY, pumping output, timeouts,
+// Every process comes from the Execer (package sandbox's Sandbox, the layer below, which
+// also owns Spec, Tree and the checks of argv, environment and working directory). This
+// package owns what happens after that, and the bounds of timeouts and terminal sizes: pipes or a PTY, pumping output, timeouts,
 // signals, exit status, and a small JSON record per background process so that a
 // daemon restart reports processes that died with it as "lost", never as exit 0.
 //

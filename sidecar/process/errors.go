@@ -15,7 +15,7 @@ var (
 	// ErrExecLimit: the lease already runs MaxExecs Execs (a 429, exec_limit).
 	ErrExecLimit = errors.New("process: too many execs running")
 	// ErrStart wraps why a command could not be started, e.g. exec.ErrNotFound
-	// (invalid_request when errors.Is(err, exec.ErrNotFound), else internal).
+	// (invalid_request), a *sandbox.SetupError (sandbox_setup_failed), else internal.
 	ErrStart = errors.New("process: cannot start")
 	// ErrStdinClosed: stdin was closed, never opened, or the process ended (conflict).
 	ErrStdinClosed = errors.New("process: stdin closed")
