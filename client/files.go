@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"net/url"
 	"path"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -30,26 +28,6 @@ func (l *Lease) filesPath(p string) (string, error) {
 	return leasePath(l.id, "files", ep), nil
 }
 
-// digestHeader is an RFC 9530 sha-256 digest field value.
-func digestHeader(sum []byte) string {
-	return "sha-256=:" + base64.StdEncoding.EncodeToString(sum) + ":"
-}
-
-// parseDigest finds the sha-256 member of a Content-Digest or Repr-Digest field; nil
-// when there is none.
-func parseDigest(field string) []byte {
-	for _, member := range strings.Split(field, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(member), "=")
-		if !ok || !strings.EqualFold(k, "sha-256") || len(v) < 2 || v[0] != ':' || v[len(v)-1] != ':' {
-			continue
-		}
-		if sum, err := base64.StdEncoding.DecodeString(v[1 : len(v)-1]); err == nil && len(sum) == sha256.Size {
-			return sum
-		}
-	}
-	return nil
-}
-
 // fileModeHeader is the X-File-Mode value: octal permission bits.
 func fileModeHeader(m fs.FileMode) string { return fmt.Sprintf("%04o", m.Perm()) }
 
@@ -61,7 +39,7 @@ func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.Fi
 		return err
 	}
 	sum := sha256.Sum256(data)
-	h := http.Header{apitype.HeaderContentDigest: {digestHeader(sum[:])}, "Content-Type": {"application/octet-stream"}}
+	h := http.Header{apitype.HeaderContentDigest: {apitype.FormatDigest(sum[:])}, "Content-Type": {"application/octet-stream"}}
 	if mode != 0 {
 		h.Set(apitype.HeaderFileMode, fileModeHeader(mode))
 	}
@@ -121,7 +99,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 				resp.Body.Close()
 				return 0, fmt.Errorf("%w: %s", ErrIsADirectory, p)
 			}
-			want = parseDigest(resp.Header.Get(apitype.HeaderContentDigest))
+			want, _ = apitype.ParseDigest(resp.Header.Get(apitype.HeaderContentDigest)) // none: nothing to check
 			etag = resp.Header.Get("ETag")
 		} else if resp.StatusCode != http.StatusPartialContent {
 			resp.Body.Close()

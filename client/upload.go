@@ -51,7 +51,7 @@ func (l *Lease) Upload(ctx context.Context, p string, r io.ReadSeeker, size int6
 	}
 	h := http.Header{
 		apitype.HeaderUploadComplete: {"?1"},
-		apitype.HeaderReprDigest:     {digestHeader(sum)},
+		apitype.HeaderReprDigest:     {apitype.FormatDigest(sum)},
 		apitype.HeaderUploadLength:   {strconv.FormatInt(size, 10)},
 		"Content-Type":               {"application/partial-upload"},
 	}
