@@ -19,22 +19,13 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
 
-// filesPath is the route of a workdir path.
-func (l *Lease) filesPath(p string) (string, error) {
-	ep, err := escapePath(p)
-	if err != nil {
-		return "", err
-	}
-	return leasePath(l.id, "files", ep), nil
-}
-
 // fileModeHeader is the X-File-Mode value: octal permission bits.
 func fileModeHeader(m fs.FileMode) string { return fmt.Sprintf("%04o", m.Perm()) }
 
 // WriteFile writes data as the file at p atomically, creating missing parent directories.
 // The daemon checks the body against its digest. mode 0 keeps the daemon's default.
 func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
@@ -72,7 +63,7 @@ func isDirResponse(resp *http.Response) bool {
 // cut mid-body is resumed with a Range request (If-Range on the ETag), so w never sees
 // a byte twice. It returns the number of bytes written to w.
 func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return 0, err
 	}
@@ -150,7 +141,7 @@ func copyCounted(w, hash io.Writer, r io.Reader, buf []byte) (n int64, rerr, wer
 
 // Stat describes the file at p without following a final symlink.
 func (l *Lease) Stat(ctx context.Context, p string) (apitype.FileEntry, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return apitype.FileEntry{}, err
 	}
@@ -193,7 +184,7 @@ func (l *Lease) explainHead(ctx context.Context, fp string, err error) error {
 
 // List returns the entries of the directory at p ("" or "." is the workdir).
 func (l *Lease) List(ctx context.Context, p string) ([]apitype.FileEntry, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +205,7 @@ func (l *Lease) List(ctx context.Context, p string) ([]apitype.FileEntry, error)
 
 // Remove deletes the file or empty directory at p; recursive removes a whole tree.
 func (l *Lease) Remove(ctx context.Context, p string, recursive bool) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
@@ -227,7 +218,7 @@ func (l *Lease) Remove(ctx context.Context, p string, recursive bool) error {
 
 // Mkdir creates the directory p with its parents; an existing directory is no error.
 func (l *Lease) Mkdir(ctx context.Context, p string) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
@@ -238,7 +229,7 @@ func (l *Lease) Mkdir(ctx context.Context, p string) error {
 // Move renames from to to within the workdir. It is not retried: a repeated move would
 // find its source gone.
 func (l *Lease) Move(ctx context.Context, from, to string) error {
-	fp, err := l.filesPath(from)
+	fp, err := l.lpath("files", from)
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,8 @@ import (
 // The agents' file tools: find, grep, stat, exists, lines, exact replacement,
 // conditional writes and watches.
 
-// lpath is the route of a tool ("find", "grep", …) on a workdir path.
+// lpath is the route of a workdir path under a lease route: "files", "archive", or a tool
+// ("find", "grep", …).
 func (l *Lease) lpath(tool, p string) (string, error) {
 	ep, err := escapePath(p)
 	if err != nil {
@@ -158,7 +159,7 @@ type Lines struct {
 // ReadLines returns up to limit lines of the file at p after the first offset lines
 // (limit 0: as many as the daemon allows, 100,000 lines or 16 MiB).
 func (l *Lease) ReadLines(ctx context.Context, p string, offset, limit int) (Lines, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return Lines{}, err
 	}
@@ -187,7 +188,7 @@ type ReplaceOptions struct {
 // IfMatch, ErrPreconditionFailed. In all three cases the file is unchanged. Not retried:
 // a repeated replacement would find its old text gone.
 func (l *Lease) Replace(ctx context.Context, p, old, new string, o ReplaceOptions) (apitype.ReplaceResult, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return apitype.ReplaceResult{}, err
 	}
@@ -210,7 +211,7 @@ type WriteCondition struct {
 // WriteFileIf is WriteFile under a condition: ErrPreconditionFailed when it does not
 // hold, and nothing is written. It returns the new file's ETag.
 func (l *Lease) WriteFileIf(ctx context.Context, p string, data []byte, mode fs.FileMode, cond WriteCondition) (string, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return "", err
 	}
