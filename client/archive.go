@@ -45,22 +45,13 @@ func dirOpts(opts []DirOption) dirOptions {
 	return o
 }
 
-// archivePath is the route of a workdir directory's tar stream.
-func (l *Lease) archivePath(p string) (string, error) {
-	ep, err := escapePath(p)
-	if err != nil {
-		return "", err
-	}
-	return leasePath(l.id, "archive", ep), nil
-}
-
 // UploadDir sends the tree at localDir into remoteDir as a tar stream made on the fly:
 // nothing is staged locally. Symlinks travel as links; sockets, devices and FIFOs are
 // skipped. The daemon extracts into staging and moves it into place, so a failure leaves
 // nothing behind. It is not retried.
 func (l *Lease) UploadDir(ctx context.Context, localDir, remoteDir string, opts ...DirOption) error {
 	o := dirOpts(opts)
-	ap, err := l.archivePath(remoteDir)
+	ap, err := l.lpath("archive", remoteDir)
 	if err != nil {
 		return err
 	}
@@ -189,7 +180,7 @@ func writeTree(w io.Writer, dir string, o dirOptions, warn func(string, ...any))
 // sticky bits are dropped.
 func (l *Lease) DownloadDir(ctx context.Context, remoteDir, localDir string, opts ...DirOption) error {
 	o := dirOpts(opts)
-	ap, err := l.archivePath(remoteDir)
+	ap, err := l.lpath("archive", remoteDir)
 	if err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,40 +14,10 @@ import (
 	"net/url"
 	"path"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
-
-// filesPath is the route of a workdir path.
-func (l *Lease) filesPath(p string) (string, error) {
-	ep, err := escapePath(p)
-	if err != nil {
-		return "", err
-	}
-	return leasePath(l.id, "files", ep), nil
-}
-
-// digestHeader is an RFC 9530 sha-256 digest field value.
-func digestHeader(sum []byte) string {
-	return "sha-256=:" + base64.StdEncoding.EncodeToString(sum) + ":"
-}
-
-// parseDigest finds the sha-256 member of a Content-Digest or Repr-Digest field; nil
-// when there is none.
-func parseDigest(field string) []byte {
-	for _, member := range strings.Split(field, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(member), "=")
-		if !ok || !strings.EqualFold(k, "sha-256") || len(v) < 2 || v[0] != ':' || v[len(v)-1] != ':' {
-			continue
-		}
-		if sum, err := base64.StdEncoding.DecodeString(v[1 : len(v)-1]); err == nil && len(sum) == sha256.Size {
-			return sum
-		}
-	}
-	return nil
-}
 
 // fileModeHeader is the X-File-Mode value: octal permission bits.
 func fileModeHeader(m fs.FileMode) string { return fmt.Sprintf("%04o", m.Perm()) }
@@ -56,12 +25,12 @@ func fileModeHeader(m fs.FileMode) string { return fmt.Sprintf("%04o", m.Perm())
 // WriteFile writes data as the file at p atomically, creating missing parent directories.
 // The daemon checks the body against its digest. mode 0 keeps the daemon's default.
 func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
 	sum := sha256.Sum256(data)
-	h := http.Header{apitype.HeaderContentDigest: {digestHeader(sum[:])}, "Content-Type": {"application/octet-stream"}}
+	h := http.Header{apitype.HeaderContentDigest: {apitype.FormatDigest(sum[:])}, "Content-Type": {"application/octet-stream"}}
 	if mode != 0 {
 		h.Set(apitype.HeaderFileMode, fileModeHeader(mode))
 	}
@@ -94,7 +63,7 @@ func isDirResponse(resp *http.Response) bool {
 // cut mid-body is resumed with a Range request (If-Range on the ETag), so w never sees
 // a byte twice. It returns the number of bytes written to w.
 func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return 0, err
 	}
@@ -121,7 +90,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 				resp.Body.Close()
 				return 0, fmt.Errorf("%w: %s", ErrIsADirectory, p)
 			}
-			want = parseDigest(resp.Header.Get(apitype.HeaderContentDigest))
+			want, _ = apitype.ParseDigest(resp.Header.Get(apitype.HeaderContentDigest)) // none: nothing to check
 			etag = resp.Header.Get("ETag")
 		} else if resp.StatusCode != http.StatusPartialContent {
 			resp.Body.Close()
@@ -172,7 +141,7 @@ func copyCounted(w, hash io.Writer, r io.Reader, buf []byte) (n int64, rerr, wer
 
 // Stat describes the file at p without following a final symlink.
 func (l *Lease) Stat(ctx context.Context, p string) (apitype.FileEntry, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return apitype.FileEntry{}, err
 	}
@@ -215,7 +184,7 @@ func (l *Lease) explainHead(ctx context.Context, fp string, err error) error {
 
 // List returns the entries of the directory at p ("" or "." is the workdir).
 func (l *Lease) List(ctx context.Context, p string) ([]apitype.FileEntry, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +205,7 @@ func (l *Lease) List(ctx context.Context, p string) ([]apitype.FileEntry, error)
 
 // Remove deletes the file or empty directory at p; recursive removes a whole tree.
 func (l *Lease) Remove(ctx context.Context, p string, recursive bool) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
@@ -249,7 +218,7 @@ func (l *Lease) Remove(ctx context.Context, p string, recursive bool) error {
 
 // Mkdir creates the directory p with its parents; an existing directory is no error.
 func (l *Lease) Mkdir(ctx context.Context, p string) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
@@ -260,7 +229,7 @@ func (l *Lease) Mkdir(ctx context.Context, p string) error {
 // Move renames from to to within the workdir. It is not retried: a repeated move would
 // find its source gone.
 func (l *Lease) Move(ctx context.Context, from, to string) error {
-	fp, err := l.filesPath(from)
+	fp, err := l.lpath("files", from)
 	if err != nil {
 		return err
 	}

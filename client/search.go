@@ -20,7 +20,8 @@ import (
 // The agents' file tools: find, grep, stat, exists, lines, exact replacement,
 // conditional writes and watches.
 
-// lpath is the route of a tool ("find", "grep", …) on a workdir path.
+// lpath is the route of a workdir path under a lease route: "files", "archive", or a tool
+// ("find", "grep", …).
 func (l *Lease) lpath(tool, p string) (string, error) {
 	ep, err := escapePath(p)
 	if err != nil {
@@ -39,26 +40,39 @@ type TreeOptions struct {
 	Timeout   time.Duration
 }
 
-func (o TreeOptions) query() url.Values {
-	q := url.Values{}
+// options is a query of options, where a zero value is left out: the daemon's default.
+type options url.Values
+
+func (q options) int(name string, n int64) {
+	if n > 0 {
+		url.Values(q).Set(name, strconv.FormatInt(n, 10))
+	}
+}
+
+func (q options) bool(name string, b bool) {
+	if b {
+		url.Values(q).Set(name, "1")
+	}
+}
+
+func (q options) string(name, s string) {
+	if s != "" {
+		url.Values(q).Set(name, s)
+	}
+}
+
+func (o TreeOptions) query() options {
+	q := options{}
 	for _, g := range o.Globs {
-		q.Add("glob", g)
+		url.Values(q).Add("glob", g)
 	}
 	for _, g := range o.Exclude {
-		q.Add("exclude", g)
+		url.Values(q).Add("exclude", g)
 	}
-	if o.MaxDepth > 0 {
-		q.Set("max_depth", strconv.Itoa(o.MaxDepth))
-	}
-	if o.Hidden {
-		q.Set("hidden", "1")
-	}
-	if o.GitIgnore {
-		q.Set("gitignore", "1")
-	}
-	if o.Timeout > 0 {
-		q.Set("timeout_ms", strconv.FormatInt(o.Timeout.Milliseconds(), 10))
-	}
+	q.int("max_depth", int64(o.MaxDepth))
+	q.bool("hidden", o.Hidden)
+	q.bool("gitignore", o.GitIgnore)
+	q.int("timeout_ms", o.Timeout.Milliseconds())
 	return q
 }
 
@@ -79,20 +93,12 @@ func (l *Lease) Find(ctx context.Context, dir string, o FindOptions) (apitype.Fi
 		return apitype.FindResult{}, err
 	}
 	q := o.query()
-	if o.Type != "" {
-		q.Set("type", o.Type)
-	}
-	if o.After != "" {
-		q.Set("after", o.After)
-	}
-	if o.Limit > 0 {
-		q.Set("limit", strconv.Itoa(o.Limit))
-	}
-	if o.Stat {
-		q.Set("stat", "1")
-	}
+	q.string("type", o.Type)
+	q.string("after", o.After)
+	q.int("limit", int64(o.Limit))
+	q.bool("stat", o.Stat)
 	var res apitype.FindResult
-	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, lease: l, idempotent: true}, &res)
+	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: url.Values(q), lease: l, idempotent: true}, &res)
 	return res, err
 }
 
@@ -113,24 +119,14 @@ func (l *Lease) Grep(ctx context.Context, path, pattern string, o GrepOptions) (
 		return apitype.GrepResult{}, err
 	}
 	q := o.query()
-	q.Set("pattern", pattern)
-	if o.Fixed {
-		q.Set("fixed", "1")
-	}
-	if o.IgnoreCase {
-		q.Set("ignore_case", "1")
-	}
-	if o.Context > 0 {
-		q.Set("context", strconv.Itoa(o.Context))
-	}
-	if o.MaxMatches > 0 {
-		q.Set("max_matches", strconv.Itoa(o.MaxMatches))
-	}
-	if o.MaxFileBytes > 0 {
-		q.Set("max_file_bytes", strconv.FormatInt(o.MaxFileBytes, 10))
-	}
+	q["pattern"] = []string{pattern} // even empty: the daemon requires it
+	q.bool("fixed", o.Fixed)
+	q.bool("ignore_case", o.IgnoreCase)
+	q.int("context", int64(o.Context))
+	q.int("max_matches", int64(o.MaxMatches))
+	q.int("max_file_bytes", o.MaxFileBytes)
 	var res apitype.GrepResult
-	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: q, lease: l, idempotent: true}, &res)
+	err = l.c.doJSON(ctx, request{method: http.MethodGet, path: p, query: url.Values(q), lease: l, idempotent: true}, &res)
 	return res, err
 }
 
@@ -163,7 +159,7 @@ type Lines struct {
 // ReadLines returns up to limit lines of the file at p after the first offset lines
 // (limit 0: as many as the daemon allows, 100,000 lines or 16 MiB).
 func (l *Lease) ReadLines(ctx context.Context, p string, offset, limit int) (Lines, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return Lines{}, err
 	}
@@ -192,7 +188,7 @@ type ReplaceOptions struct {
 // IfMatch, ErrPreconditionFailed. In all three cases the file is unchanged. Not retried:
 // a repeated replacement would find its old text gone.
 func (l *Lease) Replace(ctx context.Context, p, old, new string, o ReplaceOptions) (apitype.ReplaceResult, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return apitype.ReplaceResult{}, err
 	}
@@ -215,7 +211,7 @@ type WriteCondition struct {
 // WriteFileIf is WriteFile under a condition: ErrPreconditionFailed when it does not
 // hold, and nothing is written. It returns the new file's ETag.
 func (l *Lease) WriteFileIf(ctx context.Context, p string, data []byte, mode fs.FileMode, cond WriteCondition) (string, error) {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return "", err
 	}
@@ -266,17 +262,11 @@ func (l *Lease) Watch(ctx context.Context, dir string, o WatchOptions) (*Watcher
 	if err != nil {
 		return nil, err
 	}
-	q := url.Values{}
-	if o.Recursive {
-		q.Set("recursive", "1")
-	}
-	if o.MaxDirs > 0 {
-		q.Set("max_dirs", strconv.Itoa(o.MaxDirs))
-	}
-	if o.Queue > 0 {
-		q.Set("queue", strconv.Itoa(o.Queue))
-	}
-	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: p, query: q, header: http.Header{"Accept": {"text/event-stream"}},
+	q := options{}
+	q.bool("recursive", o.Recursive)
+	q.int("max_dirs", int64(o.MaxDirs))
+	q.int("queue", int64(o.Queue))
+	resp, err := l.c.do(ctx, request{method: http.MethodGet, path: p, query: url.Values(q), header: http.Header{"Accept": {"text/event-stream"}},
 		lease: l})
 	if err != nil {
 		return nil, err

@@ -36,7 +36,7 @@ const uploadAttempts = 6
 // connection breaks it asks the daemon (HEAD) how much arrived, seeks r there and sends
 // the rest. The file appears only whole and verified.
 func (l *Lease) Upload(ctx context.Context, p string, r io.ReadSeeker, size int64, opts UploadOptions) error {
-	fp, err := l.filesPath(p)
+	fp, err := l.lpath("files", p)
 	if err != nil {
 		return err
 	}
@@ -51,7 +51,7 @@ func (l *Lease) Upload(ctx context.Context, p string, r io.ReadSeeker, size int6
 	}
 	h := http.Header{
 		apitype.HeaderUploadComplete: {"?1"},
-		apitype.HeaderReprDigest:     {digestHeader(sum)},
+		apitype.HeaderReprDigest:     {apitype.FormatDigest(sum)},
 		apitype.HeaderUploadLength:   {strconv.FormatInt(size, 10)},
 		"Content-Type":               {"application/partial-upload"},
 	}

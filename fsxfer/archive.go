@@ -18,11 +18,7 @@ import (
 // outside). A file that changes size while it is read is cut or zero-padded to the size
 // in its header, keeping the archive well formed.
 func (f *FS) WriteTar(ctx context.Context, dir string, w io.Writer) error {
-	rel, err := f.clean(dir)
-	if err != nil {
-		return err
-	}
-	d, err := f.openDir(rel)
+	rel, d, err := f.openCleanDir(dir)
 	if err != nil {
 		return err
 	}

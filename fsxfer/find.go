@@ -1,6 +1,7 @@
 package fsxfer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,17 +53,9 @@ func (o *FindOptions) normalize() error {
 	default:
 		return fmt.Errorf("%w: type must be file, dir, symlink or other", ErrInvalid)
 	}
-	if o.Limit < 0 || o.Limit > MaxFindLimit {
-		return fmt.Errorf("%w: limit must be 0..%d", ErrInvalid, MaxFindLimit)
-	}
-	if o.Limit == 0 {
-		o.Limit = DefaultFindLimit
-	}
-	if o.Timeout < 0 || o.Timeout > MaxFindTimeout {
-		return fmt.Errorf("%w: timeout must be at most %s", ErrInvalid, MaxFindTimeout)
-	}
-	if o.Timeout == 0 {
-		o.Timeout = DefaultFindTimeout
+	if err := cmp.Or(bound(&o.Limit, DefaultFindLimit, MaxFindLimit, fmt.Sprintf("limit must be 0..%d", MaxFindLimit)),
+		bound(&o.Timeout, DefaultFindTimeout, MaxFindTimeout, "timeout must be at most "+MaxFindTimeout.String())); err != nil {
+		return err
 	}
 	if o.After != "" {
 		a, err := cleanPath(o.After, DefaultMaxNameBytes)
@@ -70,6 +63,17 @@ func (o *FindOptions) normalize() error {
 			return err
 		}
 		o.After = a
+	}
+	return nil
+}
+
+// bound refuses *v outside 0..max (ErrInvalid with msg), and makes 0 the default def.
+func bound[T int | int64 | time.Duration](v *T, def, max T, msg string) error {
+	if *v < 0 || *v > max {
+		return fmt.Errorf("%w: %s", ErrInvalid, msg)
+	}
+	if *v == 0 {
+		*v = def
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package fsxfer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -68,28 +69,11 @@ type GrepResult struct {
 }
 
 func (o *GrepOptions) normalize() error {
-	if o.Context < 0 || o.Context > MaxGrepContext {
-		return fmt.Errorf("%w: context must be 0..%d", ErrInvalid, MaxGrepContext)
-	}
-	if o.MaxMatches < 0 || o.MaxMatches > MaxGrepMatches {
-		return fmt.Errorf("%w: max matches must be 0..%d", ErrInvalid, MaxGrepMatches)
-	}
-	if o.MaxMatches == 0 {
-		o.MaxMatches = DefaultGrepMatches
-	}
-	if o.MaxFileBytes < 0 || o.MaxFileBytes > MaxGrepFileBytes {
-		return fmt.Errorf("%w: max file bytes must be 0..%d", ErrInvalid, MaxGrepFileBytes)
-	}
-	if o.MaxFileBytes == 0 {
-		o.MaxFileBytes = DefaultGrepFileBytes
-	}
-	if o.Timeout < 0 || o.Timeout > MaxGrepTimeout {
-		return fmt.Errorf("%w: timeout must be at most %s", ErrInvalid, MaxGrepTimeout)
-	}
-	if o.Timeout == 0 {
-		o.Timeout = DefaultGrepTimeout
-	}
-	return nil
+	return cmp.Or( // the first refusal
+		bound(&o.Context, 0, MaxGrepContext, fmt.Sprintf("context must be 0..%d", MaxGrepContext)),
+		bound(&o.MaxMatches, DefaultGrepMatches, MaxGrepMatches, fmt.Sprintf("max matches must be 0..%d", MaxGrepMatches)),
+		bound(&o.MaxFileBytes, DefaultGrepFileBytes, MaxGrepFileBytes, fmt.Sprintf("max file bytes must be 0..%d", MaxGrepFileBytes)),
+		bound(&o.Timeout, DefaultGrepTimeout, MaxGrepTimeout, "timeout must be at most "+MaxGrepTimeout.String()))
 }
 
 // matcher finds matching lines in a whole file. A fixed, case-sensitive pattern is a

@@ -1,13 +1,9 @@
 package fsxfer
 
 import (
-	"bufio"
-	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,50 +29,9 @@ func identify(fd int) (dirID, error) {
 	}, nil
 }
 
-// mountsUnder reports the mount points at or below the absolute path dir, read from
-// /proc/thread-self/mountinfo: the calling thread's mount namespace, where removal acts
-// (/proc/self is the main thread's, which may have been left in another namespace).
-func mountsUnder(dir string) ([]string, error) {
-	f, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dir = filepath.Clean(dir)
-	var found []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountPath(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") || dir == "/" {
-			found = append(found, mp)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	return found, nil
-}
-
-// unescapeMountPath undoes the kernel's octal escapes (\040 for a space and so on).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+// mountsUnder reports the mounts at or below the absolute path dir in the calling thread's
+// mount namespace, where removal acts (mountinfo reads /proc/thread-self; /proc/self is the
+// main thread's, which may have been left in another namespace).
+func mountsUnder(dir string) ([]*mountinfo.Info, error) {
+	return mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Clean(dir)))
 }

@@ -57,6 +57,15 @@ func (f *FS) openDir(rel string) (*os.File, error) {
 	return d, nil
 }
 
+// openCleanDir cleans the workdir path p and opens it as a directory.
+func (f *FS) openCleanDir(p string) (rel string, d *os.File, err error) {
+	if rel, err = f.clean(p); err != nil {
+		return "", nil, err
+	}
+	d, err = f.openDir(rel)
+	return rel, d, err
+}
+
 // openParent opens the directory holding rel (symlinks on the way are followed inside the
 // root) and returns it with the last element, which callers handle with *at system calls
 // so that it is never followed. rel must not be ".".

@@ -12,7 +12,7 @@ import (
 // symlinks and without ever descending into a mount point (it fails instead, leaving the
 // mount and what lies under it untouched). Lease directories are removed with it.
 //
-// Mount points are looked up in /proc/self/mountinfo before anything is removed, so a
+// Mount points are looked up in the calling thread's mountinfo before anything is removed, so a
 // tree holding a mount is refused whole; the walk itself compares mount IDs of every
 // directory it enters as well, for mounts that appear meanwhile. Removal works on
 // descriptors (openat/unlinkat with O_NOFOLLOW), so swapping a directory for a symlink
@@ -26,7 +26,7 @@ func RemoveTree(dir string) error {
 		return fmt.Errorf("fsxfer: remove tree %q: %w", dir, err)
 	}
 	if len(mounts) > 0 {
-		return fmt.Errorf("fsxfer: remove tree %q: %w: %q", dir, ErrMountPoint, mounts[0])
+		return fmt.Errorf("fsxfer: remove tree %q: %w: %q", dir, ErrMountPoint, mounts[0].Mountpoint)
 	}
 	parent, err := unix.Open(filepath.Dir(dir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {

@@ -135,13 +135,3 @@ func TestRemoveAtStopsAtBindMount(t *testing.T) {
 		})
 	}
 }
-
-func TestUnescapeMountPath(t *testing.T) {
-	for in, want := range map[string]string{
-		`/a\040b`: "/a b", `/plain`: "/plain", `/tab\011x`: "/tab\tx", `/back\134slash`: `/back\slash`, `/trail\04`: `/trail\04`,
-	} {
-		if got := unescapeMountPath(in); got != want {
-			t.Errorf("unescape(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

@@ -429,3 +429,34 @@ func statCtime(t *testing.T, p string) unix.Timespec {
 	}
 	return st.Ctim
 }
+
+// Find's and Grep's numeric options: 0 takes the default, beyond the maximum (or below 0)
+// is ErrInvalid naming the option, and the first option out of bounds is the one named.
+func TestSearchOptionBounds(t *testing.T) {
+	fo := FindOptions{}
+	if err := fo.normalize(); err != nil || fo.Limit != DefaultFindLimit || fo.Timeout != DefaultFindTimeout {
+		t.Fatalf("find defaults: %+v %v", fo, err)
+	}
+	go0 := GrepOptions{}
+	if err := go0.normalize(); err != nil || go0.Context != 0 || go0.MaxMatches != DefaultGrepMatches ||
+		go0.MaxFileBytes != DefaultGrepFileBytes || go0.Timeout != DefaultGrepTimeout {
+		t.Fatalf("grep defaults: %+v %v", go0, err)
+	}
+	for _, c := range []struct {
+		opts interface{ normalize() error }
+		want string
+	}{
+		{&FindOptions{Limit: MaxFindLimit + 1}, "limit must be 0..100000"},
+		{&FindOptions{Limit: -1, Timeout: -1}, "limit must be"},
+		{&FindOptions{Timeout: MaxFindTimeout + 1}, "timeout must be at most 1m0s"},
+		{&GrepOptions{Context: MaxGrepContext + 1, MaxMatches: -1}, "context must be 0..10"},
+		{&GrepOptions{MaxMatches: MaxGrepMatches + 1}, "max matches must be 0..100000"},
+		{&GrepOptions{MaxFileBytes: -1}, "max file bytes must be 0..67108864"},
+		{&GrepOptions{Timeout: MaxGrepTimeout + 1}, "timeout must be at most 2m0s"},
+	} {
+		err := c.opts.normalize()
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want ErrInvalid with %q", c.opts, err, c.want)
+		}
+	}
+}

@@ -65,11 +65,7 @@ func statAt(dirfd int, name, rel string) (Info, error) {
 // List describes the entries of the directory path, sorted by name. A symlink to a
 // directory inside the workdir is listed through; one pointing out is ErrOutside.
 func (f *FS) List(p string) ([]Info, error) {
-	rel, err := f.clean(p)
-	if err != nil {
-		return nil, err
-	}
-	d, err := f.openDir(rel)
+	rel, d, err := f.openCleanDir(p)
 	if err != nil {
 		return nil, err
 	}

@@ -116,11 +116,7 @@ func (f *FS) walkTree(ctx context.Context, p string, opts TreeOptions, visit fun
 	if opts.MaxDepth < 0 {
 		return fmt.Errorf("%w: negative depth", ErrInvalid)
 	}
-	rel, err := f.clean(p)
-	if err != nil {
-		return err
-	}
-	d, err := f.openDir(rel)
+	rel, d, err := f.openCleanDir(p)
 	if err != nil {
 		return err
 	}

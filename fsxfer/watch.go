@@ -94,11 +94,7 @@ func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 	if opts.Queue == 0 {
 		opts.Queue = DefaultWatchQueue
 	}
-	rel, err := f.clean(p)
-	if err != nil {
-		return nil, err
-	}
-	d, err := f.openDir(rel)
+	rel, d, err := f.openCleanDir(p)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package sidecar
 
 import (
 	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -27,33 +26,6 @@ func (s *Server) leaseFS(r *http.Request) (*fsxfer.FS, error) {
 	return s.opts.Runtime.FS(l)
 }
 
-// parseDigest reads an RFC 9530 dictionary ("sha-256=:base64:, sha-512=:…:") and returns
-// the sha-256 member. Other algorithms are ignored; a malformed sha-256 is an error.
-func parseDigest(h string) ([]byte, error) {
-	if h == "" {
-		return nil, nil
-	}
-	for _, member := range strings.Split(h, ",") {
-		k, v, ok := strings.Cut(strings.TrimSpace(member), "=")
-		if !ok || !strings.EqualFold(k, "sha-256") {
-			continue
-		}
-		if len(v) < 2 || v[0] != ':' || v[len(v)-1] != ':' {
-			return nil, badRequest("digest: sha-256 must be a byte sequence (:base64:)")
-		}
-		b, err := base64.StdEncoding.DecodeString(v[1 : len(v)-1])
-		if err != nil || len(b) != sha256.Size {
-			return nil, badRequest("digest: sha-256 must be 32 bytes of base64")
-		}
-		return b, nil
-	}
-	return nil, badRequest("digest: only sha-256 is supported")
-}
-
-func formatDigest(sum []byte) string {
-	return "sha-256=:" + base64.StdEncoding.EncodeToString(sum) + ":"
-}
-
 func parseMode(h string) (fs.FileMode, error) {
 	if h == "" {
 		return 0, nil
@@ -70,9 +42,9 @@ func writeOptions(r *http.Request, digestHeader string) (fsxfer.WriteOptions, er
 	if err != nil {
 		return fsxfer.WriteOptions{}, err
 	}
-	sum, err := parseDigest(r.Header.Get(digestHeader))
+	sum, err := apitype.ParseDigest(r.Header.Get(digestHeader))
 	if err != nil {
-		return fsxfer.WriteOptions{}, err
+		return fsxfer.WriteOptions{}, badRequest("%v", err)
 	}
 	return fsxfer.WriteOptions{Mode: mode, Mkdirs: queryBool(r.URL.Query().Get("mkdirs")), SHA256: sum}, nil
 }
@@ -265,7 +237,7 @@ func (s *Server) handleGetFile(w http.ResponseWriter, r *http.Request, _ princip
 			}
 			raw = h.Sum(nil)
 		}
-		sum := formatDigest(raw)
+		sum := apitype.FormatDigest(raw)
 		w.Header().Set(apitype.HeaderReprDigest, sum)
 		if r.Header.Get("Range") == "" {
 			w.Header().Set(apitype.HeaderContentDigest, sum)

@@ -18,36 +18,33 @@ import (
 // Handlers of the agents' file tools: find, grep, stat, replace, watch. The rules live
 // in fsxfer; these decode query parameters and encode results.
 
-// queryInt reads a non-negative integer parameter; absent is 0.
-func queryInt(q url.Values, name string) (int, error) {
+// query reads a request's query parameters. The first malformed one is kept in err, so
+// a handler reads all it needs and checks once.
+type query struct {
+	url.Values
+	err error
+}
+
+// int reads a non-negative integer parameter; absent is 0.
+func (q *query) int(name string) int {
 	v := q.Get(name)
-	if v == "" {
-		return 0, nil
+	if v == "" || q.err != nil {
+		return 0
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 0 {
-		return 0, badRequest("%s must be a non-negative integer", name)
+		q.err = badRequest("%s must be a non-negative integer", name)
 	}
-	return n, nil
+	return n
 }
 
-func treeOptions(q url.Values) (fsxfer.TreeOptions, error) {
-	depth, err := queryInt(q, "max_depth")
-	if err != nil {
-		return fsxfer.TreeOptions{}, err
-	}
-	return fsxfer.TreeOptions{
-		MaxDepth:  depth,
-		Hidden:    queryBool(q.Get("hidden")),
-		GitIgnore: queryBool(q.Get("gitignore")),
-		Include:   q["glob"],
-		Exclude:   q["exclude"],
-	}, nil
-}
+func (q *query) bool(name string) bool { return queryBool(q.Get(name)) }
 
-func queryTimeout(q url.Values) (time.Duration, error) {
-	ms, err := queryInt(q, "timeout_ms")
-	return time.Duration(ms) * time.Millisecond, err
+func (q *query) timeout() time.Duration { return time.Duration(q.int("timeout_ms")) * time.Millisecond }
+
+func (q *query) tree() fsxfer.TreeOptions {
+	return fsxfer.TreeOptions{MaxDepth: q.int("max_depth"), Hidden: q.bool("hidden"), GitIgnore: q.bool("gitignore"),
+		Include: q.Values["glob"], Exclude: q.Values["exclude"]}
 }
 
 func (s *Server) handleFind(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -55,22 +52,13 @@ func (s *Server) handleFind(w http.ResponseWriter, r *http.Request, _ principal)
 	if err != nil {
 		return err
 	}
-	q := r.URL.Query()
-	tree, err := treeOptions(q)
-	if err != nil {
-		return err
+	q := query{Values: r.URL.Query()}
+	opts := fsxfer.FindOptions{TreeOptions: q.tree(), Type: q.Get("type"), After: q.Get("after"), Limit: q.int("limit"),
+		Timeout: q.timeout(), Stat: q.bool("stat")}
+	if q.err != nil {
+		return q.err
 	}
-	limit, err := queryInt(q, "limit")
-	if err != nil {
-		return err
-	}
-	timeout, err := queryTimeout(q)
-	if err != nil {
-		return err
-	}
-	res, err := f.Find(r.Context(), r.PathValue("path"), fsxfer.FindOptions{
-		TreeOptions: tree, Type: q.Get("type"), After: q.Get("after"), Limit: limit, Timeout: timeout, Stat: queryBool(q.Get("stat")),
-	})
+	res, err := f.Find(r.Context(), r.PathValue("path"), opts)
 	if err != nil {
 		return err
 	}
@@ -90,28 +78,14 @@ func (s *Server) handleGrep(w http.ResponseWriter, r *http.Request, _ principal)
 	if err != nil {
 		return err
 	}
-	q := r.URL.Query()
+	q := query{Values: r.URL.Query()}
 	if !q.Has("pattern") {
 		return badRequest("pattern is required")
 	}
-	tree, err := treeOptions(q)
-	if err != nil {
-		return err
-	}
-	opts := fsxfer.GrepOptions{TreeOptions: tree, Pattern: q.Get("pattern"), Fixed: queryBool(q.Get("fixed")), IgnoreCase: queryBool(q.Get("ignore_case"))}
-	if opts.Context, err = queryInt(q, "context"); err != nil {
-		return err
-	}
-	if opts.MaxMatches, err = queryInt(q, "max_matches"); err != nil {
-		return err
-	}
-	maxBytes, err := queryInt(q, "max_file_bytes")
-	if err != nil {
-		return err
-	}
-	opts.MaxFileBytes = int64(maxBytes)
-	if opts.Timeout, err = queryTimeout(q); err != nil {
-		return err
+	opts := fsxfer.GrepOptions{TreeOptions: q.tree(), Pattern: q.Get("pattern"), Fixed: q.bool("fixed"), IgnoreCase: q.bool("ignore_case"),
+		Context: q.int("context"), MaxMatches: q.int("max_matches"), MaxFileBytes: int64(q.int("max_file_bytes")), Timeout: q.timeout()}
+	if q.err != nil {
+		return q.err
 	}
 	res, err := f.Grep(r.Context(), r.PathValue("path"), opts)
 	if err != nil {
@@ -164,14 +138,10 @@ func (s *Server) handleReplace(w http.ResponseWriter, r *http.Request, f *fsxfer
 
 // handleReadLines is GET …/files/{path}?line_offset=N&line_limit=M.
 func (s *Server) handleReadLines(w http.ResponseWriter, r *http.Request, f *fsxfer.FS) error {
-	q := r.URL.Query()
-	offset, err := queryInt(q, "line_offset")
-	if err != nil {
-		return err
-	}
-	limit, err := queryInt(q, "line_limit")
-	if err != nil {
-		return err
+	q := query{Values: r.URL.Query()}
+	offset, limit := q.int("line_offset"), q.int("line_limit")
+	if q.err != nil {
+		return q.err
 	}
 	lines, err := f.ReadLines(r.PathValue("path"), offset, limit)
 	if err != nil {
@@ -200,13 +170,10 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request, _ principal
 	if err != nil {
 		return err
 	}
-	q := r.URL.Query()
-	opts := fsxfer.WatchOptions{Recursive: queryBool(q.Get("recursive"))}
-	if opts.MaxDirs, err = queryInt(q, "max_dirs"); err != nil {
-		return err
-	}
-	if opts.Queue, err = queryInt(q, "queue"); err != nil {
-		return err
+	q := query{Values: r.URL.Query()}
+	opts := fsxfer.WatchOptions{Recursive: q.bool("recursive"), MaxDirs: q.int("max_dirs"), Queue: q.int("queue")}
+	if q.err != nil {
+		return q.err
 	}
 	watcher, err := f.Watch(r.PathValue("path"), opts)
 	if err != nil {

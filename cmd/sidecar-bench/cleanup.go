@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // removeTree removes dir unless something is mounted at or below it (a lease's private
@@ -16,50 +16,12 @@ func removeTree(dir string) error {
 	if err != nil {
 		return err
 	}
-	if m := mountsUnder(abs); len(m) > 0 {
-		return fmt.Errorf("refusing to remove %s: still mounted: %s", abs, strings.Join(m, ", "))
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(abs))
+	if err != nil {
+		return fmt.Errorf("refusing to remove %s: %w", abs, err)
+	}
+	if len(ms) > 0 {
+		return fmt.Errorf("refusing to remove %s: still mounted: %s", abs, ms[0].Mountpoint)
 	}
 	return os.RemoveAll(abs)
-}
-
-// mountsUnder lists the mount points at or below dir in /proc/self/mountinfo.
-func mountsUnder(dir string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return []string{"(mountinfo unreadable: " + err.Error() + ")"}
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	return out
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space and so on).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var c byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &c); err == nil {
-				b.WriteByte(c)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

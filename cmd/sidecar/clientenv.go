@@ -56,6 +56,16 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // multiFlag collects a repeatable flag such as --env K=V.
+// operands is parseInterspersed wanting exactly n operands: any other count is the usage
+// error usage.
+func operands(fs *flag.FlagSet, args []string, n int, usage string) ([]string, error) {
+	pos, err := parseInterspersed(fs, args)
+	if err == nil && len(pos) != n {
+		err = usageError{usage}
+	}
+	return pos, err
+}
+
 type multiFlag []string
 
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }

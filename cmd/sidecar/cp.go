@@ -50,12 +50,9 @@ type copySpec struct {
 func parseCp(args []string) (copySpec, error) {
 	fs := flag.NewFlagSet("cp", flag.ContinueOnError)
 	z := fs.Bool("z", false, "compress directory transfers (gzip; helps on slow links only)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 2, cpUsage)
 	if err != nil {
 		return copySpec{}, err
-	}
-	if len(pos) != 2 {
-		return copySpec{}, usageError{cpUsage}
 	}
 	srcLease, srcPath, srcRemote := remoteArg(pos[0])
 	dstLease, dstPath, dstRemote := remoteArg(pos[1])

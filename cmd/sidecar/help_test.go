@@ -70,6 +70,13 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"exec", "--bogus", "L1", "true"},
 		{"cp", "a", "b"},
 		{"completion", "fish"},
+		{"find"},
+		{"find", "--type", "x", "L1:."},
+		{"grep", "pattern"},
+		{"grep", "pattern", "not-remote"},
+		{"stat", "L1:a", "L1:b"},
+		{"edit", "--new", "x", "L1:a"},
+		{"watch"},
 	} {
 		if _, stderr, code := runBin(t, bin, args...); code != exitUsage {
 			t.Errorf("sidecar %s: exit %d, want %d; stderr %q", strings.Join(args, " "), code, exitUsage, stderr)

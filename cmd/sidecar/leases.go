@@ -75,12 +75,9 @@ func oneID(name string, args []string, formats ...string) (string, error) {
 	if len(formats) > 0 {
 		outputFlag(fs, formats...)
 	}
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 1, "usage: sidecar "+name+" ID")
 	if err != nil {
 		return "", err
-	}
-	if len(pos) != 1 {
-		return "", usagef("usage: sidecar %s ID", name)
 	}
 	return pos[0], nil
 }

@@ -36,12 +36,9 @@ func parseScript(args []string) (scriptArgs, error) {
 	fs.StringVar(&a.leaseToken, "lease-token", "", "authenticate with a lease token instead of the shared token")
 	fs.DurationVar(&a.timeout, "timeout", 0, "script time limit (0: the daemon's default)")
 	outputFlag(fs, "json") // the result is JSON; -o json is accepted for uniformity
-	pos, err := parseInterspersed(fs, args[1:])
+	pos, err := operands(fs, args[1:], 1, scriptUsage)
 	if err != nil {
 		return a, err
-	}
-	if len(pos) != 1 {
-		return a, usageError{scriptUsage}
 	}
 	if a.timeout < 0 {
 		return a, usagef("--timeout %v: must not be negative", a.timeout)

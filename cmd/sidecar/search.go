@@ -27,7 +27,7 @@ func init() {
 func leaseTarget(arg, usage string) (*client.Lease, string, error) {
 	id, p, ok := remoteArg(arg)
 	if !ok {
-		return nil, "", errors.New(usage)
+		return nil, "", usageError{usage}
 	}
 	c, err := newClient("")
 	if err != nil {
@@ -56,12 +56,9 @@ func runFind(ctx context.Context, args []string) error {
 	all := fs.Bool("all", false, "follow truncated results to the end")
 	long := fs.Bool("l", false, "show type, size, mode and mtime")
 	out := outputFlag(fs, "text", "json")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 1, findUsage)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return errors.New(findUsage)
 	}
 	o.Globs, o.Exclude, o.Stat = globs, exclude, *long
 	switch *typ {
@@ -69,7 +66,7 @@ func runFind(ctx context.Context, args []string) error {
 	case "f", "d", "l", "o":
 		o.Type = map[string]string{"f": "file", "d": "dir", "l": "symlink", "o": "other"}[*typ]
 	default:
-		return errors.New("find: --type must be f, d, l or o")
+		return usageError{"find: --type must be f, d, l or o"}
 	}
 	l, dir, err := leaseTarget(pos[0], findUsage)
 	if err != nil {
@@ -122,12 +119,9 @@ func runGrep(ctx context.Context, args []string) error {
 	fs.IntVar(&o.MaxMatches, "m", 0, "matching lines at most (0: the daemon's default, 1000)")
 	fs.Int64Var(&o.MaxFileBytes, "max-file-bytes", 0, "skip larger files (0: the daemon's default, 8 MiB)")
 	out := outputFlag(fs, "text", "json")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 2, grepUsage)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 2 {
-		return errors.New(grepUsage)
 	}
 	o.Globs, o.Exclude = globs, exclude
 	l, p, err := leaseTarget(pos[1], grepUsage)
@@ -174,12 +168,9 @@ func runStat(ctx context.Context, args []string) error {
 	const usage = "usage: sidecar stat [-o json] LEASE:PATH"
 	fs := flag.NewFlagSet("stat", flag.ContinueOnError)
 	out := outputFlag(fs, "text", "json")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 1, usage)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return errors.New(usage)
 	}
 	l, p, err := leaseTarget(pos[0], usage)
 	if err != nil {
@@ -217,12 +208,12 @@ func runEdit(ctx context.Context, args []string) error {
 	newText := fs.String("new", "", "the replacement")
 	all := fs.Bool("all", false, "replace every occurrence")
 	ifMatch := fs.String("if-match", "", "only if the file still has this ETag (from sidecar stat)")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 1, usage)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 || *old == "" {
-		return errors.New(usage)
+	if *old == "" {
+		return usageError{usage}
 	}
 	l, p, err := leaseTarget(pos[0], usage)
 	if err != nil {
@@ -242,12 +233,9 @@ func runWatch(ctx context.Context, args []string) error {
 	var o client.WatchOptions
 	fs.BoolVar(&o.Recursive, "r", false, "watch the directories below too")
 	out := outputFlag(fs, "text", "json")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 1, usage)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return errors.New(usage)
 	}
 	l, dir, err := leaseTarget(pos[0], usage)
 	if err != nil {

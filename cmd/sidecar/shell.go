@@ -17,12 +17,9 @@ const shellScript = `if command -v bash >/dev/null 2>&1; then exec bash -l; else
 func runShell(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("shell", flag.ContinueOnError)
 	cwd := fs.String("cwd", "", "working directory, relative to the lease workdir")
-	pos, err := parseInterspersed(fs, args)
+	pos, err := operands(fs, args, 1, shellUsage)
 	if err != nil {
 		return err
-	}
-	if len(pos) != 1 {
-		return usageError{shellUsage}
 	}
 	c, err := newClient("")
 	if err != nil {

@@ -25,11 +25,8 @@ func newToken() string {
 func runToken(_ context.Context, args []string) error {
 	fs := flag.NewFlagSet("token", flag.ContinueOnError)
 	output := outputFlag(fs, "text", "json")
-	if err := parseFlags(fs, args); err != nil {
+	if _, err := operands(fs, args, 0, "usage: sidecar token [-o text|json]"); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("usage: sidecar token [-o text|json]")
 	}
 	if output.json() {
 		return printJSON(os.Stdout, map[string]string{"token": newToken()})

@@ -19,11 +19,8 @@ func init() {
 func runVersion(_ context.Context, args []string) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
 	output := outputFlag(fs, "text", "json")
-	if err := parseFlags(fs, args); err != nil {
+	if _, err := operands(fs, args, 0, "usage: sidecar version [-o text|json]"); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return usagef("usage: sidecar version [-o text|json]")
 	}
 	commit := ""
 	if bi, ok := debug.ReadBuildInfo(); ok {

@@ -22,6 +22,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -181,9 +182,9 @@ func (q *Quotas) Attach(ctx context.Context, dir string, bytes int64) error {
 	img := q.imagePath(id)
 	if mounted {
 		if !q.ours(m, img) {
-			return fmt.Errorf("disk: %s is already a mount point of %s, not of the lease's image", dir, m.source)
+			return fmt.Errorf("disk: %s is already a mount point of %s, not of the lease's image", dir, m.Source)
 		}
-		q.log.DebugContext(ctx, "lease filesystem adopted", "lease", id, "device", m.source)
+		q.log.DebugContext(ctx, "lease filesystem adopted", "lease", id, "device", m.Source)
 		return nil
 	}
 	if err := os.MkdirAll(q.cfg.ImageDir, 0o700); err != nil {
@@ -225,11 +226,11 @@ func (q *Quotas) newImage(ctx context.Context, img string, bytes int64) error {
 }
 
 // ours reports whether the mount m is of the loop device backing img.
-func (q *Quotas) ours(m mount, img string) bool {
-	if !strings.HasPrefix(m.source, "/dev/loop") {
+func (q *Quotas) ours(m *mountinfo.Info, img string) bool {
+	if !strings.HasPrefix(m.Source, "/dev/loop") {
 		return false
 	}
-	backing, err := loopBacking(m.source)
+	backing, err := loopBacking(m.Source)
 	return err == nil && backing == img
 }
 
@@ -249,7 +250,7 @@ func (q *Quotas) Detach(ctx context.Context, dir string) error {
 	}
 	if mounted {
 		if !q.ours(m, img) {
-			return fmt.Errorf("disk: %s is a mount point of %s, not of the lease's image: left alone", dir, m.source)
+			return fmt.Errorf("disk: %s is a mount point of %s, not of the lease's image: left alone", dir, m.Source)
 		}
 		if err := unmount(dir); err != nil {
 			return fmt.Errorf("disk: lease %s: %w", id, err)

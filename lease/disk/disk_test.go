@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,10 +39,10 @@ func newRoot(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ms, _ := mounts()
+		ms, _ := mountinfo.GetMounts(nil)
 		for i := len(ms) - 1; i >= 0; i-- { // innermost first; the shared work root last
-			if ms[i].point == root || strings.HasPrefix(ms[i].point, root+"/") {
-				_ = unix.Unmount(ms[i].point, unix.MNT_DETACH)
+			if ms[i].Mountpoint == root || strings.HasPrefix(ms[i].Mountpoint, root+"/") {
+				_ = unix.Unmount(ms[i].Mountpoint, unix.MNT_DETACH)
 			}
 		}
 		imgs, _ := filepath.Glob(filepath.Join(root, ".disk", "*.img"))
@@ -66,13 +67,13 @@ func newRoot(t testing.TB) string {
 func leftovers(t testing.TB, root string) []string {
 	t.Helper()
 	var left []string
-	ms, err := mounts()
+	ms, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range ms {
-		if strings.HasPrefix(m.point, root+"/") {
-			left = append(left, "mount "+m.point)
+		if strings.HasPrefix(m.Mountpoint, root+"/") {
+			left = append(left, "mount "+m.Mountpoint)
 		}
 	}
 	devs, _ := filepath.Glob("/sys/block/loop*")
@@ -245,13 +246,13 @@ func TestAttachAdoptsAndRemounts(t *testing.T) {
 
 func countMounts(t testing.TB, dir string) int {
 	t.Helper()
-	ms, err := mounts()
+	ms, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
 	for _, m := range ms {
-		if m.point == dir {
+		if m.Mountpoint == dir {
 			n++
 		}
 	}

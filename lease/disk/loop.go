@@ -1,17 +1,16 @@
 package disk
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -243,76 +242,19 @@ func detachImage(img string) error {
 	}
 }
 
-// mount is one line of /proc/thread-self/mountinfo.
-type mount struct{ point, source, fstype string }
-
-// mountAt returns the topmost mount on the path dir, if dir is a mount point.
-func mountAt(dir string) (mount, bool, error) {
-	ms, err := mounts()
+// mountAt returns what is mounted on dir: the topmost mount when several are stacked there
+// (later lines are mounted on top), read from the calling thread's mount namespace, the one
+// mount and umount act in (mountinfo reads /proc/thread-self: /proc/self is the main
+// thread's, where a goroutine that unshared its namespace and exited locked can leave it).
+func mountAt(dir string) (*mountinfo.Info, bool, error) {
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != dir, false })
 	if err != nil {
-		return mount{}, false, err
+		return nil, false, fmt.Errorf("disk: %w", err)
 	}
-	var found mount
-	ok := false
-	for _, m := range ms {
-		if m.point == dir {
-			found, ok = m, true // later lines are mounted on top
-		}
+	if len(ms) == 0 {
+		return nil, false, nil
 	}
-	return found, ok, nil
-}
-
-// mounts reads the mount table of the calling thread's mount namespace, the one mount
-// and umount act in. /proc/self is the main thread's, which need not be the same: a
-// goroutine that unshares its mount namespace and exits locked on the main thread leaves
-// the main thread there for good.
-func mounts() ([]mount, error) {
-	f, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("disk: %w", err)
-	}
-	defer f.Close()
-	var ms []mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root point options [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+2 >= len(fields) {
-			continue
-		}
-		ms = append(ms, mount{point: unescape(fields[4]), fstype: fields[sep+1], source: unescape(fields[sep+2])})
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("disk: read mountinfo: %w", err)
-	}
-	return ms, nil
-}
-
-// unescape undoes the kernel's octal escapes in mountinfo (\040 for a space...).
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return ms[len(ms)-1], true, nil
 }
 
 // probeLoop makes, mounts and removes a small filesystem in the image dir: what every

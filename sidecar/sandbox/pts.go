@@ -1,13 +1,12 @@
 package sandbox
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,68 +91,16 @@ func sweepPTS(root string) error {
 	return errors.Join(errs...)
 }
 
-// devptsAt reports whether a devpts is mounted on dir, from this thread's mountinfo: the
-// process's (/proc/self, the main thread's) can be another namespace, e.g. when a locked
-// goroutine that unshared one ended on the main thread, which Go then never releases.
+// devptsAt reports whether a devpts is mounted on dir in this thread's mount namespace
+// (mountinfo reads /proc/thread-self): the process's (/proc/self, the main thread's) can be
+// another, e.g. when a locked goroutine that unshared one ended on the main thread, which Go
+// then never releases.
 func devptsAt(dir string) (bool, error) {
-	f, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint options [optional...] - fstype source ...
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		if unescapeMountinfo(fields[4]) == dir && fields[sep+1] == "devpts" {
-			return true, nil
-		}
-	}
-	return false, sc.Err()
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space, and so on).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, ok := octal(s[i+1 : i+4]); ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func octal(s string) (byte, bool) {
-	if len(s) != 3 {
-		return 0, false
-	}
-	v := 0
-	for _, c := range []byte(s) {
-		if c < '0' || c > '7' {
-			return 0, false
-		}
-		v = v*8 + int(c-'0')
-	}
-	return byte(v), v < 256
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		found := m.Mountpoint == dir && m.FSType == "devpts"
+		return !found, found
+	})
+	return len(ms) > 0, err
 }
 
 // OpenPTY opens a PTY in lease leaseID's own instance (the host's without one): the master,
