@@ -110,7 +110,7 @@ func TestFaultClockJumps(t *testing.T) {
 		}
 		if _, err := d.newClient(renewed.Token).OpenLease(l.ID(), renewed.Token).Get(ctx); err != nil {
 			t.Errorf("BUG: the token a renew issued under the daemon's clock is refused (%v): "+
-				"sidecar.Start builds lease.Tokens without WithClock(cfg.Now), so tokens expire by the wall clock "+
+				"daemon.Start builds lease.Tokens without WithClock(cfg.Now), so tokens expire by the wall clock "+
 				"(exp %v) while leases expire by Config.Now", err, renewed.ExpiresAt.Format(time.RFC3339))
 		}
 		// The lease's expiry follows the clock it was renewed under.

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 // The disk fills up under the work root, then under the state dir: the daemon answers
@@ -113,7 +113,7 @@ func TestFaultDiskFullWorkRoot(t *testing.T) {
 	// filesystems (loop images, sparse) a full host disk is an overcommit the operator is
 	// warned of, and space a lease frees returns to the host only as discard gets to it
 	// (docs/operations.md, section 12): the kernel quota is tested in e2e_disk_test.go.
-	d := startFaultDaemon(t, func(c *sidecar.Config) {
+	d := startFaultDaemon(t, func(c *daemon.Config) {
 		c.WorkRoot = filepath.Join(disk, "leases")
 		c.DiskQuota = "off"
 	})
@@ -173,7 +173,7 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { removeUnmounted(t, work) })
-	d := startFaultDaemon(t, func(c *sidecar.Config) { c.StateDir, c.WorkRoot = disk, work })
+	d := startFaultDaemon(t, func(c *daemon.Config) { c.StateDir, c.WorkRoot = disk, work })
 	ctx := context.Background()
 	first := d.acquireOnce(apitype.AcquireRequest{SessionID: "before"})
 	victim := d.acquireOnce(apitype.AcquireRequest{SessionID: "released-while-full"})

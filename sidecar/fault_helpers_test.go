@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 )
 
@@ -77,15 +77,15 @@ func faultUIDs(base int) (first, last int) {
 }
 
 // startFaultDaemon is startDaemon with the test process's own cgroup parent and uids.
-func startFaultDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
+func startFaultDaemon(t *testing.T, mods ...func(*daemon.Config)) *testDaemon {
 	t.Helper()
-	unique := func(c *sidecar.Config) {
+	unique := func(c *daemon.Config) {
 		c.CgroupParent = faultName(t)
 		if c.UIDFirst != 0 {
 			c.UIDFirst, c.UIDLast = faultUIDs(240000)
 		}
 	}
-	return startDaemon(t, append([]func(*sidecar.Config){unique}, mods...)...)
+	return startDaemon(t, append([]func(*daemon.Config){unique}, mods...)...)
 }
 
 // freePort picks a loopback port for a daemon that must come back on the same address.

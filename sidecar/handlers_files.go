@@ -24,7 +24,7 @@ func (s *Server) leaseFS(r *http.Request) (*fsxfer.FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.opts.Runtime.FS(l)
+	return s.opts.Files.FS(l)
 }
 
 // parseDigest reads an RFC 9530 dictionary ("sha-256=:base64:, sha-512=:…:") and returns
