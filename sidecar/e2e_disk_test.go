@@ -14,6 +14,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // The disk quota is the kernel's: a lease process writing past limits.disk_bytes (in its
@@ -82,7 +83,7 @@ func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 	if err := d.client.Release(ctx, b.ID()); err != nil {
 		t.Fatal(err)
 	}
-	if m := mountsUnder(d.cfg.WorkRoot); len(m) > 0 {
+	if m := daemontest.MountsUnder(d.cfg.WorkRoot); len(m) > 0 {
 		t.Errorf("release left mounts %v", m)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -112,7 +113,7 @@ func TestDiskQuotaOrphanSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.start()
-	if m := mountsUnder(d.cfg.WorkRoot); len(m) > 0 {
+	if m := daemontest.MountsUnder(d.cfg.WorkRoot); len(m) > 0 {
 		t.Errorf("the startup sweep left mounts %v", m)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {

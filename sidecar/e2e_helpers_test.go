@@ -13,10 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
@@ -201,11 +200,7 @@ func (d *testDaemon) cleanup() {
 		}
 	}
 	d.stop()
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent)
-	parents = append(parents, "/sys/fs/cgroup/"+d.cfg.CgroupParent) // v2 from the root cgroup
-	for _, p := range parents {
-		_ = syscall.Rmdir(p) // rmdir removes only an empty cgroup
-	}
+	_ = daemontest.RemoveCgroupParent(d.cfg.CgroupParent)
 }
 
 // stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
@@ -221,19 +216,6 @@ func stateDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { removeUnmounted(t, dir) })
 	return dir
-}
-
-// mountsUnder lists the mount points under dir, innermost first.
-func mountsUnder(dir string) []string {
-	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
-	var found []string
-	for line := range strings.SplitSeq(string(info), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			found = append(found, f[4])
-		}
-	}
-	slices.Reverse(found)
-	return found
 }
 
 func sanitize(s string) string {

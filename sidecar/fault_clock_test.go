@@ -12,6 +12,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // Clock jumps around lease expiry, with the daemon's injected clock: forward past
@@ -54,7 +55,7 @@ func TestFaultClockJumps(t *testing.T) {
 		if dirExists(dir) {
 			t.Fatalf("the reaped lease's dir remains: %v", visibleIn(t, dir))
 		}
-		for _, cg := range cgroupParents(d.cfg.CgroupParent) {
+		for _, cg := range daemontest.CgroupParents(d.cfg.CgroupParent) {
 			if dirExists(filepath.Join(cg, l.ID())) {
 				t.Fatalf("the reaped lease's cgroup remains: %s", cg)
 			}

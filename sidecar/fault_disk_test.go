@@ -259,7 +259,7 @@ func TestFaultCorruptStateRefusesToStart(t *testing.T) {
 	if err == nil {
 		t.Fatal("sidecar serve started on a corrupt leases.json")
 	}
-	if code := d.cmd.ProcessState.ExitCode(); code == 0 {
+	if code := d.ExitCode(); code == 0 {
 		t.Fatalf("sidecar serve refused a corrupt state with exit status 0:\n%s", d.stderr)
 	}
 	stderr := d.stderr.String()
@@ -279,7 +279,7 @@ func TestFaultCorruptStateRefusesToStart(t *testing.T) {
 	if len(d.leaseDirs()) != 1 {
 		t.Fatalf("refusing to start removed workdirs: %v", d.leaseDirs())
 	}
-	t.Logf("refusal: exit %d: %s", d.cmd.ProcessState.ExitCode(), lastLine(stderr))
+	t.Logf("refusal: exit %d: %s", d.ExitCode(), lastLine(stderr))
 
 	// The operator repairs the file: the lease is back, token and all.
 	if err := os.WriteFile(stateFile, good, 0o600); err != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // The short soak: many leases acquiring, running, transferring and releasing at once in
@@ -55,7 +56,7 @@ func countResources(d *testDaemon) resources {
 	fds, _ := os.ReadDir("/proc/self/fd")
 	dirs := leaseEntries(d.cfg.WorkRoot)
 	cg := 0
-	for _, p := range cgroupParents(d.cfg.CgroupParent) {
+	for _, p := range daemontest.CgroupParents(d.cfg.CgroupParent) {
 		entries, _ := os.ReadDir(p)
 		for _, e := range entries {
 			if e.IsDir() {

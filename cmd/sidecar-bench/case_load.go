@@ -99,7 +99,7 @@ func (b *bench) loadPhase(ctx context.Context, leases []*client.Lease, paced boo
 	if paced {
 		r.phase = fmt.Sprintf("paced, 1 per %s per lease", loadInterval)
 	}
-	pid := b.d.pid()
+	pid := b.d.Pid()
 	before := readProcStatus(pid)
 	ctx, cancel := context.WithTimeout(ctx, b.sz.loadFor)
 	defer cancel()

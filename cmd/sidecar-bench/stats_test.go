@@ -137,9 +137,3 @@ func TestSelectCases(t *testing.T) {
 		t.Fatal("an unknown case was accepted")
 	}
 }
-
-func TestUnescapeMount(t *testing.T) {
-	if got := unescapeMount(`/var/tmp/a\040b`); got != "/var/tmp/a b" {
-		t.Errorf("got %q", got)
-	}
-}
