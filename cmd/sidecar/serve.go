@@ -34,7 +34,7 @@ func init() {
 
 // serveConfig is the daemon's environment: the daemon's configuration itself (read
 // straight into daemon.Config, whose tags name most variables) and what serve turns into
-// parts of it (secret files, TLS files, the uid range, limits, logging). Names are fixed
+// parts of it (secret files, TLS files, the uid range, logging). Names are fixed
 // by the wire contract (docs/api.md, Configuration); the few extra knobs say so in
 // docs/operations.md.
 type serveConfig struct {
@@ -49,39 +49,18 @@ type serveConfig struct {
 	TLSSelfSigned   bool     `env:"SIDECAR_TLS_SELF_SIGNED"`
 	TLSHosts        []string `env:"SIDECAR_TLS_HOSTS" envSeparator:","`
 
-	DefaultLimitsEnv limitsEnv    `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
-	MaxLimitsEnv     maxLimitsEnv `envPrefix:"SIDECAR_MAX_LIMITS_"`
-	UIDRange         string       `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
+	UIDRange string `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 
 	LogLevel  string `env:"SIDECAR_LOG_LEVEL" envDefault:"info"`
 	LogFormat string `env:"SIDECAR_LOG_FORMAT" envDefault:"text"`
 }
 
-type limitsEnv struct {
-	MemoryBytes   int64 `env:"MEMORY_BYTES" envDefault:"1073741824"`
-	CPUMillicores int64 `env:"CPU_MILLICORES" envDefault:"1000"`
-	Pids          int64 `env:"PIDS" envDefault:"512"`
-	DiskBytes     int64 `env:"DISK_BYTES" envDefault:"10737418240"`
-}
-
-type maxLimitsEnv struct {
-	MemoryBytes   int64 `env:"MEMORY_BYTES" envDefault:"8589934592"`
-	CPUMillicores int64 `env:"CPU_MILLICORES" envDefault:"4000"`
-	Pids          int64 `env:"PIDS" envDefault:"4096"`
-	DiskBytes     int64 `env:"DISK_BYTES" envDefault:"107374182400"`
-}
-
-func (l limitsEnv) lease() lease.Limits {
-	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
-}
-
-func (l maxLimitsEnv) lease() lease.Limits {
-	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
-}
-
 // loadServeConfig reads and checks the environment, reporting every bad variable at once.
 func loadServeConfig(environ map[string]string) (serveConfig, error) {
-	var c serveConfig
+	c := serveConfig{Config: daemon.Config{ // the lease limits' defaults (env tags set the others)
+		DefaultLimits: lease.Limits{MemoryBytes: 1 << 30, CPUMillicores: 1000, Pids: 512, DiskBytes: 10 << 30},
+		MaxLimits:     lease.Limits{MemoryBytes: 8 << 30, CPUMillicores: 4000, Pids: 4096, DiskBytes: 100 << 30},
+	}}
 	var errs []error
 	if err := env.ParseWithOptions(&c, env.Options{Environment: environ}); err != nil {
 		var agg env.AggregateError
@@ -140,7 +119,6 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.DefaultTTL <= 0 || c.MaxTTL < c.DefaultTTL {
 		errs = append(errs, errors.New("SIDECAR_LEASE_TTL must be positive and at most SIDECAR_LEASE_MAX_TTL"))
 	}
-	c.DefaultLimits, c.MaxLimits = c.DefaultLimitsEnv.lease(), c.MaxLimitsEnv.lease()
 	def, max := c.DefaultLimits, c.MaxLimits
 	for _, l := range []struct {
 		name      string
