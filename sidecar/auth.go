@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
 )
 
 // access says which credentials a route takes.
@@ -34,11 +35,11 @@ type principal struct {
 // constant time, so neither their length nor a prefix leaks through timing.
 type authenticator struct {
 	shared [][sha256.Size]byte // current first, then the previous one during a rotation
-	tokens Tokens
+	tokens *lease.Tokens
 	leases Leases
 }
 
-func newAuthenticator(secrets []string, tokens Tokens, leases Leases) *authenticator {
+func newAuthenticator(secrets []string, tokens *lease.Tokens, leases Leases) *authenticator {
 	a := &authenticator{tokens: tokens, leases: leases}
 	for _, s := range secrets {
 		if s != "" {

@@ -135,7 +135,9 @@ func (d *binDaemon) stop() {
 	}
 }
 
-func (d *binDaemon) httpClient(timeout time.Duration) *http.Client { return d.HTTPClient(timeout) }
+func (d *binDaemon) httpClient(timeout time.Duration) *http.Client {
+	return daemontest.HTTPClient(d.caFile, timeout)
+}
 
 // cleanup releases every lease through the API (starting the daemon again if a test
 // left it dead), stops it, and then checks that nothing the test made is left: no

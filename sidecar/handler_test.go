@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -24,8 +23,8 @@ import (
 )
 
 // The handler tests drive the server through ServeHTTP on fakes of the parts it serves:
-// no root, no daemon, no listener. Files are real (an fsxfer.FS on a temp dir); what
-// needs the machine (processes, isolation) is faked. The e2e suites test the whole.
+// no root, no daemon, no listener. Tokens and files are real (an fsxfer.FS on a temp
+// dir); what needs the machine (processes, isolation) or a state (leases) is faked. The e2e suites test the whole.
 
 const handlerToken = "handler-test-shared-token-0123456789abcdef"
 
@@ -44,7 +43,7 @@ func (f *fakeLeases) Acquire(_ context.Context, r lease.Request) (lease.Lease, b
 			return l, false, nil
 		}
 	}
-	id := "l" + r.SessionID
+	id := ("l" + r.SessionID + strings.Repeat("a", 32))[:len("l")+26] // the shape lease ids have; sessions here are [a-z]
 	l := lease.Lease{ID: id, SessionID: r.SessionID, Dir: filepath.Join(f.root, id), ExpiresAt: time.Now().Add(time.Hour)}
 	if err := os.MkdirAll(l.Workdir(), 0o700); err != nil {
 		return l, false, err
@@ -87,20 +86,6 @@ func (f *fakeLeases) Release(_ context.Context, id string) error {
 	}
 	delete(f.leases, id)
 	return nil
-}
-
-// fakeTokens issues "lt.<lease>.sig"; anything else does not verify.
-type fakeTokens struct{}
-
-func (fakeTokens) Issue(l lease.Lease) (string, error) { return "lt." + l.ID + ".sig", nil }
-
-func (fakeTokens) VerifyExpiry(tok string) (string, time.Time, error) {
-	id, ok := strings.CutPrefix(tok, "lt.")
-	id, ok2 := strings.CutSuffix(id, ".sig")
-	if !ok || !ok2 {
-		return "", time.Time{}, errors.New("bad token")
-	}
-	return id, time.Now().Add(2 * time.Hour), nil
 }
 
 // fakeFiles opens a real confined filesystem on the lease's workdir.
@@ -146,11 +131,15 @@ func (fakeScripts) Run(_ context.Context, req script.Request) (script.Result, er
 func newHandlerServer(t *testing.T, mods ...func(*ServerOptions)) *Server {
 	t.Helper()
 	root := t.TempDir()
+	tokens, err := lease.NewTokens(root, []byte(handlerToken))
+	if err != nil {
+		t.Fatal(err)
+	}
 	opts := ServerOptions{
 		Logger:       slog.New(slog.DiscardHandler),
 		Version:      "handler-test",
 		SharedTokens: []string{handlerToken},
-		Tokens:       fakeTokens{},
+		Tokens:       tokens,
 		Leases:       &fakeLeases{root: root, leases: map[string]lease.Lease{}},
 		Processes:    fakeProcesses{},
 		Files:        fakeFiles{},
@@ -225,7 +214,7 @@ func TestHandlerAuth(t *testing.T) {
 	}{
 		{"no credential", "GET", "/v1/leases", "", 401, apitype.CodeUnauthorized},
 		{"wrong shared token", "GET", "/v1/leases", strings.Repeat("x", 42), 401, apitype.CodeUnauthorized},
-		{"forged lease token", "GET", "/v1/leases/" + l.ID, "lt.forged", 401, apitype.CodeUnauthorized},
+		{"forged lease token", "GET", "/v1/leases/" + l.ID, "a.forged.token", 401, apitype.CodeUnauthorized},
 		{"token in the query", "GET", "/v1/leases?access_token=" + handlerToken, handlerToken, 401, apitype.CodeUnauthorized},
 		{"lease token on a shared-only route", "GET", "/v1/leases", l.Token, 403, apitype.CodeForbidden},
 		{"lease token for another lease", "GET", "/v1/leases/" + other.ID, l.Token, 403, apitype.CodeForbidden},
@@ -252,7 +241,7 @@ func TestHandlerOrigin(t *testing.T) {
 
 func TestHandlerAcquireReplies(t *testing.T) {
 	s := newHandlerServer(t)
-	body := `{"session_id":"s1","ttl_seconds":60}`
+	body := `{"session_id":"sone","ttl_seconds":60}`
 	w := do(s, "POST", "/v1/leases", handlerToken, strings.NewReader(body), "Content-Type", "application/json")
 	if w.Code != http.StatusCreated {
 		t.Fatalf("first acquire: %d %s", w.Code, w.Body)

@@ -40,25 +40,21 @@ type HTTPLimits struct {
 }
 
 func (l *HTTPLimits) setDefaults() {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
+	orDefault(&l.MaxHeaderBytes, 32<<10)
+	orDefault(&l.MaxJSONBytes, 8<<20)
+	orDefault(&l.WSReadLimit, 1<<20)
+	orDefault(&l.ReadHeaderTimeout, 10*time.Second)
+	orDefault(&l.IdleTimeout, 120*time.Second)
+	orDefault(&l.ShutdownTimeout, 15*time.Second)
+	orDefault(&l.WSPingInterval, 20*time.Second)
+	orDefault(&l.WSWriteTimeout, 30*time.Second)
+}
+
+// orDefault sets *v to d unless it is positive.
+func orDefault[T int | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
 	}
-	if l.MaxHeaderBytes <= 0 {
-		l.MaxHeaderBytes = 32 << 10
-	}
-	if l.MaxJSONBytes <= 0 {
-		l.MaxJSONBytes = 8 << 20
-	}
-	if l.WSReadLimit <= 0 {
-		l.WSReadLimit = 1 << 20
-	}
-	def(&l.ReadHeaderTimeout, 10*time.Second)
-	def(&l.IdleTimeout, 120*time.Second)
-	def(&l.ShutdownTimeout, 15*time.Second)
-	def(&l.WSPingInterval, 20*time.Second)
-	def(&l.WSWriteTimeout, 30*time.Second)
 }
 
 // The parts the handlers serve, as small interfaces: sidecar/daemon passes the real
@@ -72,12 +68,6 @@ type Leases interface {
 	Touch(id string)
 	Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error)
 	Release(ctx context.Context, id string) error
-}
-
-// Tokens issues and verifies lease tokens (lease.Tokens).
-type Tokens interface {
-	Issue(l lease.Lease) (string, error)
-	VerifyExpiry(token string) (leaseID string, expires time.Time, err error)
 }
 
 // Processes runs lease processes (process.Manager).
@@ -113,7 +103,7 @@ type ServerOptions struct {
 	Logger         *slog.Logger
 	Version        string
 	SharedTokens   []string // the current shared token first, then a previous one
-	Tokens         Tokens
+	Tokens         *lease.Tokens
 	Leases         Leases
 	Processes      Processes
 	Files          Files

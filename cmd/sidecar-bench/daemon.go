@@ -3,15 +3,12 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
@@ -95,47 +92,7 @@ func (d *daemon) stop(log *slog.Logger) {
 }
 
 // status reads the daemon's memory and CPU from /proc.
-func (d *daemon) status() procStatus { return readProcStatus(d.Pid()) }
-
-// procStatus is what /proc says of a process: peak and current resident memory and the
-// CPU time it used so far.
-type procStatus struct {
-	hwmKB, rssKB int64
-	cpu          time.Duration
-	err          error
-}
-
-// clockTick is USER_HZ, 100 on every Linux this runs on.
-const clockTick = 100
-
-func readProcStatus(pid int) procStatus {
-	var ps procStatus
-	ps.hwmKB, _ = strconv.ParseInt(strings.TrimSuffix(firstField(fmt.Sprintf("/proc/%d/status", pid), "VmHWM"), " kB"), 10, 64)
-	ps.rssKB, _ = strconv.ParseInt(strings.TrimSuffix(firstField(fmt.Sprintf("/proc/%d/status", pid), "VmRSS"), " kB"), 10, 64)
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		ps.err = err
-		return ps
-	}
-	// Fields after the command (which may hold spaces) start at state, field 3.
-	i := strings.LastIndexByte(string(b), ')')
-	f := strings.Fields(string(b)[i+1:])
-	if len(f) < 13 {
-		ps.err = errors.New("short /proc stat")
-		return ps
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime, field 14
-	st, _ := strconv.ParseInt(f[12], 10, 64) // stime, field 15
-	ps.cpu = time.Duration(ut+st) * time.Second / clockTick
-	return ps
-}
-
-func (p procStatus) String() string {
-	if p.err != nil {
-		return "unknown (" + p.err.Error() + ")"
-	}
-	return fmt.Sprintf("VmHWM %.0f MB, VmRSS %.0f MB, CPU %.1f s", float64(p.hwmKB)/1e3*1.024, float64(p.rssKB)/1e3*1.024, p.cpu.Seconds())
-}
+func (d *daemon) status() daemontest.ProcStatus { return daemontest.ReadProcStatus(d.Pid()) }
 
 // tail is the end of a log file, for an error message.
 func tail(path string) string {

@@ -126,15 +126,8 @@ func (t *target) rss() int64 {
 		}
 		return -1
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", t.pid()))
-	if err != nil {
-		return -1
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kib, _ := strconv.ParseInt(f[1], 10, 64)
-			return kib << 10
-		}
+	if ps := daemontest.ReadProcStatus(t.local.Pid()); ps.Err == nil {
+		return ps.RSSKB << 10
 	}
 	return -1
 }

@@ -66,7 +66,7 @@ func startDaemon(ctx context.Context, o options, log *slog.Logger) (*target, err
 	if err != nil {
 		return nil, err
 	}
-	t := &target{client: d.Client, hc: d.HTTPClient(10 * time.Second), url: d.URL, token: d.Token, local: d}
+	t := &target{client: d.Client, hc: daemontest.HTTPClient(d.CAFile, 10*time.Second), url: d.URL, token: d.Token, local: d}
 	// A private copy of the binaries: a `make build` during a long soak must not swap
 	// the daemon (or its sidecar-init helper) under it.
 	if d.Bin, err = copyBinaries(bin, filepath.Join(d.StateDir, "bin")); err != nil {
@@ -79,14 +79,6 @@ func startDaemon(ctx context.Context, o options, log *slog.Logger) (*target, err
 	}
 	log.Info("daemon ready", "url", t.url, "pid", d.Pid())
 	return t, nil
-}
-
-// pid is the daemon's, or 0 for a remote one.
-func (t *target) pid() int {
-	if t.local == nil {
-		return 0
-	}
-	return t.local.Pid()
 }
 
 // close releases what an interrupted soak left, stops a daemon started here and removes

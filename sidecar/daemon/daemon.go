@@ -42,17 +42,18 @@ type Config struct {
 	StateDir string `env:"SIDECAR_STATE_DIR"`
 	WorkRoot string `env:"SIDECAR_WORK_ROOT"`
 
-	MaxLeases                int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
-	DefaultTTL               time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
-	MaxTTL                   time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
-	DefaultLimits, MaxLimits lease.Limits
-	UIDFirst, UIDLast        int
-	CgroupParent             string `env:"SIDECAR_CGROUP_PARENT"`
-	Isolation                string `env:"SIDECAR_ISOLATION" envDefault:"strict"`   // "strict" or "none"
-	Seccomp                  string `env:"SIDECAR_SECCOMP" envDefault:"strict"`     // "strict" or "off": the system-call filter on lease processes and script workers
-	MinLandlockABI           int    `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"` // operator's floor: refuse to start below it; 0 none
-	RequireCgroup            string `env:"SIDECAR_REQUIRE_CGROUP"`                  // operator's floor: "v1", "v2" or "" (either)
-	LandlockMaxABI           int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
+	MaxLeases         int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
+	DefaultTTL        time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
+	MaxTTL            time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
+	DefaultLimits     lease.Limits  `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
+	MaxLimits         lease.Limits  `envPrefix:"SIDECAR_MAX_LIMITS_"`
+	UIDFirst, UIDLast int
+	CgroupParent      string `env:"SIDECAR_CGROUP_PARENT"`
+	Isolation         string `env:"SIDECAR_ISOLATION" envDefault:"strict"`   // "strict" or "none"
+	Seccomp           string `env:"SIDECAR_SECCOMP" envDefault:"strict"`     // "strict" or "off": the system-call filter on lease processes and script workers
+	MinLandlockABI    int    `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"` // operator's floor: refuse to start below it; 0 none
+	RequireCgroup     string `env:"SIDECAR_REQUIRE_CGROUP"`                  // operator's floor: "v1", "v2" or "" (either)
+	LandlockMaxABI    int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
 	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
 	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
 	// or "off" (the API meter only). See lease/disk.
@@ -102,24 +103,6 @@ type Daemon struct {
 // the leases a previous run left, sweep what no lease accounts for, and serve. When it
 // returns the daemon is ready; on an error, whatever was opened is closed again.
 func Start(ctx context.Context, cfg Config) (*Daemon, error) {
-	if err := cfg.setDefaults(); err != nil {
-		return nil, err
-	}
-	d := &Daemon{cfg: cfg, log: cfg.Logger, serveErr: make(chan error, 1), cancel: func() {}}
-	if err := d.open(ctx); err != nil {
-		_ = d.Close(ctx)
-		return nil, err
-	}
-	d.restore(ctx)
-	d.sweep(ctx)
-	if err := d.serve(ctx); err != nil {
-		_ = d.Close(ctx)
-		return nil, err
-	}
-	return d, nil
-}
-
-func (cfg *Config) setDefaults() error {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -136,9 +119,20 @@ func (cfg *Config) setDefaults() error {
 		cfg.HTTP.ShutdownTimeout = 15 * time.Second
 	}
 	if len(cfg.SharedToken) < 32 {
-		return errors.New("sidecar: the shared token must be at least 32 characters")
+		return nil, errors.New("sidecar: the shared token must be at least 32 characters")
 	}
-	return nil
+	d := &Daemon{cfg: cfg, log: cfg.Logger, serveErr: make(chan error, 1), cancel: func() {}}
+	if err := d.open(ctx); err != nil {
+		_ = d.Close(ctx)
+		return nil, err
+	}
+	d.restore(ctx)
+	d.sweep(ctx)
+	if err := d.serve(ctx); err != nil {
+		_ = d.Close(ctx)
+		return nil, err
+	}
+	return d, nil
 }
 
 // open makes the state dir and work root and opens every part: sandbox, processes,
@@ -211,7 +205,7 @@ func (d *Daemon) open(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, UploadIdle: cfg.UploadIdle, Disk: d.disk, Logger: log}
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, UploadIdle: cfg.UploadIdle, Disk: d.disk}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -23,7 +22,6 @@ type Runtime struct {
 	Processes  *process.Manager
 	UploadIdle time.Duration
 	Disk       *disk.Quotas // nil: usage is the fsxfer meter's scan
-	Logger     *slog.Logger
 
 	leases *lease.Manager // set once the lease table is open, before anything is served
 

@@ -7,7 +7,6 @@
 package daemontest
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -20,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -114,7 +114,7 @@ func (b *Binary) Start(ctx context.Context) error {
 	}
 	b.cmd, b.exited = cmd, make(chan struct{})
 	go func(exited chan struct{}) { _ = cmd.Wait(); close(exited) }(b.exited)
-	hc := b.HTTPClient(2 * time.Second)
+	hc := HTTPClient(b.CAFile, 2*time.Second)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		select {
@@ -226,11 +226,6 @@ func (b *Binary) ReleaseAll(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// HTTPClient is a raw HTTPS client trusting the daemon's certificate.
-func (b *Binary) HTTPClient(timeout time.Duration) *http.Client {
-	return HTTPClient(b.CAFile, timeout)
-}
-
 // HTTPClient trusts caFile (the system roots when it is "").
 func HTTPClient(caFile string, timeout time.Duration) *http.Client {
 	cfg, err := tlsconfig.Client(caFile, "", "")
@@ -263,16 +258,13 @@ func RemoveCgroupParent(parent string) error {
 
 // MountsUnder lists the mount points at or below dir, innermost first.
 func MountsUnder(dir string) []string {
-	f, err := os.Open("/proc/thread-self/mountinfo")
+	info, err := os.ReadFile("/proc/thread-self/mountinfo")
 	if err != nil {
 		return []string{"(mountinfo unreadable: " + err.Error() + ")"}
 	}
-	defer f.Close()
 	var found []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if m := strings.Fields(sc.Text()); len(m) > 4 && (m[4] == dir || strings.HasPrefix(m[4], dir+"/")) {
+	for line := range strings.SplitSeq(string(info), "\n") {
+		if m := strings.Fields(line); len(m) > 4 && (m[4] == dir || strings.HasPrefix(m[4], dir+"/")) {
 			found = append(found, m[4])
 		}
 	}
@@ -291,4 +283,47 @@ func RemoveTree(dir string) error {
 		return fmt.Errorf("not removing %s: still mounted: %s", abs, strings.Join(m, ", "))
 	}
 	return os.RemoveAll(abs)
+}
+
+// ProcStatus is what /proc says of a process: peak and current resident memory and the
+// CPU time it used so far.
+type ProcStatus struct {
+	HWMKB, RSSKB int64
+	CPU          time.Duration
+	Err          error
+}
+
+// ReadProcStatus reads pid's ProcStatus.
+func ReadProcStatus(pid int) ProcStatus {
+	var ps ProcStatus
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for line := range strings.SplitSeq(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		switch k {
+		case "VmHWM":
+			ps.HWMKB = n
+		case "VmRSS":
+			ps.RSSKB = n
+		}
+	}
+	stat, err2 := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	// Fields after the command (which may hold spaces) start at state, field 3.
+	f := strings.Fields(string(stat)[strings.LastIndexByte(string(stat), ')')+1:])
+	if ps.Err = errors.Join(err, err2); ps.Err == nil && len(f) < 13 {
+		ps.Err = errors.New("short /proc stat")
+	}
+	if ps.Err == nil {
+		ut, _ := strconv.ParseInt(f[11], 10, 64)          // utime, field 14
+		st, _ := strconv.ParseInt(f[12], 10, 64)          // stime, field 15
+		ps.CPU = time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on every Linux this runs on
+	}
+	return ps
+}
+
+func (p ProcStatus) String() string {
+	if p.Err != nil {
+		return "unknown (" + p.Err.Error() + ")"
+	}
+	return fmt.Sprintf("VmHWM %.0f MB, VmRSS %.0f MB, CPU %.1f s", float64(p.HWMKB)/1e3*1.024, float64(p.RSSKB)/1e3*1.024, p.CPU.Seconds())
 }
