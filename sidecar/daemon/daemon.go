@@ -327,10 +327,10 @@ func (d *Daemon) serve(ctx context.Context) error {
 		opts.Scripts = d.scripts
 	}
 	srv := sidecar.NewServer(opts)
-	d.srv.Store(srv)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return err
 	}
+	d.srv.Store(srv)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
 	d.wg.Add(3)
