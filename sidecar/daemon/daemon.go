@@ -1,8 +1,8 @@
 // Package daemon is the sidecar program: it opens the daemon's parts (sandbox,
 // processes, disk quotas, lease table, script workers), restores the leases a previous
 // run left, sweeps what no lease accounts for, and serves them over the HTTP server of
-// package sidecar; Close undoes it in reverse. cmd/sidecar's serve reads the
-// configuration and calls Start.
+// package sidecar; Close undoes it. cmd/sidecar's serve reads the configuration and
+// calls Start.
 package daemon
 
 import (
@@ -91,7 +91,7 @@ type Daemon struct {
 	tokens  *lease.Tokens
 	leases  *lease.Manager
 	scripts *script.Runner                 // nil: scripts disabled
-	srv     atomic.Pointer[sidecar.Server] // lease events reach its metrics once it is built
+	srv     atomic.Pointer[sidecar.Server] // set once it listens: lease events reach its metrics from then on
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
