@@ -7,7 +7,12 @@ import (
 )
 
 // Limits bound one lease. Zero in a Request means "the configured default".
-type Limits struct{ MemoryBytes, CPUMillicores, Pids, DiskBytes int64 }
+type Limits struct {
+	MemoryBytes   int64 `env:"MEMORY_BYTES"` // the env tags name cmd/sidecar's SIDECAR_{DEFAULT,MAX}_LIMITS_*
+	CPUMillicores int64 `env:"CPU_MILLICORES"`
+	Pids          int64 `env:"PIDS"`
+	DiskBytes     int64 `env:"DISK_BYTES"`
+}
 
 // Network modes.
 const (

@@ -36,10 +36,10 @@ type principal struct {
 type authenticator struct {
 	shared [][sha256.Size]byte // current first, then the previous one during a rotation
 	tokens *lease.Tokens
-	leases *lease.Manager
+	leases Leases
 }
 
-func newAuthenticator(secrets []string, tokens *lease.Tokens, leases *lease.Manager) *authenticator {
+func newAuthenticator(secrets []string, tokens *lease.Tokens, leases Leases) *authenticator {
 	a := &authenticator{tokens: tokens, leases: leases}
 	for _, s := range secrets {
 		if s != "" {

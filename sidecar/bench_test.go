@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 // Benchmarks run against the real daemon over real TLS through the real client, next to
@@ -69,7 +69,7 @@ func BenchmarkAcquireDisk(b *testing.B) {
 			if bc.mode != "off" && os.Geteuid() != 0 {
 				b.Skip("loop devices need root")
 			}
-			d := startDaemon(b, func(c *sidecar.Config) { c.DiskQuota = bc.mode })
+			d := startDaemon(b, func(c *daemon.Config) { c.DiskQuota = bc.mode })
 			ctx := context.Background()
 			i := 0
 			for b.Loop() {

@@ -13,7 +13,8 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // The disk quota is the kernel's: a lease process writing past limits.disk_bytes (in its
@@ -23,7 +24,7 @@ import (
 func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 	needRoot(t)
 	const quota = 48 << 20
-	d := startDaemon(t, func(c *sidecar.Config) { c.DefaultLimits.DiskBytes = quota })
+	d := startDaemon(t, func(c *daemon.Config) { c.DefaultLimits.DiskBytes = quota })
 	ctx := context.Background()
 	if info := must(d.client.Info(ctx))(t); info.Capabilities.DiskQuota != "loop" {
 		t.Fatalf("info says disk_quota %q, want loop", info.Capabilities.DiskQuota)
@@ -82,7 +83,7 @@ func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 	if err := d.client.Release(ctx, b.ID()); err != nil {
 		t.Fatal(err)
 	}
-	if m := mountsUnder(d.cfg.WorkRoot); len(m) > 0 {
+	if m := daemontest.MountsUnder(d.cfg.WorkRoot); len(m) > 0 {
 		t.Errorf("release left mounts %v", m)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -104,7 +105,7 @@ func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 // the startup sweep unmounts it and deletes its image before removing the directory.
 func TestDiskQuotaOrphanSwept(t *testing.T) {
 	needRoot(t)
-	d := startDaemon(t, func(c *sidecar.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
+	d := startDaemon(t, func(c *daemon.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "orphan"})
 	dir := filepath.Join(d.cfg.WorkRoot, l.ID())
 	d.stop()
@@ -112,7 +113,7 @@ func TestDiskQuotaOrphanSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.start()
-	if m := mountsUnder(d.cfg.WorkRoot); len(m) > 0 {
+	if m := daemontest.MountsUnder(d.cfg.WorkRoot); len(m) > 0 {
 		t.Errorf("the startup sweep left mounts %v", m)
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -177,7 +178,7 @@ func loopsUnder(dir string) []string {
 // device, not wait for B's processes to end.
 func TestDiskQuotaReleaseWhileAnotherLeaseRuns(t *testing.T) {
 	needRoot(t)
-	d := startDaemon(t, func(c *sidecar.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
+	d := startDaemon(t, func(c *daemon.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
 	ctx := context.Background()
 	a := d.acquireOnce(apitype.AcquireRequest{SessionID: "first"})
 	b := d.acquire("second")

@@ -12,7 +12,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 )
@@ -172,7 +172,7 @@ func TestLeasesAreIsolated(t *testing.T) {
 			continue // not below the kernel's: the uncapped run (0) covers it
 		}
 		t.Run(fmt.Sprintf("landlock-cap%d", cap), func(t *testing.T) {
-			d := startDaemon(t, func(c *sidecar.Config) { c.LandlockMaxABI = cap })
+			d := startDaemon(t, func(c *daemon.Config) { c.LandlockMaxABI = cap })
 			testLeasesAreIsolated(t, d)
 		})
 	}

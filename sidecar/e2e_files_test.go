@@ -17,7 +17,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 func randomBytes(t *testing.T, n int) []byte {
@@ -282,7 +282,7 @@ func treeDiff(t *testing.T, a, b string) string {
 }
 
 func TestQuota(t *testing.T) {
-	d := startDaemon(t, func(c *sidecar.Config) {
+	d := startDaemon(t, func(c *daemon.Config) {
 		c.DefaultLimits.DiskBytes = 2 << 20
 	})
 	l := d.acquire("quota")

@@ -13,17 +13,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
@@ -112,9 +111,9 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // testDaemon is a real daemon on a loopback port with real TLS.
 type testDaemon struct {
-	*sidecar.Daemon
+	*daemon.Daemon
 	t     testing.TB
-	cfg   sidecar.Config
+	cfg   daemon.Config
 	clock *fakeClock
 	// contract validates every reply the test's clients receive against docs/openapi.yaml.
 	contract *contractValidator
@@ -140,14 +139,14 @@ func needRoot(t *testing.T) {
 }
 
 // startDaemon starts a daemon with its own state dir and TLS pair. mods adjust the config.
-func startDaemon(t testing.TB, mods ...func(*sidecar.Config)) *testDaemon {
+func startDaemon(t testing.TB, mods ...func(*daemon.Config)) *testDaemon {
 	t.Helper()
 	state := stateDir(t)
 	certFile, keyFile, _, err := certgen.EnsureSelfSigned(filepath.Join(state, "tls"), []string{"127.0.0.1", "localhost"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := sidecar.Config{
+	cfg := daemon.Config{
 		Version:       "test",
 		SharedToken:   testToken,
 		ListenAddr:    "127.0.0.1:0",
@@ -201,11 +200,7 @@ func (d *testDaemon) cleanup() {
 		}
 	}
 	d.stop()
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent)
-	parents = append(parents, "/sys/fs/cgroup/"+d.cfg.CgroupParent) // v2 from the root cgroup
-	for _, p := range parents {
-		_ = syscall.Rmdir(p) // rmdir removes only an empty cgroup
-	}
+	_ = daemontest.RemoveCgroupParent(d.cfg.CgroupParent)
 }
 
 // stateDir is a fresh state dir outside /tmp: a lease's private /tmp is mounted over
@@ -221,19 +216,6 @@ func stateDir(t testing.TB) string {
 	}
 	t.Cleanup(func() { removeUnmounted(t, dir) })
 	return dir
-}
-
-// mountsUnder lists the mount points under dir, innermost first.
-func mountsUnder(dir string) []string {
-	info, _ := os.ReadFile("/proc/thread-self/mountinfo")
-	var found []string
-	for line := range strings.SplitSeq(string(info), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			found = append(found, f[4])
-		}
-	}
-	slices.Reverse(found)
-	return found
 }
 
 func sanitize(s string) string {
@@ -257,7 +239,7 @@ func (d *testDaemon) start() {
 		t.Fatal(err)
 	}
 	d.cfg.Now = d.clock.Now
-	dd, err := sidecar.Start(context.Background(), d.cfg)
+	dd, err := daemon.Start(context.Background(), d.cfg)
 	if err != nil {
 		t.Fatalf("start daemon: %v", err)
 	}
@@ -275,7 +257,7 @@ func (d *testDaemon) stop() {
 
 // restart stops the daemon and starts a new one on the same state dir; mods change the
 // config (e.g. rotate the token).
-func (d *testDaemon) restart(mods ...func(*sidecar.Config)) {
+func (d *testDaemon) restart(mods ...func(*daemon.Config)) {
 	d.t.Helper()
 	d.stop()
 	d.cfg.ListenAddr = "127.0.0.1:0"

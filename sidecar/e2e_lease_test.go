@@ -16,7 +16,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
@@ -116,7 +116,7 @@ func TestTokenRotation(t *testing.T) {
 	const newToken = "rotated-shared-token-abcdefghijklmnopqrstuvwxyz012"
 
 	// Step 1: the daemon accepts both.
-	d.restart(func(c *sidecar.Config) { c.PreviousToken, c.SharedToken = c.SharedToken, newToken })
+	d.restart(func(c *daemon.Config) { c.PreviousToken, c.SharedToken = c.SharedToken, newToken })
 	for name, tok := range map[string]string{"old shared": testToken, "new shared": newToken} {
 		if _, err := d.newClient(tok).List(ctx); err != nil {
 			t.Fatalf("%s token during rotation: %v", name, err)
@@ -126,7 +126,7 @@ func TestTokenRotation(t *testing.T) {
 		t.Fatalf("lease token issued under the old secret, during rotation: %v", err)
 	}
 	// Step 3: the old one is removed; so are lease tokens derived from it.
-	d.restart(func(c *sidecar.Config) { c.PreviousToken = "" })
+	d.restart(func(c *daemon.Config) { c.PreviousToken = "" })
 	if _, err := d.newClient(testToken).List(ctx); !errors.Is(err, client.ErrUnauthorized) {
 		t.Fatalf("old shared token after rotation: %v, want ErrUnauthorized", err)
 	}
@@ -194,7 +194,7 @@ func TestAuthRefusals(t *testing.T) {
 }
 
 func TestOriginPolicy(t *testing.T) {
-	d := startDaemon(t, func(c *sidecar.Config) { c.AllowedOrigins = []string{"https://console.example"} })
+	d := startDaemon(t, func(c *daemon.Config) { c.AllowedOrigins = []string{"https://console.example"} })
 	status, hdr, body := d.raw("GET", "/v1/leases", testToken, nil, map[string]string{"Origin": "https://evil.example"})
 	wantProblem(t, status, hdr, body, 403, apitype.CodeForbidden)
 	if status, _, body := d.raw("GET", "/v1/leases", testToken, nil, map[string]string{"Origin": "https://console.example"}); status != 200 {
@@ -203,7 +203,7 @@ func TestOriginPolicy(t *testing.T) {
 }
 
 func TestBadRequests(t *testing.T) {
-	d := startDaemon(t, func(c *sidecar.Config) { c.MaxLeases = 2; c.HTTP.MaxJSONBytes = 4096 })
+	d := startDaemon(t, func(c *daemon.Config) { c.MaxLeases = 2; c.HTTP.MaxJSONBytes = 4096 })
 	t.Run("unknown JSON field", func(t *testing.T) {
 		status, hdr, body := d.raw("POST", "/v1/leases", testToken, strings.NewReader(`{"session_id":"x","sesion_ttl":5}`), nil)
 		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
@@ -300,7 +300,7 @@ func TestLandlockFloorRefusesToStart(t *testing.T) {
 	cfg := d.cfg
 	d.stop()
 	cfg.MinLandlockABI, cfg.LandlockMaxABI = 3, 2
-	dd, err := sidecar.Start(context.Background(), cfg)
+	dd, err := daemon.Start(context.Background(), cfg)
 	if err == nil {
 		dd.Close(context.Background())
 		t.Fatal("started below the floor")
@@ -336,7 +336,7 @@ func TestTwoDaemonsOneHost(t *testing.T) {
 		}
 	}
 
-	b := startDaemon(t, func(c *sidecar.Config) { c.CgroupParent += "-b" })
+	b := startDaemon(t, func(c *daemon.Config) { c.CgroupParent += "-b" })
 	b.acquire("second")
 	alive("a second daemon started")
 
@@ -345,7 +345,7 @@ func TestTwoDaemonsOneHost(t *testing.T) {
 	cfg.WorkRoot = filepath.Join(cfg.StateDir, "leases")
 	cfg.ListenAddr = "127.0.0.1:0"
 	cfg.CgroupParent = a.cfg.CgroupParent
-	if dd, err := sidecar.Start(ctx, cfg); err == nil {
+	if dd, err := daemon.Start(ctx, cfg); err == nil {
 		dd.Close(ctx)
 		t.Fatal("a daemon started on the cgroup parent a running one holds")
 	} else if !errors.Is(err, sandbox.ErrParentOwned) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d with state dir %s", os.Getpid(), a.cfg.StateDir)) {

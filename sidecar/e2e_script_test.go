@@ -8,11 +8,11 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 func TestScripts(t *testing.T) {
-	d := startDaemon(t, func(c *sidecar.Config) { c.ScriptEnabled = true; c.ScriptWorkers = 1 })
+	d := startDaemon(t, func(c *daemon.Config) { c.ScriptEnabled = true; c.ScriptWorkers = 1 })
 	ctx := context.Background()
 	l := d.acquire("scripts")
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // Clock jumps around lease expiry, with the daemon's injected clock: forward past
@@ -54,7 +55,7 @@ func TestFaultClockJumps(t *testing.T) {
 		if dirExists(dir) {
 			t.Fatalf("the reaped lease's dir remains: %v", visibleIn(t, dir))
 		}
-		for _, cg := range cgroupParents(d.cfg.CgroupParent) {
+		for _, cg := range daemontest.CgroupParents(d.cfg.CgroupParent) {
 			if dirExists(filepath.Join(cg, l.ID())) {
 				t.Fatalf("the reaped lease's cgroup remains: %s", cg)
 			}
@@ -110,7 +111,7 @@ func TestFaultClockJumps(t *testing.T) {
 		}
 		if _, err := d.newClient(renewed.Token).OpenLease(l.ID(), renewed.Token).Get(ctx); err != nil {
 			t.Errorf("BUG: the token a renew issued under the daemon's clock is refused (%v): "+
-				"sidecar.Start builds lease.Tokens without WithClock(cfg.Now), so tokens expire by the wall clock "+
+				"daemon.Start builds lease.Tokens without WithClock(cfg.Now), so tokens expire by the wall clock "+
 				"(exp %v) while leases expire by Config.Now", err, renewed.ExpiresAt.Format(time.RFC3339))
 		}
 		// The lease's expiry follows the clock it was renewed under.

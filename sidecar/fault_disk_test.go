@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 // The disk fills up under the work root, then under the state dir: the daemon answers
@@ -113,7 +113,7 @@ func TestFaultDiskFullWorkRoot(t *testing.T) {
 	// filesystems (loop images, sparse) a full host disk is an overcommit the operator is
 	// warned of, and space a lease frees returns to the host only as discard gets to it
 	// (docs/operations.md, section 12): the kernel quota is tested in e2e_disk_test.go.
-	d := startFaultDaemon(t, func(c *sidecar.Config) {
+	d := startFaultDaemon(t, func(c *daemon.Config) {
 		c.WorkRoot = filepath.Join(disk, "leases")
 		c.DiskQuota = "off"
 	})
@@ -173,7 +173,7 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { removeUnmounted(t, work) })
-	d := startFaultDaemon(t, func(c *sidecar.Config) { c.StateDir, c.WorkRoot = disk, work })
+	d := startFaultDaemon(t, func(c *daemon.Config) { c.StateDir, c.WorkRoot = disk, work })
 	ctx := context.Background()
 	first := d.acquireOnce(apitype.AcquireRequest{SessionID: "before"})
 	victim := d.acquireOnce(apitype.AcquireRequest{SessionID: "released-while-full"})
@@ -259,7 +259,7 @@ func TestFaultCorruptStateRefusesToStart(t *testing.T) {
 	if err == nil {
 		t.Fatal("sidecar serve started on a corrupt leases.json")
 	}
-	if code := d.cmd.ProcessState.ExitCode(); code == 0 {
+	if code := d.ExitCode(); code == 0 {
 		t.Fatalf("sidecar serve refused a corrupt state with exit status 0:\n%s", d.stderr)
 	}
 	stderr := d.stderr.String()
@@ -279,7 +279,7 @@ func TestFaultCorruptStateRefusesToStart(t *testing.T) {
 	if len(d.leaseDirs()) != 1 {
 		t.Fatalf("refusing to start removed workdirs: %v", d.leaseDirs())
 	}
-	t.Logf("refusal: exit %d: %s", d.cmd.ProcessState.ExitCode(), lastLine(stderr))
+	t.Logf("refusal: exit %d: %s", d.ExitCode(), lastLine(stderr))
 
 	// The operator repairs the file: the lease is back, token and all.
 	if err := os.WriteFile(stateFile, good, 0o600); err != nil {

@@ -9,10 +9,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,26 +20,23 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
-	"github.com/sidecar-sandbox/sidecar/tls/certgen"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
-// binDaemon is the built `sidecar serve` running as a child process, so that a test can
-// kill -9 it and start it again on the same state dir and port.
+// binDaemon is the built `sidecar serve` running as a child process (the harness the
+// bench and the soak use too), so that a test can kill -9 it and start it again on the
+// same state dir and port.
 type binDaemon struct {
-	t       *testing.T
-	bin     string
-	state   string
-	addr    string
-	parent  string // cgroup parent, unique per test
-	caFile  string
-	env     []string
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	stderr  *syncBuffer
-	client  *client.Client
-	starts  int
-	running bool
+	*daemontest.Binary
+	t      *testing.T
+	state  string
+	addr   string
+	parent string // cgroup parent, unique per test
+	caFile string
+	stderr *syncBuffer
+	client *client.Client
+	starts int
 }
 
 // syncBuffer collects a child's stderr while the test reads it.
@@ -54,6 +49,12 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
+}
+
+func (s *syncBuffer) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b.Reset()
 }
 
 func (s *syncBuffer) String() string {
@@ -77,26 +78,15 @@ func faultUIDs(base int) (first, last int) {
 }
 
 // startFaultDaemon is startDaemon with the test process's own cgroup parent and uids.
-func startFaultDaemon(t *testing.T, mods ...func(*sidecar.Config)) *testDaemon {
+func startFaultDaemon(t *testing.T, mods ...func(*daemon.Config)) *testDaemon {
 	t.Helper()
-	unique := func(c *sidecar.Config) {
+	unique := func(c *daemon.Config) {
 		c.CgroupParent = faultName(t)
 		if c.UIDFirst != 0 {
 			c.UIDFirst, c.UIDLast = faultUIDs(240000)
 		}
 	}
-	return startDaemon(t, append([]func(*sidecar.Config){unique}, mods...)...)
-}
-
-// freePort picks a loopback port for a daemon that must come back on the same address.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return startDaemon(t, append([]func(*daemon.Config){unique}, mods...)...)
 }
 
 // newBinDaemon prepares (without starting) a daemon binary with its own state dir under
@@ -106,35 +96,15 @@ func freePort(t *testing.T) string {
 func newBinDaemon(t *testing.T, extra ...string) *binDaemon {
 	t.Helper()
 	needRoot(t)
-	bin := helperBinary(t)
-	state, err := os.MkdirTemp("/var/tmp", faultName(t)+"-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeUnmounted(t, state) })
-	certFile, _, _, err := certgen.EnsureSelfSigned(filepath.Join(state, "tls"), []string{"localhost", "127.0.0.1", "::1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &binDaemon{t: t, bin: bin, state: state, addr: freePort(t), parent: faultName(t), caFile: certFile}
 	uidFirst, uidLast := faultUIDs(256000)
-	d.env = append([]string{
-		"PATH=" + os.Getenv("PATH"),
-		"SIDECAR_AUTH_TOKEN=" + testToken,
-		"SIDECAR_STATE_DIR=" + state,
-		"SIDECAR_TLS_SELF_SIGNED=true",
-		"SIDECAR_LISTEN_ADDR=" + d.addr,
-		"SIDECAR_CGROUP_PARENT=" + d.parent,
-		fmt.Sprintf("SIDECAR_UID_RANGE=%d-%d", uidFirst, uidLast),
-		"SIDECAR_ISOLATION=strict",
-		"SCRIPT_ENABLED=false",
-		"SIDECAR_LOG_LEVEL=debug",
-	}, extra...)
-	c, err := client.New(client.Config{URL: "https://" + d.addr, Token: testToken, CAFile: certFile})
+	stderr := &syncBuffer{}
+	b, err := daemontest.New(daemontest.Options{Bin: helperBinary(t), Parent: faultName(t), Token: testToken,
+		UIDFirst: uidFirst, UIDLast: uidLast, Env: append([]string{"SIDECAR_LOG_LEVEL=debug"}, extra...), Output: stderr})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.client = c
+	t.Cleanup(func() { removeUnmounted(t, b.StateDir) })
+	d := &binDaemon{Binary: b, t: t, state: b.StateDir, addr: b.Addr, parent: b.Parent, caFile: b.CAFile, stderr: stderr, client: b.Client}
 	t.Cleanup(d.cleanup)
 	return d
 }
@@ -149,67 +119,24 @@ func (d *binDaemon) start() {
 
 func (d *binDaemon) tryStart() error {
 	d.starts++
-	d.stderr = &syncBuffer{}
-	cmd := exec.Command(d.bin, "serve")
-	cmd.Env = d.env
-	cmd.Stdout = d.stderr
-	cmd.Stderr = d.stderr
-	// Its own process group: a signal to the test never reaches it by accident.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return err
+	d.stderr.reset() // this start's output only
+	if err := d.Start(context.Background()); err != nil {
+		return fmt.Errorf("start %d: %w\n%s", d.starts, err, d.stderr)
 	}
-	d.cmd, d.exited, d.running = cmd, make(chan struct{}), true
-	go func(exited chan struct{}) { _ = cmd.Wait(); close(exited) }(d.exited)
-	hc := d.httpClient(2 * time.Second)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case <-d.exited:
-			d.running = false
-			return fmt.Errorf("sidecar serve (start %d) exited: %v\n%s", d.starts, cmd.ProcessState, d.stderr)
-		default:
-		}
-		resp, err := hc.Get("https://" + d.addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			d.kill()
-			return fmt.Errorf("sidecar serve did not answer /healthz within 60s:\n%s", d.stderr)
-		}
-		time.Sleep(50 * time.Millisecond) // poll interval, not a wait for a state
-	}
+	return nil
 }
 
-// kill sends SIGKILL to the daemon (its pid only: lease processes live in their own
-// sessions and cgroups) and reaps it.
-func (d *binDaemon) kill() {
-	if !d.running {
-		return
-	}
-	_ = syscall.Kill(d.cmd.Process.Pid, syscall.SIGKILL)
-	<-d.exited
-	d.running = false
-}
+func (d *binDaemon) kill() { d.Kill() }
 
 // stop asks the daemon to shut down and waits for it (bounded), killing it after that.
 func (d *binDaemon) stop() {
-	if !d.running {
-		return
+	if err := d.Stop(); err != nil {
+		d.t.Errorf("%v\n%s", err, d.stderr)
 	}
-	_ = syscall.Kill(d.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(30 * time.Second):
-		d.t.Errorf("sidecar serve ignored SIGTERM for 30s; killing it\n%s", d.stderr)
-		_ = syscall.Kill(d.cmd.Process.Pid, syscall.SIGKILL)
-		<-d.exited
-	}
-	d.running = false
+}
+
+func (d *binDaemon) httpClient(timeout time.Duration) *http.Client {
+	return daemontest.HTTPClient(d.caFile, timeout)
 }
 
 // cleanup releases every lease through the API (starting the daemon again if a test
@@ -217,21 +144,15 @@ func (d *binDaemon) stop() {
 // cgroup under its parent, no lease dir, no process with its marker.
 func (d *binDaemon) cleanup() {
 	t := d.t
-	if !d.running {
+	if !d.Running() {
 		if err := d.tryStart(); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	}
-	if d.running {
+	if d.Running() {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		if leases, err := d.client.List(ctx); err == nil {
-			for _, l := range leases {
-				if err := d.client.Release(ctx, l.ID); err != nil {
-					t.Errorf("cleanup: release %s: %v", l.ID, err)
-				}
-			}
-		} else {
-			t.Errorf("cleanup: list leases: %v", err)
+		if err := d.ReleaseAll(ctx); err != nil {
+			t.Errorf("cleanup: %v", err)
 		}
 		cancel()
 		d.stop()
@@ -245,15 +166,7 @@ func (d *binDaemon) cleanup() {
 	if left := markedProcs(d.parent); len(left) > 0 {
 		t.Errorf("processes left after every lease was released: %v", left)
 	}
-	for _, p := range cgroupParents(d.parent) {
-		_ = syscall.Rmdir(p) // removes only an empty cgroup
-	}
-}
-
-func (d *binDaemon) httpClient(timeout time.Duration) *http.Client {
-	hc := (&testDaemon{t: d.t, caFile: d.caFile}).httpClient()
-	hc.Timeout = timeout
-	return hc
+	_ = daemontest.RemoveCgroupParent(d.parent)
 }
 
 // raw sends one request to the binary daemon; see testDaemon.raw.
@@ -283,7 +196,7 @@ func leaseEntries(workRoot string) []string {
 // cgroups lists the cgroups under the test's parent in every hierarchy.
 func (d *binDaemon) cgroups() []string {
 	var left []string
-	for _, p := range cgroupParents(d.parent) {
+	for _, p := range daemontest.CgroupParents(d.parent) {
 		entries, _ := os.ReadDir(p)
 		for _, e := range entries {
 			if e.IsDir() {
@@ -292,14 +205,6 @@ func (d *binDaemon) cgroups() []string {
 		}
 	}
 	return left
-}
-
-func cgroupParents(parent string) []string {
-	ps, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
-	if p := "/sys/fs/cgroup/" + parent; dirExists(p) {
-		ps = append(ps, p)
-	}
-	return ps
 }
 
 func dirExists(p string) bool {
@@ -372,22 +277,14 @@ func tempNames(paths []string) []string {
 // RemoveAll through a mount would delete what the mount holds. Lease filesystems a failed
 // test left mounted are unmounted first (lazily; their loop devices clear themselves).
 func removeUnmounted(t testing.TB, dir string) {
-	for _, m := range mountsUnder(dir) {
-		_ = syscall.Unmount(m, syscall.MNT_DETACH)
-	}
-	info, err := os.ReadFile("/proc/thread-self/mountinfo")
-	if err != nil {
-		t.Errorf("read mountinfo: %v", err)
-		return
-	}
-	for line := range strings.SplitSeq(string(info), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
-			t.Errorf("not removing %s: %s is still mounted", dir, f[4])
-			return
+	for _, m := range daemontest.MountsUnder(dir) {
+		if m != dir {
+			_ = syscall.Unmount(m, syscall.MNT_DETACH)
 		}
 	}
-	_ = os.RemoveAll(dir)
+	if err := daemontest.RemoveTree(dir); err != nil {
+		t.Errorf("%v", err)
+	}
 }
 
 // pattern is a seekable, deterministic, incompressible stream of size bytes: what a

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 // Hostile HTTP: each abuse is cut off at its documented limit (made small here so the
@@ -96,7 +97,7 @@ func (d *testDaemon) tlsDial(t *testing.T) *tls.Conn {
 }
 
 func TestFaultHostileHTTP(t *testing.T) {
-	d := startFaultDaemon(t, func(c *sidecar.Config) { c.HTTP = hostileLimits })
+	d := startFaultDaemon(t, func(c *daemon.Config) { c.HTTP = hostileLimits })
 	stop := bystander(t, d)
 	l := d.acquire("victim")
 

@@ -18,7 +18,8 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // The short soak: many leases acquiring, running, transferring and releasing at once in
@@ -55,7 +56,7 @@ func countResources(d *testDaemon) resources {
 	fds, _ := os.ReadDir("/proc/self/fd")
 	dirs := leaseEntries(d.cfg.WorkRoot)
 	cg := 0
-	for _, p := range cgroupParents(d.cfg.CgroupParent) {
+	for _, p := range daemontest.CgroupParents(d.cfg.CgroupParent) {
 		entries, _ := os.ReadDir(p)
 		for _, e := range entries {
 			if e.IsDir() {
@@ -91,7 +92,7 @@ func (d *testDaemon) loadClient(t *testing.T) (*client.Client, *http.Transport) 
 func TestFaultLoadNoLeaks(t *testing.T) {
 	needRoot(t) // uids, cgroups: the things that could leak
 	const leases = 16
-	d := startFaultDaemon(t, func(c *sidecar.Config) {
+	d := startFaultDaemon(t, func(c *daemon.Config) {
 		// Room above the workers: TestFaultConcurrentAcquireAtLimit covers the limit.
 		c.MaxLeases = 2 * leases
 		c.UIDFirst, c.UIDLast = faultUIDs(272000) // this test's own uids, counted in /proc
@@ -181,7 +182,7 @@ func settled(t *testing.T, d *testDaemon, want *resources) resources {
 // count once against the limit, not twice.
 func TestFaultConcurrentAcquireAtLimit(t *testing.T) {
 	const limit = 8
-	d := startFaultDaemon(t, func(c *sidecar.Config) { c.MaxLeases = limit })
+	d := startFaultDaemon(t, func(c *daemon.Config) { c.MaxLeases = limit })
 	ctx := context.Background()
 	for round := range 4 {
 		var wg sync.WaitGroup

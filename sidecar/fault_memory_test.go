@@ -50,7 +50,7 @@ func TestFaultExecOutputAttack(t *testing.T) {
 		ls = append(ls, l)
 	}
 	attackers, bystander := ls[:leases], ls[leases]
-	pid := d.cmd.Process.Pid
+	pid := d.Pid()
 	idle := procStatusBytes(t, pid, "VmRSS")
 
 	var refused, replied atomic.Int32

@@ -19,7 +19,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 )
 
 // Clients that go away badly: a TCP reset in the middle of a stream, a client that
@@ -180,7 +180,7 @@ func TestFaultExecStreamResetKillsProcess(t *testing.T) {
 // A client that stops reading is cut at the write timeout; the process never waits for
 // it, and the daemon's memory does not grow with what the client did not read.
 func TestFaultClientStopsReading(t *testing.T) {
-	d := startFaultDaemon(t, func(c *sidecar.Config) { c.HTTP.WSWriteTimeout = time.Second })
+	d := startFaultDaemon(t, func(c *daemon.Config) { c.HTTP.WSWriteTimeout = time.Second })
 	l := d.acquire("stalled")
 	ctx := context.Background()
 	const total = 64 << 20
@@ -214,7 +214,7 @@ func TestFaultClientStopsReading(t *testing.T) {
 // whatever the reader's own deadline (two pings plus the write timeout): here pings are
 // an hour apart, so only the cut can end the stream. The process keeps running.
 func TestFaultStalledReaderCut(t *testing.T) {
-	d := startFaultDaemon(t, func(c *sidecar.Config) {
+	d := startFaultDaemon(t, func(c *daemon.Config) {
 		c.HTTP.WSWriteTimeout = time.Second
 		c.HTTP.WSPingInterval = time.Hour
 	})
@@ -241,7 +241,7 @@ func TestFaultStalledReaderCut(t *testing.T) {
 // A slow reader against a fast writer: it gets what it can, the rest is counted in
 // bytes_lost, and delivered + lost is exactly what the process wrote.
 func TestFaultSlowReader(t *testing.T) {
-	d := startFaultDaemon(t, func(c *sidecar.Config) { c.HTTP.WSWriteTimeout = 20 * time.Second })
+	d := startFaultDaemon(t, func(c *daemon.Config) { c.HTTP.WSWriteTimeout = 20 * time.Second })
 	l := d.acquire("slow")
 	ctx := context.Background()
 	const total = 32 << 20

@@ -23,7 +23,7 @@ func (s *Server) leaseFS(r *http.Request) (*fsxfer.FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.opts.Runtime.FS(l)
+	return s.opts.Files.FS(l)
 }
 
 func parseMode(h string) (fs.FileMode, error) {

@@ -34,7 +34,7 @@ func (s *Server) info() apitype.Info {
 	info := s.opts.Info
 	info.Version = s.opts.Version
 	info.APIVersion = apitype.APIVersion
-	caps := s.opts.Sandbox.Caps()
+	caps := s.opts.Host.Caps()
 	info.Capabilities = apitype.Capabilities{
 		Exec:             true,
 		PTY:              true,
@@ -138,7 +138,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request, _ princip
 }
 
 func (s *Server) handleCleanup(w http.ResponseWriter, r *http.Request, _ principal) error {
-	res, err := s.opts.Runtime.Cleanup(r.Context(), s.opts.Leases)
+	res, err := s.opts.Host.Cleanup(r.Context())
 	if err != nil {
 		return err
 	}
@@ -190,7 +190,7 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 		UID:       l.UID,
 		Processes: s.opts.Processes.Running(l.ID),
 	}
-	out.Usage = s.opts.Runtime.Usage(ctx, l)
+	out.Usage = s.opts.Host.Usage(ctx, l)
 	return out
 }
 

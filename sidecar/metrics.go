@@ -58,8 +58,8 @@ func newMetrics(s *Server) *metrics {
 	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.leaseEvents, m.leaseLife, m.procStarts, m.bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(newStateCollector(s))
-	if s.opts.Sandbox != nil {
-		m.reg.MustRegister(isolationMetrics(s.opts.Sandbox.Caps()))
+	if s.opts.Host != nil {
+		m.reg.MustRegister(isolationMetrics(s.opts.Host.Caps()))
 	}
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
@@ -160,17 +160,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		} else {
 			expired++
 		}
-		if u, err := s.opts.Sandbox.Usage(l.ID); err == nil {
-			mem += float64(u.MemoryBytes)
-			cpu += u.CPUSeconds
-			pids += float64(u.Pids)
-			ooms += float64(u.OOMKills)
-		}
-		if f, err := s.opts.Runtime.FS(l); err == nil {
-			if n, err := f.Usage(context.Background()); err == nil {
-				disk += float64(n)
-			}
-		}
+		u := s.opts.Host.Usage(context.Background(), l)
+		mem += float64(u.MemoryBytes)
+		cpu += u.CPUSeconds
+		pids += float64(u.Pids)
+		ooms += float64(u.OOMKills)
+		disk += float64(u.DiskBytes)
 		procs += float64(s.opts.Processes.Running(l.ID))
 	}
 	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, active, "active")

@@ -1,6 +1,7 @@
 // Package sidecar is the daemon's HTTP server: routes in one place, the auth middleware,
 // thin handlers (decode, call a package that knows nothing of HTTP, encode), websocket
-// streams and metrics. Wiring of all the parts lives in daemon.go.
+// streams and metrics. It knows the parts it serves only by the small interfaces below;
+// the daemon's wiring (opening, restoring and sweeping them) is package sidecar/daemon.
 package sidecar
 
 import (
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
@@ -27,8 +29,8 @@ import (
 
 // HTTPLimits bounds what one connection or request may cost.
 type HTTPLimits struct {
-	MaxHeaderBytes    int           // default 32 KiB: over it, 431
-	MaxJSONBytes      int64         // default 8 MiB: JSON bodies (exec stdin, script input)
+	MaxHeaderBytes    int           `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"` // default 32 KiB: over it, 431
+	MaxJSONBytes      int64         `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"` // default 8 MiB: JSON bodies (exec stdin, script input)
 	ReadHeaderTimeout time.Duration // default 10s: slowloris
 	IdleTimeout       time.Duration // default 120s: idle keep-alives
 	ShutdownTimeout   time.Duration // default 15s: in-flight requests get this long
@@ -38,25 +40,62 @@ type HTTPLimits struct {
 }
 
 func (l *HTTPLimits) setDefaults() {
-	def := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
-			*v = d
-		}
+	orDefault(&l.MaxHeaderBytes, 32<<10)
+	orDefault(&l.MaxJSONBytes, 8<<20)
+	orDefault(&l.WSReadLimit, 1<<20)
+	orDefault(&l.ReadHeaderTimeout, 10*time.Second)
+	orDefault(&l.IdleTimeout, 120*time.Second)
+	orDefault(&l.ShutdownTimeout, 15*time.Second)
+	orDefault(&l.WSPingInterval, 20*time.Second)
+	orDefault(&l.WSWriteTimeout, 30*time.Second)
+}
+
+// orDefault sets *v to d unless it is positive.
+func orDefault[T int | int64 | time.Duration](v *T, d T) {
+	if *v <= 0 {
+		*v = d
 	}
-	if l.MaxHeaderBytes <= 0 {
-		l.MaxHeaderBytes = 32 << 10
-	}
-	if l.MaxJSONBytes <= 0 {
-		l.MaxJSONBytes = 8 << 20
-	}
-	if l.WSReadLimit <= 0 {
-		l.WSReadLimit = 1 << 20
-	}
-	def(&l.ReadHeaderTimeout, 10*time.Second)
-	def(&l.IdleTimeout, 120*time.Second)
-	def(&l.ShutdownTimeout, 15*time.Second)
-	def(&l.WSPingInterval, 20*time.Second)
-	def(&l.WSWriteTimeout, 30*time.Second)
+}
+
+// The parts the handlers serve, as small interfaces: sidecar/daemon passes the real
+// ones, the handler tests fakes.
+
+// Leases is the lease table (lease.Manager).
+type Leases interface {
+	Acquire(ctx context.Context, r lease.Request) (l lease.Lease, created bool, err error)
+	Get(id string) (lease.Lease, error)
+	List() []lease.Lease
+	Touch(id string)
+	Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error)
+	Release(ctx context.Context, id string) error
+}
+
+// Processes runs lease processes (process.Manager).
+type Processes interface {
+	Exec(ctx context.Context, leaseID string, r process.ExecRequest) (process.ExecResult, error)
+	Start(ctx context.Context, leaseID string, r process.StartRequest) (p *process.Process, created bool, err error)
+	Get(leaseID, pid string) (*process.Process, error)
+	List(leaseID string) []*process.Process
+	Running(leaseID string) int
+	Signal(leaseID, pid, name string) error
+}
+
+// Files opens a lease's confined filesystem.
+type Files interface {
+	FS(l lease.Lease) (*fsxfer.FS, error)
+}
+
+// Scripts runs scripts (script.Runner).
+type Scripts interface {
+	Run(ctx context.Context, req script.Request) (script.Result, error)
+}
+
+// Host is the machine side of the leases: the isolation it offers, a lease's live
+// usage, and the sweep of what no lease accounts for.
+type Host interface {
+	Caps() sandbox.Caps
+	Usage(ctx context.Context, l lease.Lease) *apitype.Usage
+	Cleanup(ctx context.Context) (apitype.CleanupResult, error)
 }
 
 // ServerOptions is what the HTTP server is built from.
@@ -65,11 +104,11 @@ type ServerOptions struct {
 	Version        string
 	SharedTokens   []string // the current shared token first, then a previous one
 	Tokens         *lease.Tokens
-	Leases         *lease.Manager
-	Runtime        *Runtime
-	Processes      *process.Manager
-	Sandbox        *sandbox.Sandbox
-	Scripts        *script.Runner // nil: scripts disabled
+	Leases         Leases
+	Processes      Processes
+	Files          Files
+	Host           Host
+	Scripts        Scripts // nil: scripts disabled
 	AllowedOrigins []string
 	Limits         HTTPLimits
 	Info           apitype.Info // static parts of GET /v1/info
@@ -135,6 +174,9 @@ func NewServer(opts ServerOptions) *Server {
 }
 
 func (s *Server) now() time.Time { return s.opts.Now() }
+
+// LeaseEvent counts a lease table event in the metrics (lease.Config.OnEvent).
+func (s *Server) LeaseEvent(e lease.Event) { s.metrics.leaseEvent(e) }
 
 // ServeHTTP routes the request (tests may drive the server without a listener).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }

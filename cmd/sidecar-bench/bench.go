@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 	"log/slog"
 	"time"
 
@@ -24,7 +25,7 @@ type bench struct {
 	notes         []string // lines under the table (load results, caveats)
 	failures      []string
 	machineBefore machine
-	daemonStatus  procStatus
+	daemonStatus  daemontest.ProcStatus
 }
 
 // contender is one way of doing a case's job; run does it once and returns the time the

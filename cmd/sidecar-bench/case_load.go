@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -25,7 +26,7 @@ type loadResult struct {
 	elapsed   time.Duration
 	cpu       time.Duration
 	maxRSSKB  int64
-	endStatus procStatus
+	endStatus daemontest.ProcStatus
 }
 
 // caseLoad: many leases at once, each running true, first paced (latency under a
@@ -81,7 +82,7 @@ func (b *bench) caseLoad(ctx context.Context) error {
 			r.phase, r.execs, float64(r.execs)/r.elapsed.Seconds(), latency.format(r.lat.median()),
 			latency.format(r.lat.percentile(99)), latency.format(r.lat.percentile(100)), len(r.errors),
 			r.cpu.Seconds(), 100*r.cpu.Seconds()/r.elapsed.Seconds(), float64(r.maxRSSKB)*1.024/1e3,
-			float64(r.endStatus.hwmKB)*1.024/1e3)
+			float64(r.endStatus.HWMKB)*1.024/1e3)
 		if len(r.errors) > 0 {
 			failed = append(failed, fmt.Sprintf("%s: %d errors, first: %s", r.phase, len(r.errors), r.errors[0]))
 		}
@@ -99,8 +100,8 @@ func (b *bench) loadPhase(ctx context.Context, leases []*client.Lease, paced boo
 	if paced {
 		r.phase = fmt.Sprintf("paced, 1 per %s per lease", loadInterval)
 	}
-	pid := b.d.pid()
-	before := readProcStatus(pid)
+	pid := b.d.Pid()
+	before := daemontest.ReadProcStatus(pid)
 	ctx, cancel := context.WithTimeout(ctx, b.sz.loadFor)
 	defer cancel()
 	var mu sync.Mutex
@@ -146,13 +147,13 @@ func (b *bench) loadPhase(ctx context.Context, leases []*client.Lease, paced boo
 		case <-done:
 			waiting = false
 		case <-sampler.C:
-			r.maxRSSKB = max(r.maxRSSKB, readProcStatus(pid).rssKB)
+			r.maxRSSKB = max(r.maxRSSKB, daemontest.ReadProcStatus(pid).RSSKB)
 		}
 	}
 	sampler.Stop()
 	r.elapsed = time.Since(start)
-	r.endStatus = readProcStatus(pid)
-	r.maxRSSKB = max(r.maxRSSKB, r.endStatus.rssKB)
-	r.cpu = r.endStatus.cpu - before.cpu
+	r.endStatus = daemontest.ReadProcStatus(pid)
+	r.maxRSSKB = max(r.maxRSSKB, r.endStatus.RSSKB)
+	r.cpu = r.endStatus.CPU - before.CPU
 	return r
 }

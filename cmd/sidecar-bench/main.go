@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // caseNames are the cases -only accepts, in the order they run.
@@ -105,7 +107,7 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 		return err
 	}
 	defer func() {
-		if rerr := removeTree(dir); rerr != nil {
+		if rerr := daemontest.RemoveTree(dir); rerr != nil {
 			log.Warn("temporary directory left behind", "dir", dir, "err", rerr)
 		}
 	}()

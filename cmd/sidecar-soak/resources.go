@@ -3,8 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
 // resources is what the daemon holds that a leak would grow. -1 means unknown (a
@@ -77,12 +76,12 @@ func (t *target) count(ctx context.Context) resources {
 	if v, ok := m["go_memstats_heap_inuse_bytes"]; ok {
 		r.heap = int64(v)
 	}
-	if !t.local() {
+	if t.local == nil {
 		return r
 	}
 	r.rss = t.rss()
 	r.cgroups = 0
-	for _, p := range cgroupParents(t.parent) {
+	for _, p := range daemontest.CgroupParents(t.local.Parent) {
 		entries, _ := os.ReadDir(p)
 		for _, e := range entries {
 			if e.IsDir() {
@@ -90,9 +89,9 @@ func (t *target) count(ctx context.Context) resources {
 			}
 		}
 	}
-	dirs, _ := os.ReadDir(filepath.Join(t.state, "leases"))
+	dirs, _ := os.ReadDir(filepath.Join(t.local.StateDir, "leases"))
 	r.leaseDirs = len(dirs)
-	r.uidProcs = len(workload.ProcsOfUIDs(t.uidFirst, t.uidLast))
+	r.uidProcs = len(workload.ProcsOfUIDs(t.local.UIDFirst, t.local.UIDLast))
 	return r
 }
 
@@ -121,21 +120,14 @@ func settle(ctx context.Context, t *target, want *resources) resources {
 
 // rss reads the daemon's resident set from /proc (local) or /metrics (remote).
 func (t *target) rss() int64 {
-	if !t.local() {
+	if t.local == nil {
 		if v, ok := t.metrics(context.Background())["process_resident_memory_bytes"]; ok {
 			return int64(v)
 		}
 		return -1
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", t.pid()))
-	if err != nil {
-		return -1
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kib, _ := strconv.ParseInt(f[1], 10, 64)
-			return kib << 10
-		}
+	if ps := daemontest.ReadProcStatus(t.local.Pid()); ps.Err == nil {
+		return ps.RSSKB << 10
 	}
 	return -1
 }
@@ -166,26 +158,6 @@ func (t *target) metrics(ctx context.Context) map[string]float64 {
 		}
 	}
 	return out
-}
-
-func cgroupParents(parent string) []string {
-	ps, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
-	if fi, err := os.Stat("/sys/fs/cgroup/" + parent); err == nil && fi.IsDir() {
-		ps = append(ps, "/sys/fs/cgroup/"+parent)
-	}
-	return ps
-}
-
-// tlsClient trusts caFile (or the system roots when it is empty).
-func tlsClient(caFile string) *http.Client {
-	cfg := &tls.Config{}
-	if caFile != "" {
-		if pem, err := os.ReadFile(caFile); err == nil {
-			cfg.RootCAs = x509.NewCertPool()
-			cfg.RootCAs.AppendCertsFromPEM(pem)
-		}
-	}
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 }
 
 func mib(b int64) string {

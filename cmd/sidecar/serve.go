@@ -20,7 +20,7 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/sidecar-sandbox/sidecar/lease"
-	"github.com/sidecar-sandbox/sidecar/sidecar"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
@@ -32,17 +32,16 @@ func init() {
 		usage: "usage: sidecar serve\n\nThe daemon is configured by environment variables; see README.md and docs/operations.md.", run: runServe})
 }
 
-// serveConfig is the daemon's environment. Names are fixed by the wire contract
-// (docs/api.md, Configuration); the few extra knobs say so in docs/operations.md.
+// serveConfig is the daemon's environment: the daemon's configuration itself (read
+// straight into daemon.Config, whose tags name most variables) and what serve turns into
+// parts of it (secret files, TLS files, the uid range, logging). Names are fixed
+// by the wire contract (docs/api.md, Configuration); the few extra knobs say so in
+// docs/operations.md.
 type serveConfig struct {
-	AuthToken         string `env:"SIDECAR_AUTH_TOKEN"`
-	AuthTokenFile     string `env:"SIDECAR_AUTH_TOKEN_FILE"`
-	PreviousToken     string `env:"SIDECAR_AUTH_TOKEN_PREVIOUS"`
-	PreviousTokenFile string `env:"SIDECAR_AUTH_TOKEN_PREVIOUS_FILE"`
+	daemon.Config
 
-	ListenAddr string `env:"SIDECAR_LISTEN_ADDR" envDefault:"127.0.0.1:7443"`
-	StateDir   string `env:"SIDECAR_STATE_DIR"`
-	WorkRoot   string `env:"SIDECAR_WORK_ROOT"`
+	AuthTokenFile     string `env:"SIDECAR_AUTH_TOKEN_FILE"`
+	PreviousTokenFile string `env:"SIDECAR_AUTH_TOKEN_PREVIOUS_FILE"`
 
 	TLSCertFile     string   `env:"SIDECAR_TLS_CERT_FILE"`
 	TLSKeyFile      string   `env:"SIDECAR_TLS_KEY_FILE"`
@@ -50,62 +49,18 @@ type serveConfig struct {
 	TLSSelfSigned   bool     `env:"SIDECAR_TLS_SELF_SIGNED"`
 	TLSHosts        []string `env:"SIDECAR_TLS_HOSTS" envSeparator:","`
 
-	MaxLeases     int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
-	LeaseTTL      time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
-	LeaseMaxTTL   time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
-	DefaultLimits limitsEnv     `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
-	MaxLimits     maxLimitsEnv  `envPrefix:"SIDECAR_MAX_LIMITS_"`
-
-	CgroupParent   string   `env:"SIDECAR_CGROUP_PARENT"` // default: defaultCgroupParent(StateDir)
-	UIDRange       string   `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
-	Isolation      string   `env:"SIDECAR_ISOLATION" envDefault:"strict"`
-	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
-	MinLandlockABI int      `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"`
-	RequireCgroup  string   `env:"SIDECAR_REQUIRE_CGROUP"`
-	Seccomp        string   `env:"SIDECAR_SECCOMP" envDefault:"strict"`
-	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
-
-	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`
-	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`
-	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`
-	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`
-	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"`
-	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`
-	MaxHeaderBytes    int   `env:"SIDECAR_MAX_HEADER_BYTES" envDefault:"32768"`
-	MaxBodyBytes      int64 `env:"SIDECAR_MAX_BODY_BYTES" envDefault:"8388608"`
-
-	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
-	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
+	UIDRange string `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
 
 	LogLevel  string `env:"SIDECAR_LOG_LEVEL" envDefault:"info"`
 	LogFormat string `env:"SIDECAR_LOG_FORMAT" envDefault:"text"`
 }
 
-type limitsEnv struct {
-	MemoryBytes   int64 `env:"MEMORY_BYTES" envDefault:"1073741824"`
-	CPUMillicores int64 `env:"CPU_MILLICORES" envDefault:"1000"`
-	Pids          int64 `env:"PIDS" envDefault:"512"`
-	DiskBytes     int64 `env:"DISK_BYTES" envDefault:"10737418240"`
-}
-
-type maxLimitsEnv struct {
-	MemoryBytes   int64 `env:"MEMORY_BYTES" envDefault:"8589934592"`
-	CPUMillicores int64 `env:"CPU_MILLICORES" envDefault:"4000"`
-	Pids          int64 `env:"PIDS" envDefault:"4096"`
-	DiskBytes     int64 `env:"DISK_BYTES" envDefault:"107374182400"`
-}
-
-func (l limitsEnv) lease() lease.Limits {
-	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
-}
-
-func (l maxLimitsEnv) lease() lease.Limits {
-	return lease.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids, DiskBytes: l.DiskBytes}
-}
-
 // loadServeConfig reads and checks the environment, reporting every bad variable at once.
 func loadServeConfig(environ map[string]string) (serveConfig, error) {
-	var c serveConfig
+	c := serveConfig{Config: daemon.Config{ // the lease limits' defaults (env tags set the others)
+		DefaultLimits: lease.Limits{MemoryBytes: 1 << 30, CPUMillicores: 1000, Pids: 512, DiskBytes: 10 << 30},
+		MaxLimits:     lease.Limits{MemoryBytes: 8 << 30, CPUMillicores: 4000, Pids: 4096, DiskBytes: 100 << 30},
+	}}
 	var errs []error
 	if err := env.ParseWithOptions(&c, env.Options{Environment: environ}); err != nil {
 		var agg env.AggregateError
@@ -116,12 +71,12 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 		}
 	}
 	var err error
-	if c.AuthToken, err = secret("SIDECAR_AUTH_TOKEN", c.AuthToken, c.AuthTokenFile, "auth-token"); err != nil {
+	if c.SharedToken, err = secret("SIDECAR_AUTH_TOKEN", c.SharedToken, c.AuthTokenFile, "auth-token"); err != nil {
 		errs = append(errs, err)
-	} else if c.AuthToken == "" {
+	} else if c.SharedToken == "" {
 		errs = append(errs, errors.New("SIDECAR_AUTH_TOKEN (or SIDECAR_AUTH_TOKEN_FILE) is required: make one with `sidecar token`"))
-	} else if len(c.AuthToken) < 32 {
-		errs = append(errs, fmt.Errorf("SIDECAR_AUTH_TOKEN must be at least 32 characters (it has %d): make one with `sidecar token`", len(c.AuthToken)))
+	} else if len(c.SharedToken) < 32 {
+		errs = append(errs, fmt.Errorf("SIDECAR_AUTH_TOKEN must be at least 32 characters (it has %d): make one with `sidecar token`", len(c.SharedToken)))
 	}
 	if c.PreviousToken, err = secret("SIDECAR_AUTH_TOKEN_PREVIOUS", c.PreviousToken, c.PreviousTokenFile, ""); err != nil {
 		errs = append(errs, err)
@@ -155,16 +110,16 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.Seccomp != "strict" && c.Seccomp != "off" {
 		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
 	}
-	if _, _, err := parseUIDRange(c.UIDRange); err != nil {
+	if c.UIDFirst, c.UIDLast, err = parseUIDRange(c.UIDRange); err != nil {
 		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
 	}
 	if c.MaxLeases < 1 {
 		errs = append(errs, errors.New("SIDECAR_MAX_LEASES must be at least 1"))
 	}
-	if c.LeaseTTL <= 0 || c.LeaseMaxTTL < c.LeaseTTL {
+	if c.DefaultTTL <= 0 || c.MaxTTL < c.DefaultTTL {
 		errs = append(errs, errors.New("SIDECAR_LEASE_TTL must be positive and at most SIDECAR_LEASE_MAX_TTL"))
 	}
-	def, max := c.DefaultLimits.lease(), c.MaxLimits.lease()
+	def, max := c.DefaultLimits, c.MaxLimits
 	for _, l := range []struct {
 		name      string
 		def, max_ int64
@@ -307,10 +262,6 @@ func runServe(ctx context.Context, args []string) error {
 		return fmt.Errorf("configuration:\n  %s", strings.ReplaceAll(err.Error(), "\n", "\n  "))
 	}
 	log := newLogger(c)
-	uidFirst, uidLast, _ := parseUIDRange(c.UIDRange)
-	if os.Geteuid() != 0 {
-		uidFirst, uidLast = 0, 0 // only root can switch uids
-	}
 
 	certFile, keyFile := c.TLSCertFile, c.TLSKeyFile
 	if c.TLSSelfSigned {
@@ -332,40 +283,12 @@ func runServe(ctx context.Context, args []string) error {
 		return err
 	}
 
-	d, err := sidecar.Start(ctx, sidecar.Config{
-		Version:           version,
-		SharedToken:       c.AuthToken,
-		PreviousToken:     c.PreviousToken,
-		ListenAddr:        c.ListenAddr,
-		TLS:               tlsCfg,
-		CertNotAfter:      reloader.NotAfter,
-		StateDir:          c.StateDir,
-		WorkRoot:          c.WorkRoot,
-		MaxLeases:         c.MaxLeases,
-		DefaultTTL:        c.LeaseTTL,
-		MaxTTL:            c.LeaseMaxTTL,
-		DefaultLimits:     c.DefaultLimits.lease(),
-		MaxLimits:         c.MaxLimits.lease(),
-		UIDFirst:          uidFirst,
-		UIDLast:           uidLast,
-		CgroupParent:      c.CgroupParent,
-		Isolation:         c.Isolation,
-		DiskQuota:         c.DiskQuota,
-		MinLandlockABI:    c.MinLandlockABI,
-		RequireCgroup:     c.RequireCgroup,
-		Seccomp:           c.Seccomp,
-		AllowedOrigins:    c.AllowedOrigins,
-		MaxOutputBytes:    c.MaxOutputBytes,
-		OutputBufferBytes: c.OutputBufferBytes,
-		MaxProcesses:      c.MaxProcesses,
-		MaxExecs:          c.MaxExecs,
-		OutputBudgetBytes: c.OutputBudgetBytes,
-		MaxPTYs:           c.MaxPTYs,
-		ScriptEnabled:     c.ScriptEnabled,
-		ScriptWorkers:     c.ScriptWorkers,
-		HTTP:              sidecar.HTTPLimits{MaxHeaderBytes: c.MaxHeaderBytes, MaxJSONBytes: c.MaxBodyBytes},
-		Logger:            log,
-	})
+	cfg := c.Config
+	cfg.Version, cfg.TLS, cfg.CertNotAfter, cfg.Logger = version, tlsCfg, reloader.NotAfter, log
+	if os.Geteuid() != 0 {
+		cfg.UIDFirst, cfg.UIDLast = 0, 0 // only root can switch uids
+	}
+	d, err := daemon.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -82,8 +82,8 @@ func TestServeConfigTokenSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.AuthToken != strings.Repeat("f", 40) {
-		t.Fatalf("token from file: %q", c.AuthToken)
+	if c.SharedToken != strings.Repeat("f", 40) {
+		t.Fatalf("token from file: %q", c.SharedToken)
 	}
 
 	env["SIDECAR_AUTH_TOKEN"] = strings.Repeat("e", 40)

@@ -287,11 +287,18 @@ func helperPath(p string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("sandbox: find own binary: %w", err)
 	}
-	tiny := filepath.Join(filepath.Dir(self), helperBinaryName)
+	return HelperBeside(self), nil
+}
+
+// HelperBeside is the helper for the daemon binary daemon: the tiny sidecar-init beside
+// it when there is one (it starts several times faster than the daemon's own binary run
+// as `sidecar __sandbox-init`), else the daemon binary.
+func HelperBeside(daemon string) string {
+	tiny := filepath.Join(filepath.Dir(daemon), helperBinaryName)
 	if st, err := os.Stat(tiny); err == nil && st.Mode().IsRegular() {
-		return tiny, nil
+		return tiny
 	}
-	return self, nil
+	return daemon
 }
 
 func validCgroupParent(p string) bool {

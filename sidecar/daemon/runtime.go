@@ -1,8 +1,7 @@
-package sidecar
+package daemon
 
 import (
 	"context"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -16,13 +15,15 @@ import (
 
 // Runtime is what a lease has beyond its record: the sandbox (cgroup, uid, netns), its
 // processes and its open filesystem. It is the lease manager's Provisioner, so that
-// release, expiry and the reaper all take the same path down.
+// release, expiry and the reaper all take the same path down, and the server's Files
+// and Host.
 type Runtime struct {
 	Sandbox    *sandbox.Sandbox
 	Processes  *process.Manager
 	UploadIdle time.Duration
 	Disk       *disk.Quotas // nil: usage is the fsxfer meter's scan
-	Logger     *slog.Logger
+
+	leases *lease.Manager // set once the lease table is open, before anything is served
 
 	mu  sync.Mutex
 	fss map[string]*fsxfer.FS
@@ -115,9 +116,13 @@ func (rt *Runtime) Usage(ctx context.Context, l lease.Lease) *apitype.Usage {
 	return &u
 }
 
+// Caps is the isolation in force.
+func (rt *Runtime) Caps() sandbox.Caps { return rt.Sandbox.Caps() }
+
 // Cleanup reaps expired leases and anything a previous run left behind that no lease
 // accounts for: cgroups (and their processes) and workdirs.
-func (rt *Runtime) Cleanup(ctx context.Context, leases *lease.Manager) (apitype.CleanupResult, error) {
+func (rt *Runtime) Cleanup(ctx context.Context) (apitype.CleanupResult, error) {
+	leases := rt.leases
 	res := apitype.CleanupResult{Leases: []string{}, Cgroups: []string{}, Workdirs: []string{}, Processes: []int{}}
 	reaped, err := leases.Reap(ctx)
 	if err != nil {
