@@ -35,7 +35,7 @@ func TestExecSetupFailure(t *testing.T) {
 	if spare == "" {
 		t.Fatalf("child cgroup of the first exec not p1 or p2: %q", r.Stdout)
 	}
-	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
+	dirs := cgroupDirs("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
 	if v2 := "/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID(); len(dirs) == 0 {
 		dirs = []string{v2}
 	} else if _, err := os.Stat(filepath.Join(v2, spare)); err == nil {
@@ -71,4 +71,21 @@ func TestExecSetupFailure(t *testing.T) {
 	if r := must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t); r.ExitCode != 0 {
 		t.Fatalf("exec after the failure: %+v", r)
 	}
+}
+
+// cgroupDirs globs a lease's cgroup in every v1 hierarchy, once per hierarchy: co-mounted
+// controllers appear under several names (cpu and cpuacct are links to cpu,cpuacct).
+func cgroupDirs(pattern string) []string {
+	matches, _ := filepath.Glob(pattern)
+	var dirs []string
+	seen := map[string]bool{}
+	for _, m := range matches {
+		real, err := filepath.EvalSymlinks(m)
+		if err != nil || seen[real] {
+			continue
+		}
+		seen[real] = true
+		dirs = append(dirs, real)
+	}
+	return dirs
 }
