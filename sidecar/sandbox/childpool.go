@@ -102,8 +102,9 @@ func (s *Sandbox) dropChild(id, child string) error {
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
 	s.closed = true
-	if s.owner != nil {
-		defer s.owner.Close() // the cgroup parent is free again once the work below is done
+	if owner := s.owner; owner != nil {
+		leasesLeft := len(s.leases) > 0
+		defer owner.Close(leasesLeft) // the cgroup parent is free again once the work below is done
 		s.owner = nil
 	}
 	les := make([]*lease, 0, len(s.leases))

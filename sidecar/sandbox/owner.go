@@ -50,15 +50,51 @@ func parentKey(cg cgroupDriver) string {
 	return fmt.Sprintf("%T", cg)
 }
 
+// ownerLock is a held claim on a cgroup parent.
+type ownerLock struct {
+	f    *os.File
+	path string
+}
+
+// Close gives the claim up. A daemon that leaves no lease behind also removes the lock
+// file, so a host that starts many daemons (a test suite) does not collect them; one that
+// leaves leases for its successor keeps the record, so a daemon of another state dir
+// taking the parent over says whose leftovers it sweeps. The file is unlinked while still
+// locked: a daemon that opened it before and locks it after finds it unlinked
+// (claimParent checks) and starts over on a new file, so no two ever hold one parent.
+func (l *ownerLock) Close(leasesLeft bool) error {
+	var err error
+	if !leasesLeft {
+		if err = os.Remove(l.path); errors.Is(err, os.ErrNotExist) {
+			err = nil
+		}
+	}
+	return errors.Join(err, l.f.Close())
+}
+
 // claimParent takes the lock on key for the daemon with stateDir, or fails with
-// ErrParentOwned naming the daemon holding it. The returned file holds the lock until
-// closed.
-func claimParent(dir, key, stateDir string, log *slog.Logger) (*os.File, error) {
+// ErrParentOwned naming the daemon holding it. The lock is held until Close.
+func claimParent(dir, key, stateDir string, log *slog.Logger) (*ownerLock, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("sandbox: cgroup parent owners: %w", err)
 	}
 	sum := sha256.Sum256([]byte(key))
 	path := filepath.Join(dir, hex.EncodeToString(sum[:8])+".lock")
+	// A few rounds at most: each one that fails found a file its holder unlinked on the
+	// way out, and the next finds the new one or none.
+	for range 8 {
+		l, err := lockOwnerFile(path, key, stateDir, log)
+		if !errors.Is(err, errLockFileGone) {
+			return l, err
+		}
+	}
+	return nil, fmt.Errorf("sandbox: lock %s: replaced under us repeatedly", path)
+}
+
+// errLockFileGone: the locked file was unlinked by its previous holder; lock the path anew.
+var errLockFileGone = errors.New("lock file unlinked")
+
+func lockOwnerFile(path, key, stateDir string, log *slog.Logger) (*ownerLock, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: cgroup parent owners: %w", err)
@@ -78,6 +114,10 @@ func claimParent(dir, key, stateDir string, log *slog.Logger) (*os.File, error) 
 		}
 		return nil, fmt.Errorf("sandbox: lock %s: %w", path, err)
 	}
+	if !samePath(f, path) {
+		f.Close()
+		return nil, errLockFileGone
+	}
 	if prev.StateDir != "" && prev.StateDir != stateDir {
 		log.Warn("taking over a cgroup parent last used by another daemon, no longer running: its lease cgroups left there are swept as orphans",
 			"cgroup_parent", key, "previous_pid", prev.PID, "previous_state_dir", prev.StateDir)
@@ -87,7 +127,16 @@ func claimParent(dir, key, stateDir string, log *slog.Logger) (*os.File, error) 
 		f.Close()
 		return nil, fmt.Errorf("sandbox: write %s: %w", path, err)
 	}
-	return f, nil
+	return &ownerLock{f: f, path: path}, nil
+}
+
+// samePath reports whether path still names the open file f.
+func samePath(f *os.File, path string) bool {
+	var held, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &named) != nil {
+		return false
+	}
+	return held.Dev == named.Dev && held.Ino == named.Ino
 }
 
 func writeRecord(f *os.File, rec []byte) error {

@@ -121,7 +121,7 @@ type Sandbox struct {
 	maxPTYs int
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
-	owner       *os.File // the lock on the cgroup parent (owner.go), nil without Config.Owner
+	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
 
 	mu     sync.Mutex
 	leases map[string]*lease

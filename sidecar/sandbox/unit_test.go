@@ -234,7 +234,7 @@ func testTTY(t *testing.T, s *Sandbox) {
 }
 
 // A cgroup parent is claimed by one daemon at a time; the refusal names the holder, and
-// the claim goes with the holder (here: its lock file closed).
+// the claim goes with the holder (here: its lock file closed), and so does the file.
 func TestClaimParent(t *testing.T) {
 	dir := t.TempDir()
 	log := slog.New(slog.DiscardHandler)
@@ -250,13 +250,28 @@ func TestClaimParent(t *testing.T) {
 	if err != nil {
 		t.Fatalf("a claim on another parent: %v", err)
 	}
-	other.Close()
-	first.Close()
+	other.Close(false)
+	first.Close(true) // leaves leases: the record stays for the next holder to read
 	second, err := claimParent(dir, "v1:sidecar", "/srv/second", log)
 	if err != nil {
 		t.Fatalf("claim after the holder went: %v", err)
 	}
-	second.Close()
+	// A daemon that opened the lock file just before its holder left (and unlinked it)
+	// must not count the lock it then gets on the unlinked file as a claim.
+	late, err := os.Open(second.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	if err := second.Close(false); err != nil {
+		t.Fatal(err)
+	}
+	if samePath(late, second.path) {
+		t.Error("a file unlinked by its holder still counts as the lock file")
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("lock files left after every holder closed without leases: %v", left)
+	}
 }
 
 // The namespace probe leaves every thread of the daemon in the daemon's mount namespace
