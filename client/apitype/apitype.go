@@ -8,6 +8,11 @@ import "time"
 // Version of the wire contract. The route prefix carries the major version.
 const APIVersion = "v1"
 
+// Workspace is the lease workdir's absolute name: lease processes see their workdir there
+// (strict isolation), lease info reports it, and every path of the file routes and exec's
+// cwd may be relative to it or absolute under it.
+const Workspace = "/workspace"
+
 // Routes, as Go 1.22 ServeMux patterns without the method.
 const (
 	RouteHealthz            = "/healthz"

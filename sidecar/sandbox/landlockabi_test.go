@@ -49,6 +49,7 @@ func TestIsolationAtEachLandlockABI(t *testing.T) {
 				}
 				t.Run("isolated", func(t *testing.T) { testLeasesAreIsolated(t, s) })
 				t.Run("view", func(t *testing.T) { testLeaseProcessView(t, s) })
+				t.Run("workspace", func(t *testing.T) { testWorkspaceAndUser(t, s) })
 				t.Run("layers", func(t *testing.T) { testLandlockLayersHold(t, s, abi) })
 				if abi >= 1 {
 					t.Run("confines", func(t *testing.T) { testLandlockConfines(t, s) })
