@@ -197,8 +197,8 @@ func keepAbsolutePath(r *http.Request) {
 	if !ok {
 		return
 	}
-	_, rest, ok = strings.Cut(rest, "/") // the lease id
-	if !ok {
+	id, rest, ok := strings.Cut(rest, "/")
+	if !ok || id == "" {
 		return
 	}
 	name, tail, ok := strings.Cut(rest, "/")

@@ -24,15 +24,13 @@ const maxArgEnvBytes = 1 << 20
 // its user name; $SHELL its login shell.
 type identity struct{ home, user, shell string }
 
-// identity is LeaseUser at home in Workspace with strict isolation and a user database of
-// its own (named says so); otherwise the name is what the process's uid has on the host
-// (the daemon's user with isolation none), the home its workdir as it sees it.
-func (s *Sandbox) identity(v view, named bool) identity {
-	if named {
-		return identity{home: v.work, user: LeaseUser, shell: s.users.shell}
-	}
-	id := identity{home: v.work, user: "sidecar", shell: "/bin/sh"}
+// identity is LeaseUser at home in Workspace with strict isolation (the name its user
+// database gives the lease's uid); with isolation none, the daemon's user, whose uid the
+// process has, at home in the workdir's host path.
+func (s *Sandbox) identity(v view) identity {
+	id := identity{home: v.work, user: LeaseUser, shell: s.shell}
 	if !s.strict() {
+		id.user = "sidecar"
 		if u, err := user.Current(); err == nil && u.Username != "" {
 			id.user = u.Username
 		}

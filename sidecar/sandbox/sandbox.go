@@ -123,6 +123,7 @@ type Sandbox struct {
 	// userRoot holds each lease's passwd and group ("": none); users is what they say.
 	userRoot string
 	users    userDB
+	shell    string // $SHELL of lease processes
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
 	owner       *os.File // the lock on the cgroup parent (owner.go), nil without Config.Owner
@@ -187,7 +188,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell()}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {

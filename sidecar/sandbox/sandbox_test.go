@@ -24,7 +24,7 @@ func testCleanProcess(t *testing.T, s *Sandbox) {
 	r := run(t, s, l.ID, Spec{Argv: []string{"env"}, Env: map[string]string{"FOO": "bar"}})
 	got := lines(r.stdout)
 	want := []string{"FOO=bar", "HOME=/workspace", "LANG=C.UTF-8", "LOGNAME=user",
-		"PATH=" + DefaultPath, "SHELL=" + s.users.shell, "TMPDIR=/tmp", "USER=user"}
+		"PATH=" + DefaultPath, "SHELL=" + s.shell, "TMPDIR=/tmp", "USER=user"}
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("env = %q, want %q", got, want)

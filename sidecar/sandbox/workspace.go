@@ -87,7 +87,7 @@ func workspaceRel(p string) (string, bool) {
 type userDB struct {
 	root, nobody   string // the host's passwd lines for uid 0 and 65534
 	rootG, nobodyG string // the host's group lines for gid 0 and 65534, members dropped
-	shell          string // bash where the host has it, else sh
+	shell          string // loginShell
 }
 
 // Host accounts the lease keeps, and what stands in for them on a host without them.
@@ -108,7 +108,7 @@ func loadUserDB() (db userDB, ok bool) {
 			return db, false
 		}
 	}
-	db = userDB{root: defaultRoot, nobody: defaultNobody, rootG: defaultRootG, nobodyG: defaultNobodG, shell: "/bin/sh"}
+	db = userDB{root: defaultRoot, nobody: defaultNobody, rootG: defaultRootG, nobodyG: defaultNobodG, shell: loginShell()}
 	if b, err := os.ReadFile("/etc/passwd"); err == nil {
 		db.root = hostEntry(string(b), "0", 7, db.root)
 		db.nobody = hostEntry(string(b), nobodyID, 7, db.nobody)
@@ -117,10 +117,15 @@ func loadUserDB() (db userDB, ok bool) {
 		db.rootG = hostEntry(string(b), "0", 4, db.rootG)
 		db.nobodyG = hostEntry(string(b), nobodyID, 4, db.nobodyG)
 	}
-	if st, err := os.Stat("/bin/bash"); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
-		db.shell = "/bin/bash"
-	}
 	return db, true
+}
+
+// loginShell is the lease user's shell: bash where the host has it, else sh.
+func loginShell() string {
+	if st, err := os.Stat("/bin/bash"); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		return "/bin/bash"
+	}
+	return "/bin/sh"
 }
 
 // hostEntry is the first line of a passwd (7 fields) or group (4 fields) file whose id

@@ -52,7 +52,7 @@ echo env; env; echo; tr '\0' '\n' < /proc/self/environ`))
 	}
 	want := map[string]string{
 		"pwd": "/workspace /workspace", "home": "/workspace", "whoami": "user", "id": "user user " + id,
-		"getent": "user:x:" + id + ":" + id + ":user:/workspace:" + s.users.shell + " user:x:" + id + ":",
+		"getent": "user:x:" + id + ":" + id + ":user:/workspace:" + s.shell + " user:x:" + id + ":",
 		"root":   "root root", "nobody": "nobody:65534", "lines": "3 3", "owner": "user:user",
 		"sub": "/workspace/sub",
 	}
