@@ -241,7 +241,7 @@ type CleanupResult struct {
 type ExecRequest struct {
 	Argv               []string          `json:"argv"`
 	Env                map[string]string `json:"env,omitempty"`
-	Cwd                string            `json:"cwd,omitempty"`
+	Cwd                string            `json:"cwd,omitempty"` // workdir-relative or absolute under Workspace; "": Workspace
 	Stdin              *string           `json:"stdin,omitempty"`
 	TimeoutSeconds     float64           `json:"timeout_seconds,omitempty"`
 	IdleTimeoutSeconds float64           `json:"idle_timeout_seconds,omitempty"`
@@ -265,7 +265,7 @@ type StartRequest struct {
 	ID   string            `json:"id,omitempty"`
 	Argv []string          `json:"argv"`
 	Env  map[string]string `json:"env,omitempty"`
-	Cwd  string            `json:"cwd,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"` // as ExecRequest.Cwd
 	TTY  bool              `json:"tty,omitempty"`
 	// Stdin keeps the process's stdin open for attachments to write to; without it (and
 	// without TTY) stdin is empty.
