@@ -135,6 +135,9 @@ tools:
 # and the TLS files are made once and never overwritten.
 install: build
 	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/sidecar
+	# The mount point of every lease's workdir (docs/operations.md): the unit's
+	# ProtectSystem=strict keeps the daemon from making it at start.
+	install -d -m 0755 $(DESTDIR)/workspace
 	install -m 0755 $(BIN) $(BINDIR)/sidecar-init $(DESTDIR)$(PREFIX)/bin/
 	sed 's#/usr/local/bin/sidecar#$(PREFIX)/bin/sidecar#g; s#/usr/local/share/doc#$(PREFIX)/share/doc#g' \
 		systemd/sidecar.service > $(DESTDIR)$(UNITDIR)/sidecar.service
@@ -156,6 +159,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/sidecar $(DESTDIR)$(PREFIX)/bin/sidecar-init $(DESTDIR)$(UNITDIR)/sidecar.service
 	rm -f $(DESTDIR)$(PREFIX)/share/doc/sidecar/operations.md $(DESTDIR)$(PREFIX)/share/doc/sidecar/api.md
 	-rmdir $(DESTDIR)$(PREFIX)/share/doc/sidecar 2>/dev/null
+	-rmdir $(DESTDIR)/workspace 2>/dev/null
 	@echo "kept $(SYSCONFDIR)/sidecar (config, token, TLS) and /var/lib/sidecar (leases); remove them by hand if you mean to"
 
 clean:

@@ -141,26 +141,35 @@ func leasePath(id string, parts ...string) string {
 	return p
 }
 
-// escapePath checks a workdir-relative path and escapes it segment by segment. The daemon
-// refuses escaping paths too; checking here saves the round trip and keeps ServeMux from
+// escapePath checks a workdir path (relative, or absolute under apitype.Workspace) and
+// escapes it segment by segment; an absolute one stays absolute. The daemon refuses
+// escaping paths too; checking here saves the round trip and keeps ServeMux from
 // redirecting an unclean path.
 func escapePath(p string) (string, error) {
 	if strings.ContainsRune(p, 0) {
 		return "", fmt.Errorf("%w: path contains NUL", ErrInvalidRequest)
 	}
+	abs := ""
 	if path.IsAbs(p) {
-		return "", fmt.Errorf("%w: %q is absolute", ErrPathOutsideWorkdir, p)
+		rest, ok := strings.CutPrefix(p, apitype.Workspace)
+		if !ok || (rest != "" && rest[0] != '/') {
+			return "", fmt.Errorf("%w: %q is absolute and not under %s", ErrPathOutsideWorkdir, p, apitype.Workspace)
+		}
+		abs, p = apitype.Workspace, "."+rest
 	}
 	clean := path.Clean(p)
 	if clean == ".." || strings.HasPrefix(clean, "../") {
 		return "", fmt.Errorf("%w: %q", ErrPathOutsideWorkdir, p)
 	}
 	if clean == "." {
-		return "", nil
+		return abs, nil
 	}
 	segs := strings.Split(clean, "/")
 	for i, s := range segs {
 		segs[i] = url.PathEscape(s)
+	}
+	if abs != "" {
+		return abs + "/" + strings.Join(segs, "/"), nil
 	}
 	return strings.Join(segs, "/"), nil
 }

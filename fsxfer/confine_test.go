@@ -18,7 +18,9 @@ import (
 // write nothing outside and read nothing from outside.
 func TestTraversalCorpus(t *testing.T) {
 	l := newTestLease(t)
-	f := openFS(t, l.config())
+	cfg := l.config()
+	cfg.Mount = "/workspace"
+	f := openFS(t, cfg)
 	writeTree(t, l.work, map[string]string{
 		"etc":           "->/etc",
 		"up":            "->../../outside",
@@ -38,6 +40,15 @@ func TestTraversalCorpus(t *testing.T) {
 		{"ok/../../outside/secret.txt", ErrOutside},
 		{"..", ErrOutside},
 		{"/etc/passwd", ErrOutside},
+		{"/workspace/../outside/secret.txt", ErrOutside},
+		{"/workspace/ok/../../outside/secret.txt", ErrOutside},
+		{"/workspace/etc/passwd", ErrOutside},
+		{"/workspace/up/secret.txt", ErrOutside},
+		{"/workspaces/ok/file.txt", ErrOutside},
+		{"/workspace\x00/ok", ErrOutside},
+		{"//workspace/ok", ErrOutside},
+		{"/" + l.work + "/ok", ErrOutside},
+		{l.work + "/ok", ErrOutside},
 		{"ok/\x00secret", ErrOutside},
 		{"etc/passwd", ErrOutside},
 		{"up/secret.txt", ErrOutside},
@@ -328,5 +339,59 @@ func TestRemoveRefusesBindMount(t *testing.T) {
 	}
 	if names := tarNames(t, sb.String()); strings.Join(names, ",") != "tree/,tree/a,tree/mnt/" {
 		t.Fatalf("archive across a mount: %v", names)
+	}
+}
+
+// Config.Mount names the workdir absolutely: "/workspace" is the workdir, "/workspace/x"
+// its x, for every operation; without it, or for any other absolute path, ErrOutside.
+func TestMountNamesTheWorkdir(t *testing.T) {
+	l := newTestLease(t)
+	cfg := l.config()
+	cfg.Mount = "/workspace"
+	f := openFS(t, cfg)
+	writeTree(t, l.work, map[string]string{"ok/file.txt": "ok\n"})
+	ctx := context.Background()
+	if _, err := f.WriteFile(ctx, "/workspace/new.txt", strings.NewReader("new\n"), WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(l.work, "new.txt")); err != nil || string(b) != "new\n" {
+		t.Errorf("new.txt: %q, %v", b, err)
+	}
+	for _, p := range []string{"/workspace", "/workspace/", "/workspace/.", "/workspace//."} {
+		if entries, err := f.List(p); err != nil || len(entries) != 2 {
+			t.Errorf("List(%q) = %v, %v; want the workdir's 2 entries", p, entries, err)
+		}
+	}
+	if info, err := f.Stat("/workspace/ok/file.txt"); err != nil || info.Size != 3 {
+		t.Errorf("Stat = %+v, %v", info, err)
+	}
+	if err := f.Move("/workspace/ok/file.txt", "/workspace/moved.txt"); err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.Find(ctx, "/workspace", FindOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, e := range res.Entries {
+		found = append(found, e.Path)
+	}
+	if want := "moved.txt new.txt ok"; strings.Join(found, " ") != want {
+		t.Errorf("Find(/workspace) = %q, want %q (relative, as for a relative start)", found, want)
+	}
+	g, err := f.Grep(ctx, "/workspace", GrepOptions{Pattern: "ok"})
+	if err != nil || len(g.Matches) != 1 || g.Matches[0].Path != "moved.txt" {
+		t.Errorf("Grep(/workspace) = %+v, %v", g, err)
+	}
+
+	plain := openFS(t, l.config())
+	if _, err := plain.Stat("/workspace/new.txt"); !errors.Is(err, ErrOutside) {
+		t.Errorf("without Mount: Stat(/workspace/new.txt) = %v, want ErrOutside", err)
+	}
+	for _, m := range []string{"workspace", "/", "/a/../b"} {
+		cfg.Mount = m
+		if _, err := Open(cfg); !errors.Is(err, ErrInvalid) {
+			t.Errorf("Open with Mount %q = %v, want ErrInvalid", m, err)
+		}
 	}
 }

@@ -11,7 +11,10 @@ import (
 
 // Config describes one lease's file area.
 type Config struct {
-	Workdir    string // the lease workdir: every path is resolved inside it through an os.Root
+	Workdir string // the lease workdir: every path is resolved inside it through an os.Root
+	// Mount is the absolute name lease processes know the workdir by ("/workspace"): a
+	// path may be relative or absolute under it. "": relative paths only.
+	Mount      string
 	UploadsDir string // partial resumable uploads live here, outside the visible tree; "": uploads disabled
 	UsageRoot  string // what counts against the quota (the lease dir holding work/, tmp/, uploads/); "": Workdir
 	UID, GID   int    // owner of everything written; -1: leave as the daemon
@@ -53,6 +56,9 @@ type FS struct {
 func Open(cfg Config) (*FS, error) {
 	if !filepath.IsAbs(cfg.Workdir) {
 		return nil, fmt.Errorf("fsxfer: workdir %q: %w: want an absolute path", cfg.Workdir, ErrInvalid)
+	}
+	if cfg.Mount != "" && (!filepath.IsAbs(cfg.Mount) || filepath.Clean(cfg.Mount) != cfg.Mount || cfg.Mount == "/") {
+		return nil, fmt.Errorf("fsxfer: mount %q: %w: want an absolute clean path other than /", cfg.Mount, ErrInvalid)
 	}
 	if cfg.UsageRoot == "" {
 		cfg.UsageRoot = cfg.Workdir

@@ -12,9 +12,26 @@ import (
 // clean validates a lease path and returns it in the form os.Root expects: relative,
 // slash-separated, without empty or "." elements; the workdir itself is ".".
 // "..", absolute paths and NUL bytes are ErrOutside: a path names something inside the
-// workdir by its own elements or not at all.
+// workdir by its own elements or not at all. The one absolute form accepted is the
+// workdir's own name, Config.Mount, and what is under it: the paths lease processes print.
 func (f *FS) clean(p string) (string, error) {
-	return cleanPath(p, f.cfg.MaxNameBytes)
+	m := f.cfg.Mount
+	if m == "" || strings.IndexByte(p, 0) >= 0 {
+		return cleanPath(p, f.cfg.MaxNameBytes)
+	}
+	if p == m {
+		return ".", nil
+	}
+	rest, ok := strings.CutPrefix(p, m+"/")
+	if !ok {
+		return cleanPath(p, f.cfg.MaxNameBytes)
+	}
+	rel, err := cleanPath("./"+rest, f.cfg.MaxNameBytes) // "./": "/workspace//x" is x
+	var pe *pathError
+	if errors.As(err, &pe) && pe.path != "" {
+		pe.path = shorten(p) // the path as the caller gave it
+	}
+	return rel, err
 }
 
 func cleanPath(p string, maxBytes int) (string, error) {

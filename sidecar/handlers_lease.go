@@ -9,6 +9,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/docs"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -188,6 +189,7 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 			DiskBytes:     l.Limits.DiskBytes,
 		},
 		UID:       l.UID,
+		Workdir:   sandbox.Workspace, // the workdir's name in the API (and, isolated, in the lease)
 		Processes: s.opts.Processes.Running(l.ID),
 	}
 	out.Usage = s.opts.Host.Usage(ctx, l)

@@ -179,7 +179,34 @@ func (s *Server) now() time.Time { return s.opts.Now() }
 func (s *Server) LeaseEvent(e lease.Event) { s.metrics.leaseEvent(e) }
 
 // ServeHTTP routes the request (tests may drive the server without a listener).
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	keepAbsolutePath(r)
+	s.mux.ServeHTTP(w, r)
+}
+
+// pathRoutes are the routes of /v1/leases/{id}/<name>/{path...}.
+var pathRoutes = map[string]bool{"files": true, "archive": true, "find": true, "grep": true, "stat": true, "watch": true}
+
+// keepAbsolutePath keeps an absolute workdir path (/workspace/a.txt) in a path route:
+// …/files//workspace/a.txt has a doubled slash, which ServeMux would "clean" by a
+// redirect to …/files/workspace/a.txt, a relative path naming another file. Escaping
+// that one slash (%2F, which the route's {path...} decodes back) keeps the path as sent.
+func keepAbsolutePath(r *http.Request) {
+	p := r.URL.EscapedPath()
+	rest, ok := strings.CutPrefix(p, apitype.RouteLeases+"/")
+	if !ok {
+		return
+	}
+	id, rest, ok := strings.Cut(rest, "/")
+	if !ok || id == "" {
+		return
+	}
+	name, tail, ok := strings.Cut(rest, "/")
+	if !ok || !pathRoutes[name] || !strings.HasPrefix(tail, "/") {
+		return
+	}
+	r.URL.RawPath = p[:len(p)-len(tail)] + "%2F" + tail[1:]
+}
 
 // Listen opens the TLS listener; Serve serves on it. They are separate so that a caller
 // knows the address (port 0 in tests) and that the port is bound before it says READY.

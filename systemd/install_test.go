@@ -18,6 +18,7 @@ var installLayout = map[string]fs.FileMode{
 	"etc/systemd/system/sidecar.service":        0o644,
 	"usr/local/share/doc/sidecar/operations.md": 0o644,
 	"usr/local/share/doc/sidecar/api.md":        0o644,
+	"workspace":                                 fs.ModeDir | 0o755,
 	"etc/sidecar":                               fs.ModeDir | 0o700,
 	"etc/sidecar/sidecar.env":                   0o600,
 	"etc/sidecar/auth-token":                    0o600,
@@ -94,7 +95,7 @@ func TestMakeInstallLayout(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make uninstall: %v\n%s", err, out)
 	}
-	for _, gone := range []string{"usr/local/bin/sidecar", "etc/systemd/system/sidecar.service"} {
+	for _, gone := range []string{"usr/local/bin/sidecar", "etc/systemd/system/sidecar.service", "workspace"} {
 		if _, err := os.Stat(filepath.Join(root, gone)); err == nil {
 			t.Errorf("uninstall left %s", gone)
 		}

@@ -8,6 +8,11 @@ import "time"
 // Version of the wire contract. The route prefix carries the major version.
 const APIVersion = "v1"
 
+// Workspace is the lease workdir's absolute name: lease processes see their workdir there
+// (strict isolation), lease info reports it, and every path of the file routes and exec's
+// cwd may be relative to it or absolute under it.
+const Workspace = "/workspace"
+
 // Routes, as Go 1.22 ServeMux patterns without the method.
 const (
 	RouteHealthz            = "/healthz"
@@ -236,7 +241,7 @@ type CleanupResult struct {
 type ExecRequest struct {
 	Argv               []string          `json:"argv"`
 	Env                map[string]string `json:"env,omitempty"`
-	Cwd                string            `json:"cwd,omitempty"`
+	Cwd                string            `json:"cwd,omitempty"` // workdir-relative or absolute under Workspace; "": Workspace
 	Stdin              *string           `json:"stdin,omitempty"`
 	TimeoutSeconds     float64           `json:"timeout_seconds,omitempty"`
 	IdleTimeoutSeconds float64           `json:"idle_timeout_seconds,omitempty"`
@@ -260,7 +265,7 @@ type StartRequest struct {
 	ID   string            `json:"id,omitempty"`
 	Argv []string          `json:"argv"`
 	Env  map[string]string `json:"env,omitempty"`
-	Cwd  string            `json:"cwd,omitempty"`
+	Cwd  string            `json:"cwd,omitempty"` // as ExecRequest.Cwd
 	TTY  bool              `json:"tty,omitempty"`
 	// Stdin keeps the process's stdin open for attachments to write to; without it (and
 	// without TTY) stdin is empty.

@@ -17,7 +17,8 @@
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
- * oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
+ * bind the lease's devpts, its passwd and group files over /etc's, and its workdir on
+ * /workspace (nosuid,nodev; last), oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
  * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
  * an execvp-like PATH search.
  *
@@ -53,6 +54,7 @@ enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
 
 #define CONFIG_MAGIC "sidecar-init/1"
 #define LEASE_OOM_SCORE_ADJ "500"
+#define WORKSPACE "/workspace"
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 /* System call numbers and Landlock ABI values, fixed by the kernel ABI; defined here so
@@ -151,7 +153,7 @@ enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
-	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir;
+	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *work_dir;
 	long uid, gid, ll_min_abi, ll_max_abi;
 	int netns, landlock, have_uid, have_gid, seccomp;
 	long rlimit[NRLIMITS];
@@ -282,6 +284,7 @@ static void parse_config(char *buf, size_t len, struct config *c)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
+		int seen_passwd = 0, seen_group = 0, seen_work = 0;
 		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
@@ -310,6 +313,12 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				set_once(&c->host_mount_ns, &seen_mns, key, v);
 			} else if (strcmp(key, "pts_dir") == 0) {
 				set_once(&c->pts_dir, &seen_pts, key, v);
+			} else if (strcmp(key, "passwd") == 0) {
+				set_once(&c->passwd, &seen_passwd, key, v);
+			} else if (strcmp(key, "group") == 0) {
+				set_once(&c->group, &seen_group, key, v);
+			} else if (strcmp(key, "work_dir") == 0) {
+				set_once(&c->work_dir, &seen_work, key, v);
 			} else if (strcmp(key, "uid") == 0) {
 				c->uid = parse_id_once(&seen_uid, key, v);
 			} else if (strcmp(key, "gid") == 0) {
@@ -352,7 +361,7 @@ static void parse_config(char *buf, size_t len, struct config *c)
 					fail(EXIT_SETUP, "config", "out of memory");
 				lists[i]->n = 0;
 			}
-			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = NULL;
+			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->work_dir = NULL;
 			c->netns = c->seccomp = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
@@ -403,9 +412,9 @@ static void private_tmp(const struct config *c)
 		fail(EXIT_SETUP, "setup", "remount /tmp nosuid,nodev: %s", strerror(errno));
 }
 
-/* private_pts binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in the
- * private mount namespace only (private_tmp made the mounts private). */
-static void private_pts(const struct config *c)
+/* in_private_ns refuses a mount on dst unless the helper is in a mount namespace of its own
+ * whose mounts private_tmp made private (as initproc.inPrivateNS). */
+static void in_private_ns(const struct config *c, const char *dst)
 {
 	char ns[256];
 	ssize_t n = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
@@ -416,7 +425,30 @@ static void private_pts(const struct config *c)
 	ns[n] = '\0';
 	if (c->tmp_dir == NULL || c->tmp_dir[0] == '\0' || c->host_mount_ns == NULL || c->host_mount_ns[0] == '\0' ||
 	    strcmp(ns, c->host_mount_ns) == 0)
-		fail(EXIT_SETUP, "setup", "refusing to mount /dev/pts: not in a private mount namespace");
+		fail(EXIT_SETUP, "setup", "refusing to mount %s: not in a private mount namespace", dst);
+}
+
+/* bind_private binds src on dst in the private mount namespace. */
+static void bind_private(const struct config *c, const char *src, const char *dst)
+{
+	in_private_ns(c, dst);
+	if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on %s: %s", src, dst, strerror(errno));
+}
+
+/* private_workspace binds the lease's workdir on /workspace, nosuid and nodev like /tmp. */
+static void private_workspace(const struct config *c)
+{
+	bind_private(c, c->work_dir, WORKSPACE);
+	if (mount("", WORKSPACE, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "remount %s nosuid,nodev: %s", WORKSPACE, strerror(errno));
+}
+
+/* private_pts binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in the
+ * private mount namespace only (private_tmp made the mounts private). */
+static void private_pts(const struct config *c)
+{
+	in_private_ns(c, "/dev/pts");
 	if (mount(c->pts_dir, "/dev/pts", NULL, MS_BIND, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "bind %s on /dev/pts: %s", c->pts_dir, strerror(errno));
 	if (mount("/dev/pts/ptmx", "/dev/ptmx", NULL, MS_BIND, NULL) < 0)
@@ -641,6 +673,13 @@ static void setup(const struct config *c)
 	}
 	if (c->pts_dir != NULL && c->pts_dir[0] != '\0')
 		private_pts(c);
+	if (c->passwd != NULL && c->passwd[0] != '\0')
+		bind_private(c, c->passwd, "/etc/passwd");
+	if (c->group != NULL && c->group[0] != '\0')
+		bind_private(c, c->group, "/etc/group");
+	/* Last of the mounts: no source path is ever looked up through /workspace. */
+	if (c->work_dir != NULL && c->work_dir[0] != '\0')
+		private_workspace(c);
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
 	set_rlimits(c);

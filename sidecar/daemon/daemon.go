@@ -172,6 +172,7 @@ func (d *Daemon) open(ctx context.Context) error {
 		Owner:          stateAbs,
 		Seccomp:        cfg.Seccomp,
 		PTYRoot:        filepath.Join(cfg.StateDir, "pts"),
+		UserRoot:       filepath.Join(cfg.StateDir, "users"),
 		MaxPTYs:        cfg.MaxPTYs,
 	}); err != nil {
 		return err

@@ -77,6 +77,7 @@ func (rt *Runtime) FS(l lease.Lease) (*fsxfer.FS, error) {
 	}
 	f, err := fsxfer.Open(fsxfer.Config{
 		Workdir:    l.Workdir(),
+		Mount:      sandbox.Workspace,
 		UploadsDir: l.UploadsDir(),
 		UsageRoot:  l.Dir,
 		UID:        uid,

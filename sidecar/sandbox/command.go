@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"syscall"
 
@@ -28,39 +29,37 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	le := s.leases[leaseID]
 	var l LeaseSpec
 	var netns *os.File
-	var pts string
+	var pts, passwd, group string
 	if le != nil {
-		l, netns, pts = le.spec, le.netns, le.pts
+		l, netns, pts, passwd, group = le.spec, le.netns, le.pts, le.passwd, le.group
 	}
 	s.mu.Unlock()
 	if le == nil {
 		return nil, nil, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
 	}
 
+	v := s.view(l)
 	tmp := "/tmp"
 	if !s.caps.PrivateTmp {
 		tmp = l.TmpDir // no mount namespace: the lease's tmp dir is used where it is
 	}
-	env, err := buildEnv(l.Workdir, tmp, spec.TTY, spec.Env)
+	env, err := buildEnv(s.identity(v), tmp, spec.TTY, spec.Env)
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := validateArgv(spec.Argv, env); err != nil {
 		return nil, nil, err
 	}
-	dir, err := resolveDir(l.Workdir, spec.Dir)
+	rel, err := resolveDir(l.Workdir, spec.Dir)
 	if err != nil {
 		return nil, nil, err
 	}
+	hostDir, dir := filepath.Join(l.Workdir, rel), filepath.Join(v.work, rel)
 	pathEnv := DefaultPath
 	if p, ok := spec.Env["PATH"]; ok {
 		pathEnv = p
 	}
-	viewTmp := l.TmpDir
-	if !s.caps.PrivateTmp {
-		viewTmp = ""
-	}
-	if err := findExecutable(l.Workdir, viewTmp, spec.Argv[0], pathEnv, dir); err != nil {
+	if err := findExecutable(v, spec.Argv[0], pathEnv, dir); err != nil {
 		return nil, nil, err
 	}
 
@@ -78,6 +77,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	if s.caps.PrivateTmp {
 		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
 		cfg.PTSDir = pts
+		cfg.Passwd, cfg.Group, cfg.WorkDir = passwd, group, l.Workdir
 		attr.Cloneflags = syscall.CLONE_NEWNS
 	}
 	t := &tree{s: s, leaseID: leaseID}
@@ -107,8 +107,9 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		Args: []string{s.helper, HelperArg},
 		// The helper runs as root: it gets no environment at all (no LD_PRELOAD, GODEBUG…);
 		// the target's environment travels in the config.
-		Env:         []string{},
-		Dir:         dir,
+		Env: []string{},
+		// Where the helper starts, as root, before it enters its namespace's view.
+		Dir:         hostDir,
 		ExtraFiles:  files,
 		SysProcAttr: attr,
 	}
@@ -177,8 +178,10 @@ func (s *Sandbox) landlockPolicy(l LeaseSpec) *initproc.Landlock {
 	if s.caps.LandlockABI == 0 {
 		return nil
 	}
+	// In the lease's mount namespace, Workspace is the workdir (the same inode: one rule
+	// covers both names); without one, its host path is.
 	p := &initproc.Landlock{
-		RW:  []string{l.Workdir, "/tmp"},
+		RW:  []string{s.view(l).work, "/tmp"},
 		RX:  systemExecDirs,
 		RO:  systemReadDirs,
 		Dev: deviceFiles,

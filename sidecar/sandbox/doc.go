@@ -3,7 +3,8 @@
 // Landlock, and the one Execer every lease process is started through.
 //
 // Every lease process starts as the helper, which joins the command's cgroup, mounts the
-// lease's /tmp, sets the lease's resource limits (LeaseRlimits), drops to the lease's uid,
+// lease's /tmp, its own /etc/passwd and /etc/group and its workdir on /workspace
+// (workspace.go), sets the lease's resource limits (LeaseRlimits), drops to the lease's uid,
 // sets no_new_privs, applies Landlock and, last, the system-call filter (package seccomp)
 // before it execs the target, so the target is confined from its first instruction and the daemon
 // never is. The helper is sidecar-init next to the daemon (the C one from

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,15 +20,33 @@ const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // maxArgEnvBytes bounds argv plus environment, well under the kernel's ARG_MAX.
 const maxArgEnvBytes = 1 << 20
 
-// buildEnv is the clean base environment with the request's on top, sorted.
-func buildEnv(workdir, tmp string, tty bool, req map[string]string) ([]string, error) {
-	term := "dumb"
-	if tty {
-		term = "xterm-256color"
+// identity is who a lease process is told it is: its home and, in $USER and $LOGNAME,
+// its user name; $SHELL its login shell.
+type identity struct{ home, user, shell string }
+
+// identity is LeaseUser at home in Workspace with strict isolation (the name its user
+// database gives the lease's uid); with isolation none, the daemon's user, whose uid the
+// process has, at home in the workdir's host path.
+func (s *Sandbox) identity(v view) identity {
+	id := identity{home: v.work, user: LeaseUser, shell: s.shell}
+	if !s.strict() {
+		id.user = "sidecar"
+		if u, err := user.Current(); err == nil && u.Username != "" {
+			id.user = u.Username
+		}
 	}
+	return id
+}
+
+// buildEnv is the clean base environment with the request's on top, sorted. TERM is set
+// for a terminal only, as ssh and docker exec do.
+func buildEnv(id identity, tmp string, tty bool, req map[string]string) ([]string, error) {
 	env := map[string]string{
-		"PATH": DefaultPath, "HOME": workdir, "LANG": "C.UTF-8", "TERM": term,
-		"USER": "sidecar", "LOGNAME": "sidecar", "TMPDIR": tmp,
+		"PATH": DefaultPath, "HOME": id.home, "LANG": "C.UTF-8", "SHELL": id.shell,
+		"USER": id.user, "LOGNAME": id.user, "TMPDIR": tmp,
+	}
+	if tty {
+		env["TERM"] = "xterm-256color"
 	}
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
@@ -63,14 +82,19 @@ func validateArgv(argv []string, env []string) error {
 	return nil
 }
 
-// resolveDir turns Spec.Dir (relative to the workdir) into an absolute directory, refusing
-// anything that leaves the workdir by "..", an absolute path or a symlink.
-func resolveDir(workdir, rel string) (string, error) {
-	if rel == "" || rel == "." {
-		return workdir, nil
+// resolveDir turns Spec.Dir (relative to the workdir, or absolute under Workspace) into a
+// clean path relative to the workdir, refusing anything that leaves the workdir by "..",
+// another absolute path or a symlink.
+func resolveDir(workdir, p string) (string, error) {
+	rel, ok := workspaceRel(p)
+	if !ok {
+		return "", fmt.Errorf("%w: %q", ErrOutsideWorkdir, p)
 	}
-	if filepath.IsAbs(rel) || !filepath.IsLocal(rel) {
-		return "", fmt.Errorf("%w: %q", ErrOutsideWorkdir, rel)
+	if rel == "" || rel == "." {
+		return ".", nil
+	}
+	if !filepath.IsLocal(rel) {
+		return "", fmt.Errorf("%w: %q", ErrOutsideWorkdir, p)
 	}
 	root, err := os.OpenRoot(workdir)
 	if err != nil {
@@ -86,7 +110,7 @@ func resolveDir(workdir, rel string) (string, error) {
 	case !st.IsDir():
 		return "", fmt.Errorf("%w: %q is not a directory", ErrInvalid, rel)
 	}
-	return filepath.Join(workdir, filepath.Clean(rel)), nil
+	return filepath.Clean(rel), nil
 }
 
 // Landlock policy: what a lease may reach besides its workdir and /tmp. The system
@@ -108,35 +132,35 @@ func under(p, dir string) (string, bool) {
 
 // findExecutable checks, before anything starts, that argv[0] names an executable the
 // lease can reach, so that "python: not found" is a start error. It looks at the
-// filesystem as the lease will: the workdir and /tmp through os.Root (a symlink cannot
-// point it elsewhere), system directories as they are. The helper repeats the lookup
-// inside the sandbox and has the last word.
-func findExecutable(workdir, tmp, name, pathEnv, dir string) error {
+// filesystem as the lease will (dir and the paths are the lease's names): the workdir and
+// /tmp through os.Root (a symlink cannot point it elsewhere), system directories as they
+// are. The helper repeats the lookup inside the sandbox and has the last word.
+func findExecutable(v view, name, pathEnv, dir string) error {
 	if strings.Contains(name, "/") {
 		p := name
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		if executableInView(workdir, tmp, filepath.Clean(p)) {
+		if executableInView(v, filepath.Clean(p)) {
 			return nil
 		}
 		return fmt.Errorf("exec: %q: %w", name, errNotFound)
 	}
 	for entry := range strings.SplitSeq(pathEnv, ":") {
-		if filepath.IsAbs(entry) && executableInView(workdir, tmp, filepath.Join(entry, name)) {
+		if filepath.IsAbs(entry) && executableInView(v, filepath.Join(entry, name)) {
 			return nil
 		}
 	}
 	return fmt.Errorf("exec: %q: %w", name, errNotFound)
 }
 
-func executableInView(workdir, tmp, p string) bool {
+func executableInView(v view, p string) bool {
 	var st fs.FileInfo
 	var err error
-	if rel, ok := under(p, workdir); ok {
-		st, err = rootStat(workdir, rel)
-	} else if rel, ok := under(p, "/tmp"); ok && tmp != "" {
-		st, err = rootStat(tmp, rel)
+	if rel, ok := under(p, v.work); ok {
+		st, err = rootStat(v.workHost, rel)
+	} else if rel, ok := under(p, "/tmp"); ok && v.tmpHost != "" {
+		st, err = rootStat(v.tmpHost, rel)
 	} else if inAny(p, systemExecDirs) {
 		// System directories are the host's, read-only to leases: following their
 		// symlinks is safe, but the target must stay where Landlock allows execution.

@@ -32,6 +32,9 @@ var badConfigs = map[string]string{
 	"rlimit twice":         "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_core\x000\x00rlimit_core\x000\x00",
 	"rlimit negative":      "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_nofile\x00-1\x00",
 	"pts_dir twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00pts_dir\x00/p\x00pts_dir\x00/p\x00",
+	"passwd twice":         "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00passwd\x00/p\x00passwd\x00/p\x00",
+	"group twice":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00group\x00/g\x00group\x00/g\x00",
+	"work_dir twice":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00work_dir\x00/w\x00work_dir\x00/w\x00",
 	"uid twice":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00uid\x001\x00",
 	"dir twice":            "sidecar-init/1\x00argv\x00true\x00dir\x00/\x00dir\x00/\x00uid\x000\x00gid\x000\x00",
 	"no uid":               "sidecar-init/1\x00argv\x00true\x00gid\x000\x00",
@@ -144,8 +147,9 @@ func TestHelpersRefuseBadConfigs(t *testing.T) {
 	}
 }
 
-// Both helpers set the configured limits, and refuse to bind a devpts instance outside a
-// private mount namespace (before any mount: this runs in the test's own namespace).
+// Both helpers set the configured limits, and refuse to bind a devpts instance, a user
+// database or the workdir outside a private mount namespace (before any mount: this runs
+// in the test's own namespace).
 func TestHelpersSetup(t *testing.T) {
 	for _, h := range testHelpers {
 		t.Run(h.name, func(t *testing.T) {
@@ -155,10 +159,16 @@ func TestHelpersSetup(t *testing.T) {
 			if r := runHelper(t, helper, helperConfig(t, cfg), true); r.code != 0 || r.stdout != "100\n0\n" {
 				t.Errorf("rlimits: %+v; want 100 and 0", r)
 			}
-			cfg = initproc.Config{Argv: []string{"true"}, PTSDir: "/nonexistent"}
-			if r := runHelper(t, helper, helperConfig(t, cfg), true); r.code != initproc.ExitSetup ||
-				r.report != "125 setup: refusing to mount /dev/pts: not in a private mount namespace" {
-				t.Errorf("pts_dir without a private namespace: %+v", r)
+			for dst, cfg := range map[string]initproc.Config{
+				"/dev/pts":    {Argv: []string{"true"}, PTSDir: "/nonexistent"},
+				"/etc/passwd": {Argv: []string{"true"}, Passwd: "/nonexistent"},
+				"/etc/group":  {Argv: []string{"true"}, Group: "/nonexistent"},
+				"/workspace":  {Argv: []string{"true"}, WorkDir: "/nonexistent"},
+			} {
+				if r := runHelper(t, helper, helperConfig(t, cfg), true); r.code != initproc.ExitSetup ||
+					r.report != "125 setup: refusing to mount "+dst+": not in a private mount namespace" {
+					t.Errorf("a bind on %s without a private namespace: %+v", dst, r)
+				}
 			}
 		})
 	}
@@ -204,6 +214,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 	full, err := initproc.Encode(&initproc.Config{
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
+		Passwd: "/u/passwd", Group: "/u/group", WorkDir: "/l/work",
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: true,
 	})

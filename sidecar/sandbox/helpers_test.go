@@ -108,9 +108,17 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 		}
 		cfg.PTYRoot = root
 	}
+	if cfg.UserRoot == "" {
+		root, err := os.MkdirTemp("/var/tmp", "sidecar-users-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.UserRoot = root
+	}
 	s, err := New(cfg)
 	if err != nil {
 		os.Remove(cfg.PTYRoot)
+		os.Remove(cfg.UserRoot)
 		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() {
@@ -119,6 +127,10 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 		}
 		if err := os.Remove(cfg.PTYRoot); err != nil {
 			t.Errorf("PTY root after Close: %v", err)
+		}
+		// Empty by now: Teardown removes each lease's files.
+		if err := os.Remove(cfg.UserRoot); err != nil {
+			t.Errorf("user root after Close: %v", err)
 		}
 	})
 	return s

@@ -49,6 +49,7 @@ func TestIsolationAtEachLandlockABI(t *testing.T) {
 				}
 				t.Run("isolated", func(t *testing.T) { testLeasesAreIsolated(t, s) })
 				t.Run("view", func(t *testing.T) { testLeaseProcessView(t, s) })
+				t.Run("workspace", func(t *testing.T) { testWorkspaceAndUser(t, s) })
 				t.Run("layers", func(t *testing.T) { testLandlockLayersHold(t, s, abi) })
 				if abi >= 1 {
 					t.Run("confines", func(t *testing.T) { testLandlockConfines(t, s) })
@@ -127,7 +128,7 @@ func testLandlockLayersHold(t *testing.T, s *Sandbox, abi int) {
 const probeArg = "__sandbox-probe"
 
 // installProbe copies the test binary into the lease's workdir (the only place a lease
-// may execute that is not a system directory) and returns its path.
+// may execute that is not a system directory) and returns its path in the lease.
 func installProbe(t *testing.T, l LeaseSpec) string {
 	t.Helper()
 	self := mustExecutable(t)
@@ -150,7 +151,7 @@ func installProbe(t *testing.T, l LeaseSpec) string {
 	if err := os.Chown(dst, l.UID, l.GID); err != nil {
 		t.Fatal(err)
 	}
-	return dst
+	return Workspace + "/probe" // as the lease names it
 }
 
 func probeSpec(probe string, args ...string) Spec {

@@ -128,7 +128,7 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 				t.Fatal(err)
 			}
 		}, "join cgroup", ""},
-		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(*tree) { os.Chmod(sub, 0o700) }, "chdir " + sub, "setup: chdir"},
+		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(*tree) { os.Chmod(sub, 0o700) }, "chdir /workspace/sub", "setup: chdir"},
 		{"not executable", Spec{Argv: []string{"./prog"}}, func(*tree) { os.Chmod(exe, 0o644) }, "", "./prog"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

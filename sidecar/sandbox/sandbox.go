@@ -54,6 +54,7 @@ type Config struct {
 	Seccomp      string // "strict" (default): every lease process runs under package seccomp's filter; "off": none, loudly
 	PTYRoot      string // strict isolation: each lease's devpts instance is mounted at <PTYRoot>/<lease> (a root-only directory, made if missing; instances left there by an earlier run are removed); "": leases use the host's PTYs
 	MaxPTYs      int    // PTYs per lease (its instance's max); default DefaultMaxPTYs
+	UserRoot     string // strict isolation: each lease's /etc/passwd and /etc/group (its uid named LeaseUser) are written under <UserRoot>/<lease> (a root-only directory, made if missing; what an earlier run left there is removed); "": leases see the host's, where their uid has no name
 	Logger       *slog.Logger
 
 	// Operator floors: New fails below them, naming what the host needs. 0 / "": none.
@@ -119,6 +120,10 @@ type Sandbox struct {
 	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
 	ptyRoot string       // where leases' devpts instances are mounted; "" for the host's PTYs
 	maxPTYs int
+	// userRoot holds each lease's passwd and group ("": none); users is what they say.
+	userRoot string
+	users    userDB
+	shell    string // $SHELL of lease processes
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
 	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
@@ -131,8 +136,10 @@ type Sandbox struct {
 // lease is what the daemon holds for a provisioned lease in this run.
 type lease struct {
 	spec     LeaseSpec
-	netns    *os.File        // nil unless Network == "none"
-	pts      string          // the lease's devpts instance (mounted); "" for the host's PTYs
+	netns    *os.File // nil unless Network == "none"
+	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
+	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
+	group    string
 	next     int             // next child cgroup number
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
@@ -181,7 +188,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell()}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {
@@ -234,6 +241,9 @@ func New(cfg Config) (*Sandbox, error) {
 	if s.hostMNS, err = os.Readlink("/proc/self/ns/mnt"); err != nil {
 		return nil, fmt.Errorf("sandbox: mount namespace: %w", err)
 	}
+	if err := ensureWorkspace(); err != nil {
+		return nil, err
+	}
 	if cfg.Owner != "" {
 		if s.owner, err = claimParent(ownerDir, parentKey(s.cg), cfg.Owner, cfg.Logger); err != nil {
 			return nil, err
@@ -253,6 +263,23 @@ func New(cfg Config) (*Sandbox, error) {
 			return nil, fmt.Errorf("sandbox: PTY instances of an earlier run: %w", err)
 		}
 		s.ptyRoot, s.maxPTYs = cfg.PTYRoot, cfg.MaxPTYs
+	}
+	if cfg.UserRoot != "" {
+		if !filepath.IsAbs(cfg.UserRoot) {
+			return nil, fmt.Errorf("%w: user root %q is not absolute", ErrInvalid, cfg.UserRoot)
+		}
+		if err := os.MkdirAll(cfg.UserRoot, 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox: user root: %w", err)
+		}
+		if err := sweepUserFiles(cfg.UserRoot); err != nil {
+			return nil, fmt.Errorf("sandbox: user files of an earlier run: %w", err)
+		}
+		var ok bool
+		if s.users, ok = loadUserDB(); ok {
+			s.userRoot = cfg.UserRoot
+		} else {
+			cfg.Logger.Warn("this host has no /etc/passwd or /etc/group file to bind over: lease uids have no name inside leases")
+		}
 	}
 	s.caps.Cgroups = s.cg.version()
 	s.caps.UIDIsolation = true
@@ -361,6 +388,11 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return fmt.Errorf("%w: workdir %s is under /tmp, which the lease's private /tmp hides", ErrInvalid, l.Workdir)
 	}
 	for _, d := range []string{l.Workdir, l.TmpDir} {
+		if _, under := under(d, Workspace); under && s.caps.PrivateTmp {
+			return fmt.Errorf("%w: lease directory %s is under %s, where leases see their workdir", ErrInvalid, d, Workspace)
+		}
+	}
+	for _, d := range []string{l.Workdir, l.TmpDir} {
 		if err := ownDir(d, l.UID, l.GID); err != nil {
 			return err
 		}
@@ -374,6 +406,12 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if err != nil {
 		return err
 	}
+	var passwd, group string
+	if s.userRoot != "" {
+		if passwd, group, err = s.writeUserFiles(l); err != nil {
+			return err
+		}
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -382,7 +420,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		le = &lease{}
 		s.leases[l.ID] = le
 	}
-	le.spec, le.pts = l, pts
+	le.spec, le.pts, le.passwd, le.group = l, pts, passwd, group
 	if l.Network == "none" && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
@@ -443,6 +481,7 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if le != nil {
 		errs = append(errs, removePTS(le.pts))
 	}
+	errs = append(errs, s.removeUserFiles(leaseID))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)
 	}

@@ -23,8 +23,8 @@ func testCleanProcess(t *testing.T, s *Sandbox) {
 
 	r := run(t, s, l.ID, Spec{Argv: []string{"env"}, Env: map[string]string{"FOO": "bar"}})
 	got := lines(r.stdout)
-	want := []string{"FOO=bar", "HOME=" + l.Workdir, "LANG=C.UTF-8", "LOGNAME=sidecar",
-		"PATH=" + DefaultPath, "TERM=dumb", "TMPDIR=/tmp", "USER=sidecar"}
+	want := []string{"FOO=bar", "HOME=/workspace", "LANG=C.UTF-8", "LOGNAME=user",
+		"PATH=" + DefaultPath, "SHELL=" + s.shell, "TMPDIR=/tmp", "USER=user"}
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("env = %q, want %q", got, want)
@@ -38,7 +38,7 @@ func testCleanProcess(t *testing.T, s *Sandbox) {
 	r = run(t, s, l.ID, sh(`id -u; id -g; id -G; pwd; read -r _ _ _ _ pgid sid _ < /proc/$$/stat; echo $sid $pgid; echo $$; grep NoNewPrivs /proc/self/status`))
 	out := lines(r.stdout)
 	id := strconv.Itoa(l.UID)
-	if len(out) < 6 || out[0] != id || out[1] != id || out[2] != id || out[3] != l.Workdir {
+	if len(out) < 6 || out[0] != id || out[1] != id || out[2] != id || out[3] != Workspace {
 		t.Fatalf("id/pwd = %q", out)
 	}
 	if f := strings.Fields(out[4]); len(f) != 2 || f[0] != f[1] {
@@ -64,9 +64,17 @@ func testCwdAndBadInput(t *testing.T, s *Sandbox) {
 	os.Symlink("/etc", filepath.Join(l.Workdir, "escape"))
 	os.WriteFile(filepath.Join(l.Workdir, "file"), nil, 0o644)
 
-	r := run(t, s, l.ID, Spec{Argv: []string{"pwd"}, Dir: "sub"})
-	if got := strings.TrimSpace(r.stdout); got != filepath.Join(l.Workdir, "sub") {
-		t.Errorf("pwd = %q", got)
+	for _, dir := range []string{"sub", "/workspace/sub", "./sub/", "/workspace//sub/."} {
+		r := run(t, s, l.ID, Spec{Argv: []string{"/bin/sh", "-c", "pwd; /bin/pwd -P"}, Dir: dir})
+		if got := lines(r.stdout); !slices.Equal(got, []string{"/workspace/sub", "/workspace/sub"}) {
+			t.Errorf("cwd %q: pwd = %q %s", dir, got, r.stderr)
+		}
+	}
+	for _, dir := range []string{"", ".", "/workspace", "/workspace/"} {
+		r := run(t, s, l.ID, Spec{Argv: []string{"/bin/pwd"}, Dir: dir})
+		if got := strings.TrimSpace(r.stdout); got != Workspace {
+			t.Errorf("cwd %q: pwd = %q %s", dir, got, r.stderr)
+		}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -77,6 +85,9 @@ func testCwdAndBadInput(t *testing.T, s *Sandbox) {
 		{"unknown lease", "nope", sh("true"), ErrUnknownLease},
 		{"dotdot", l.ID, Spec{Argv: []string{"true"}, Dir: "../"}, ErrOutsideWorkdir},
 		{"absolute", l.ID, Spec{Argv: []string{"true"}, Dir: "/etc"}, ErrOutsideWorkdir},
+		{"host path", l.ID, Spec{Argv: []string{"true"}, Dir: l.Workdir}, ErrOutsideWorkdir},
+		{"out of /workspace", l.ID, Spec{Argv: []string{"true"}, Dir: "/workspace/../etc"}, ErrOutsideWorkdir},
+		{"/workspaces", l.ID, Spec{Argv: []string{"true"}, Dir: "/workspaces"}, ErrOutsideWorkdir},
 		{"symlink out", l.ID, Spec{Argv: []string{"true"}, Dir: "escape"}, ErrOutsideWorkdir},
 		{"not a dir", l.ID, Spec{Argv: []string{"true"}, Dir: "file"}, ErrInvalid},
 		{"missing dir", l.ID, Spec{Argv: []string{"true"}, Dir: "nope"}, ErrInvalid},

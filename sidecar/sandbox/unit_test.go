@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -204,9 +206,16 @@ func testIsolationNone(t *testing.T, helper string) {
 		t.Errorf("Caps = %+v", c)
 	}
 	l := newTestLeaseAs(t, s, func(l *LeaseSpec) { l.UID, l.GID = 0, 0 })
-	r := run(t, s, l.ID, sh(`echo $TMPDIR; pwd`))
-	if out := lines(r.stdout); len(out) != 2 || out[0] != l.TmpDir || out[1] != l.Workdir {
-		t.Errorf("got %q %s", out, r.stderr)
+	// No mount namespace: the host paths are what the process sees, and it is the
+	// daemon's user; /workspace still names the workdir as a cwd.
+	r := run(t, s, l.ID, Spec{Argv: []string{"/bin/sh", "-c", `echo $TMPDIR; pwd; echo $HOME; echo $USER; id -un`}, Dir: "/workspace"})
+	self, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{l.TmpDir, l.Workdir, l.Workdir, self.Username, self.Username}
+	if out := lines(r.stdout); !slices.Equal(out, want) {
+		t.Errorf("got %q, want %q %s", out, want, r.stderr)
 	}
 }
 

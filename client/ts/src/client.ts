@@ -57,11 +57,21 @@ interface Call {
   lease?: LeaseHandle; // whose credential the call uses; it keeps refreshed tokens
 }
 
-/** escapePath escapes a workdir-relative path segment by segment; it refuses absolute
- * and escaping paths before any request, as the daemon would. */
+/** The lease workdir's absolute name (lease processes see their workdir there). */
+export const WORKSPACE = "/workspace";
+
+/** escapePath escapes a workdir path (relative, or absolute under WORKSPACE, which it
+ * keeps absolute) segment by segment; it refuses other absolute paths and escaping ones
+ * before any request, as the daemon would. */
 export function escapePath(p: string): string {
   if (p.includes("\0")) throw new Error("path contains NUL");
-  if (p.startsWith("/")) throw new Error(`path ${JSON.stringify(p)} is absolute`);
+  let abs = "";
+  if (p.startsWith("/")) {
+    if (p !== WORKSPACE && !p.startsWith(WORKSPACE + "/"))
+      throw new Error(`path ${JSON.stringify(p)} is absolute and not under ${WORKSPACE}`);
+    abs = WORKSPACE;
+    p = p.slice(WORKSPACE.length);
+  }
   const segs: string[] = [];
   for (const s of p.split("/")) {
     if (s === "" || s === ".") continue;
@@ -72,7 +82,8 @@ export function escapePath(p: string): string {
     }
     segs.push(s);
   }
-  return segs.map(encodeURIComponent).join("/");
+  const rel = segs.map(encodeURIComponent).join("/");
+  return abs === "" ? rel : rel === "" ? abs : `${abs}/${rel}`;
 }
 
 export class Client {

@@ -9,7 +9,7 @@ import { Readable, type Writable } from "node:stream";
 import { finished } from "node:stream/promises";
 import {
   SidecarError, NotFoundError, LeaseNotFoundError, InvalidRequestError, PathOutsideWorkdirError,
-  errorFromReply, errorClasses, readAll, type LeaseHandle, type Process,
+  errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, type LeaseHandle, type Process,
 } from "../src/index.js";
 import { startDaemon, type Daemon } from "./daemon.js";
 
@@ -83,6 +83,26 @@ test("leases renew themselves, run commands and move files", { timeout: 120_000 
   await assert.rejects(l.stat("dir"), NotFoundError);
   await l.release();
   await assert.rejects(d.client.getLease(l.id), LeaseNotFoundError);
+});
+
+test("the workdir is /workspace to the file calls (and, isolated, to the lease)", { timeout: 120_000 }, async () => {
+  assert.equal(escapePath("/workspace/a b/./c"), "/workspace/a%20b/c");
+  assert.equal(escapePath(WORKSPACE), "/workspace");
+  assert.throws(() => escapePath("/etc/passwd"));
+  assert.throws(() => escapePath("/workspaces/x"));
+  assert.throws(() => escapePath("/workspace/../etc"));
+  const l = await lease("workspace");
+  assert.equal(l.info.workdir, "/workspace");
+  await l.exec({ argv: ["sh", "-c", "echo hi > a.txt"] });
+  assert.equal((await l.readFile("/workspace/a.txt")).toString(), "hi\n");
+  await l.writeFile("/workspace/b.txt", "bee");
+  assert.equal((await l.readFile("b.txt")).toString(), "bee");
+  assert.ok((await l.list("/workspace")).some((e) => e.name === "a.txt"));
+  if (process.getuid?.() === 0) {
+    const res = await l.exec({ argv: ["sh", "-c", "pwd; whoami"] });
+    assert.equal(res.stdout, "/workspace\nuser\n");
+  }
+  await l.release();
 });
 
 // tar runs the system tar with its stdout (or stdin) as a stream.

@@ -42,6 +42,9 @@ const (
 	keyDev         = "ll_dev"
 	keySeccomp     = "seccomp"
 	keyPTSDir      = "pts_dir"
+	keyPasswd      = "passwd"
+	keyGroup       = "group"
+	keyWorkDir     = "work_dir"
 	keyRlimit      = "rlimit_"
 )
 
@@ -93,6 +96,15 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.PTSDir != "" {
 		put(keyPTSDir, cfg.PTSDir)
+	}
+	if cfg.Passwd != "" {
+		put(keyPasswd, cfg.Passwd)
+	}
+	if cfg.Group != "" {
+		put(keyGroup, cfg.Group)
+	}
+	if cfg.WorkDir != "" {
+		put(keyWorkDir, cfg.WorkDir)
 	}
 	if cfg.NetNS {
 		put(keyNetNS, "1")
@@ -174,6 +186,12 @@ func Decode(b []byte) (*Config, error) {
 			cfg.HostMountNS = v
 		case keyPTSDir:
 			cfg.PTSDir = v
+		case keyPasswd:
+			cfg.Passwd = v
+		case keyGroup:
+			cfg.Group = v
+		case keyWorkDir:
+			cfg.WorkDir = v
 		case keyNetNS:
 			if v != "1" {
 				err = errors.New("not 1")

@@ -1,5 +1,6 @@
 // Package initproc is the sandbox helper that every lease process starts as: it joins the
-// lease's cgroups, makes /tmp private, drops to the lease's uid, sets no_new_privs, applies
+// lease's cgroups, makes /tmp private, binds the lease's workdir on /workspace and its own
+// /etc/passwd and /etc/group, drops to the lease's uid, sets no_new_privs, applies
 // Landlock and then execs the target. It is its own package, importing little beyond the
 // standard library, so that a helper binary built from it starts fast; the daemon side is
 // package sandbox. cmd/sidecar-init/sidecar-init.c is the same helper in C (what `make
@@ -19,6 +20,10 @@ const (
 	// NetNSFD is the lease's network namespace, present when Config.NetNS is set.
 	NetNSFD = 5
 )
+
+// Workspace is where lease processes see their workdir (Config.WorkDir). It must exist on
+// the host as an empty directory: the mount point of every lease's bind.
+const Workspace = "/workspace"
 
 // Exit codes of a helper that could not start its target, chosen like env(1) and shells do.
 const (
@@ -50,6 +55,15 @@ type Config struct {
 	// PTSDir is the lease's devpts instance, bound on /dev/pts (and its ptmx on /dev/ptmx)
 	// inside the helper's private mount namespace.
 	PTSDir string
+	// Passwd and Group are the lease's own user and group files (written by the daemon,
+	// read-only to the lease), bound over /etc/passwd and /etc/group inside the private
+	// mount namespace, so that the lease's uid has a name for every tool, NSS or not.
+	Passwd string
+	Group  string
+	// WorkDir is the lease's workdir, bound on Workspace (nosuid, nodev) inside the
+	// private mount namespace, the last of the mounts: lease processes never need the
+	// host's path to it.
+	WorkDir string
 	// NetNS says NetNSFD is a network namespace to join.
 	NetNS bool
 	// Landlock is the filesystem policy; nil applies none.

@@ -50,7 +50,8 @@ func readConfig() (*Config, error) {
 	return Decode(b)
 }
 
-// setup runs in the order that keeps each step possible: cgroups, namespaces, mounts and
+// setup runs in the order that keeps each step possible: cgroups, namespaces, mounts (the
+// workdir's last, so that no source path is ever looked up through /workspace) and
 // resource limits need root; the uid drop comes next, then no_new_privs (which Landlock
 // and seccomp require), Landlock, the working directory, entered as the lease's uid under
 // the policy, and the seccomp filter last.
@@ -78,6 +79,18 @@ func setup(cfg *Config) error {
 	}
 	if cfg.PTSDir != "" {
 		if err := privatePTS(cfg); err != nil {
+			return err
+		}
+	}
+	for _, b := range []struct{ src, dst string }{{cfg.Passwd, "/etc/passwd"}, {cfg.Group, "/etc/group"}} {
+		if b.src != "" {
+			if err := bindPrivate(cfg, b.src, b.dst); err != nil {
+				return err
+			}
+		}
+	}
+	if cfg.WorkDir != "" {
+		if err := privateWorkspace(cfg); err != nil {
 			return err
 		}
 	}
@@ -172,18 +185,51 @@ func privateProc() error {
 // the private mount namespace only (privateTmp made its mounts private): PTYs the lease
 // opens come from its own instance, bounded by its max.
 func privatePTS(cfg *Config) error {
-	ns, err := os.Readlink("/proc/self/ns/mnt")
-	if err != nil {
-		return fmt.Errorf("mount namespace: %w", err)
-	}
-	if cfg.TmpDir == "" || cfg.HostMountNS == "" || ns == cfg.HostMountNS {
-		return errors.New("refusing to mount /dev/pts: not in a private mount namespace")
+	if err := inPrivateNS(cfg, "/dev/pts"); err != nil {
+		return err
 	}
 	if err := unix.Mount(cfg.PTSDir, "/dev/pts", "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s on /dev/pts: %w", cfg.PTSDir, err)
 	}
 	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind /dev/pts/ptmx on /dev/ptmx: %w", err)
+	}
+	return nil
+}
+
+// inPrivateNS refuses a mount on dst unless the helper is in a mount namespace of its own
+// whose mounts privateTmp made private: a mount must never land in the daemon's namespace.
+func inPrivateNS(cfg *Config, dst string) error {
+	ns, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("mount namespace: %w", err)
+	}
+	if cfg.TmpDir == "" || cfg.HostMountNS == "" || ns == cfg.HostMountNS {
+		return fmt.Errorf("refusing to mount %s: not in a private mount namespace", dst)
+	}
+	return nil
+}
+
+// bindPrivate binds src on dst in the private mount namespace (the lease's passwd and
+// group files over the host's).
+func bindPrivate(cfg *Config, src, dst string) error {
+	if err := inPrivateNS(cfg, dst); err != nil {
+		return err
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
+	}
+	return nil
+}
+
+// privateWorkspace binds the lease's workdir on Workspace, nosuid and nodev like /tmp.
+func privateWorkspace(cfg *Config) error {
+	if err := bindPrivate(cfg, cfg.WorkDir, Workspace); err != nil {
+		return err
+	}
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
+	if err := unix.Mount("", Workspace, "", flags, ""); err != nil {
+		return fmt.Errorf("remount %s nosuid,nodev: %w", Workspace, err)
 	}
 	return nil
 }

@@ -1,0 +1,135 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// A lease process sees its workdir at /workspace and its uid as a named user, through its
+// own /etc/passwd and /etc/group, with root and nobody kept; the host's paths reach it
+// nowhere but in /proc/self/mountinfo.
+func TestWorkspaceAndUser(t *testing.T) { forEachHelper(t, testWorkspaceAndUser) }
+
+func testWorkspaceAndUser(t *testing.T, s *Sandbox) {
+	l := newTestLease(t, s, nil)
+	if err := os.Mkdir(filepath.Join(l.Workdir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	id := strconv.Itoa(l.UID)
+	// Busybox's tools too (the VM tests have no others): no getent, no NSS.
+	r := run(t, s, l.ID, sh(`echo pwd $(pwd) $(pwd -P)
+echo home $HOME
+echo whoami $(whoami)
+echo id $(id -un) $(id -gn) $(id -u)
+echo getent $(grep '^user:' /etc/passwd) $(grep '^user:' /etc/group)
+echo root $(awk -F: '$3 == 0 {print $1}' /etc/passwd) $(awk -F: '$3 == 0 {print $1}' /etc/group)
+echo nobody $(awk -F: '$3 == 65534 {print $1 ":" $3}' /etc/passwd)
+echo lines $(wc -l < /etc/passwd) $(wc -l < /etc/group)
+echo owner $(stat -c %U:%G /workspace)
+cd sub && echo sub $(pwd) && cd ..
+echo hi > a.txt && echo wrote
+(echo x >> /etc/passwd) 2>/dev/null && echo passwd-writable
+(echo x >> /etc/group) 2>/dev/null && echo group-writable
+echo mount $(grep -E '^[^ ]+ [^ ]+ [^ ]+ [^ ]+ /workspace ' /proc/self/mountinfo | tail -n 1 | cut -d' ' -f6)
+echo env; env; echo; tr '\0' '\n' < /proc/self/environ`))
+	got := map[string]string{}
+	out := lines(r.stdout)
+	for i, line := range out {
+		if line == "env" {
+			env := strings.Join(out[i+1:], "\n")
+			for _, host := range []string{l.Workdir, filepath.Dir(l.Workdir), l.TmpDir} {
+				if strings.Contains(env, host) {
+					t.Errorf("the lease's environment holds the host path %s:\n%s", host, env)
+				}
+			}
+			break
+		}
+		k, v, _ := strings.Cut(line, " ")
+		got[k] = v
+	}
+	want := map[string]string{
+		"pwd": "/workspace /workspace", "home": "/workspace", "whoami": "user", "id": "user user " + id,
+		"getent": "user:x:" + id + ":" + id + ":user:/workspace:" + s.shell + " user:x:" + id + ":",
+		"root":   "root root", "nobody": "nobody:65534", "lines": "3 3", "owner": "user:user",
+		"sub": "/workspace/sub",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %q, want %q", k, got[k], v)
+		}
+	}
+	for _, k := range []string{"passwd-writable", "group-writable"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("%s: the lease may write its user database", k)
+		}
+	}
+	if _, ok := got["wrote"]; !ok {
+		t.Error("echo hi > a.txt failed in /workspace")
+	}
+	// The last mount on /workspace is the one in force: the lease's bind.
+	if opts := got["mount"]; !strings.Contains(opts, "nosuid") || !strings.Contains(opts, "nodev") {
+		t.Errorf("/workspace mount options %q, want nosuid,nodev", opts)
+	}
+	if opts := got["mount"]; !strings.Contains(opts, "nodev") {
+		t.Errorf("/workspace mount options %q, want nodev", opts)
+	}
+	if b, err := os.ReadFile(filepath.Join(l.Workdir, "a.txt")); err != nil || string(b) != "hi\n" {
+		t.Errorf("a.txt on the host: %q, %v", b, err)
+	}
+	if t.Failed() {
+		t.Logf("output:\n%s%s", r.stdout, r.stderr)
+	}
+
+	// argv[0] and cwd may name the workdir as the lease does.
+	if err := os.WriteFile(filepath.Join(l.Workdir, "sub", "prog"), []byte("#!/bin/sh\necho ran in $(pwd)\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, spec := range []Spec{
+		{Argv: []string{"/workspace/sub/prog"}},
+		{Argv: []string{"./prog"}, Dir: "/workspace/sub"},
+		{Argv: []string{"prog"}, Dir: "sub", Env: map[string]string{"PATH": "/workspace/sub"}},
+	} {
+		if r := run(t, s, l.ID, spec); r.exitCode != 0 || !strings.Contains(r.stdout, "ran in /workspace") {
+			t.Errorf("%q in %q: exit %d %q %q", spec.Argv, spec.Dir, r.exitCode, r.stdout, r.stderr)
+		}
+	}
+}
+
+// The lease's user database: root and nobody as the host has them, without passwords or
+// group members, then the lease's user.
+func TestUserDBFiles(t *testing.T) {
+	host := "root:$6$secret:0:0:Super User:/root:/bin/bash\nuser:x:0:0::/:/bin/sh\nnobody:x:65534:65534:Kernel Overflow User:/:/sbin/nologin\n"
+	groups := "root:x:0:admin,alice\nnobody:x:65534:bob\n"
+	db := userDB{
+		root:    hostEntry(host, "0", 7, defaultRoot),
+		nobody:  hostEntry(host, nobodyID, 7, defaultNobody),
+		rootG:   hostEntry(groups, "0", 4, defaultRootG),
+		nobodyG: hostEntry("", nobodyID, 4, defaultNobodG),
+		shell:   "/bin/bash",
+	}
+	passwd, group := db.files(200001, 200002)
+	wantP := "root:x:0:0:Super User:/root:/bin/bash\nnobody:x:65534:65534:Kernel Overflow User:/:/sbin/nologin\nuser:x:200001:200002:user:/workspace:/bin/bash\n"
+	wantG := "root:x:0:\nnogroup:x:65534:\nuser:x:200002:\n"
+	if passwd != wantP || group != wantG {
+		t.Errorf("passwd %q, group %q;\nwant %q, %q", passwd, group, wantP, wantG)
+	}
+}
+
+// An exec cwd names the workdir relatively or under /workspace, nothing else.
+func TestWorkspaceRel(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"a/b", "a/b", true}, {"/workspace", ".", true}, {"/workspace/", ".", true},
+		{"/workspace/a", "a", true}, {"/workspace//a/.", "a/.", true}, {"/workspaces", "", false}, {"/etc", "", false}, {"/", "", false},
+	} {
+		got, ok := workspaceRel(tc.in)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("workspaceRel(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+		}
+	}
+}
