@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -50,6 +51,6 @@ func (b *bench) caseScale(ctx context.Context) error {
 		st := daemontest.ReadProcStatus(b.d.Pid())
 		rss = append(rss, fmt.Sprintf("%d held: %.1f MB", n, float64(st.RSSKB)*1.024/1e3))
 	}
-	b.note("Daemon RSS with leases held (lease-count curve): %v.", rss)
+	b.note("Daemon RSS with leases held (lease-count curve): %s.", strings.Join(rss, ", "))
 	return nil
 }
