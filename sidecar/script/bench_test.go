@@ -115,3 +115,22 @@ func BenchmarkWarmPaced(b *testing.B) {
 	}
 	b.ReportMetric(float64(worker.Microseconds())/float64(b.N), "µs-worker/op")
 }
+
+// BenchmarkWarmBurst is bursts of 8 back-to-back calls (the pool's spares: 2 workers × 4)
+// after 100 ms of idle (untimed); ns/op is per call.
+func BenchmarkWarmBurst(b *testing.B) {
+	r := newRunner(b, nil)
+	if _, err := run(b, r, benchScript, benchInput); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; b.Loop(); i++ {
+		if i%8 == 0 {
+			b.StopTimer()
+			time.Sleep(100 * time.Millisecond)
+			b.StartTimer()
+		}
+		if _, err := run(b, r, benchScript, benchInput); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -52,6 +52,9 @@ func WorkerMain() {
 // never waits for one.
 const spareRuntimes = 4
 
+// idleBeforeFill is the quiet a worker waits for before it makes a spare runtime.
+const idleBeforeFill = 5 * time.Millisecond
+
 // fresh is a runtime no script has touched yet, with its own log sink.
 type fresh struct {
 	rt   *qjs.Runtime
@@ -69,6 +72,7 @@ type worker struct {
 	// busy is set while a job runs: fill makes no runtime then, so the two never compete
 	// for CPU. idle (capacity 1) wakes fill when a job is done.
 	busy atomic.Bool
+	jobs atomic.Int64 // jobs started, to tell a quiet spell from a burst
 	idle chan struct{}
 }
 
@@ -100,6 +104,7 @@ func serve(cfg setup, in *bufio.Reader, out *os.File) error {
 			return nil // the daemon closed our stdin: done
 		}
 		w.busy.Store(true)
+		w.jobs.Add(1)
 		rep, spent := w.run(j)
 		if err := writeFrame(out, rep); err != nil {
 			return err
@@ -121,7 +126,14 @@ func serve(cfg setup, in *bufio.Reader, out *os.File) error {
 // worker's exit ends fill. Only fill adds to spares, so its sends never block.
 func (w *worker) fill() {
 	for range w.idle {
-		for len(w.spares) < cap(w.spares) && !w.busy.Load() {
+		for len(w.spares) < cap(w.spares) {
+			// Only in a quiet spell: inside a burst the next job would share the CPU with
+			// a runtime being made (~3 ms of it), which costs more than it saves.
+			seen := w.jobs.Load()
+			time.Sleep(idleBeforeFill)
+			if w.busy.Load() || w.jobs.Load() != seen {
+				break // a job came: look again when it is done
+			}
 			f := w.newRuntime(w.cfg.MemoryBytes)
 			w.spares <- f
 			if f.err != nil {
