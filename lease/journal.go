@@ -71,15 +71,9 @@ func (j *journal) appendRecords(recs ...journalRecord) error {
 	}
 	var buf bytes.Buffer
 	for _, r := range recs {
-		payload, err := json.Marshal(r)
-		if err != nil {
+		if err := encodeRecord(&buf, r); err != nil {
 			return err
 		}
-		var hdr [8]byte
-		binary.BigEndian.PutUint32(hdr[:4], uint32(len(payload)))
-		binary.BigEndian.PutUint32(hdr[4:], crc32.Checksum(payload, crcTable))
-		buf.Write(hdr[:])
-		buf.Write(payload)
 	}
 	if j.f == nil {
 		f, err := os.OpenFile(j.path, os.O_WRONLY, 0)
@@ -104,6 +98,20 @@ func (j *journal) appendRecords(recs ...journalRecord) error {
 	return nil
 }
 
+// encodeRecord appends r to buf: length, CRC-32C, JSON payload.
+func encodeRecord(buf *bytes.Buffer, r journalRecord) error {
+	payload, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	var hdr [8]byte
+	binary.BigEndian.PutUint32(hdr[:4], uint32(len(payload)))
+	binary.BigEndian.PutUint32(hdr[4:], crc32.Checksum(payload, crcTable))
+	buf.Write(hdr[:])
+	buf.Write(payload)
+	return nil
+}
+
 // cut truncates the file to the bytes known good.
 func (j *journal) cut() error {
 	if err := j.f.Truncate(j.size); err != nil {
@@ -119,15 +127,9 @@ func (j *journal) compact(leases []Lease) error {
 	buf.WriteString(journalMagic)
 	for _, l := range leases {
 		s := toStored(l)
-		payload, err := json.Marshal(journalRecord{Put: &s})
-		if err != nil {
+		if err := encodeRecord(&buf, journalRecord{Put: &s}); err != nil {
 			return err
 		}
-		var hdr [8]byte
-		binary.BigEndian.PutUint32(hdr[:4], uint32(len(payload)))
-		binary.BigEndian.PutUint32(hdr[4:], crc32.Checksum(payload, crcTable))
-		buf.Write(hdr[:])
-		buf.Write(payload)
 	}
 	if err := writeFileAtomic(j.path, buf.Bytes(), 0o600); err != nil {
 		return fmt.Errorf("lease: save state: %w", err)
