@@ -136,12 +136,16 @@ func (m *Manager) create(ctx context.Context, id string, uid int, r Request) (Le
 	m.mu.Lock()
 	m.leases[id] = e
 	m.mu.Unlock()
-	if err := m.persist(); err != nil {
+	compactions := m.compactions()
+	if err := m.persistLease(id); err != nil {
 		m.undo(ctx, l)
 		forget()
-		// A concurrent write may have recorded the lease; record that it is gone.
-		if err2 := m.persist(); err2 != nil {
-			m.log.Error("lease rollback: persist", "lease", id, "err", err2)
+		// A compaction meanwhile may have recorded the lease; record that it is gone.
+		// Otherwise the journal is as it was: a failed append is cut back.
+		if m.compactions() != compactions {
+			if err2 := m.persistLease(id); err2 != nil {
+				m.log.Error("lease rollback: persist", "lease", id, "err", err2)
+			}
 		}
 		return Lease{}, err
 	}

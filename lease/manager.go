@@ -61,7 +61,8 @@ type Manager struct {
 	creating map[string]*creation // by session id
 	uids     uidPool
 
-	persistMu sync.Mutex  // serialises state file writes; taken before mu, never inside it
+	persistMu sync.Mutex  // serialises state writes; taken before mu, never inside it
+	journal   *journal    // guarded by persistMu
 	dirty     atomic.Bool // Touch changed something not yet written
 }
 
@@ -81,13 +82,14 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("lease: work root: %w", err)
 	}
 	now := cfg.Now()
-	leases, err := loadState(cfg.StateDir, cfg.WorkRoot, now)
+	jr, leases, err := openJournal(cfg.StateDir, cfg.WorkRoot, now, cfg.Logger.Warn)
 	if err != nil {
 		return nil, err
 	}
 	m := &Manager{
 		cfg:      cfg,
 		log:      cfg.Logger,
+		journal:  jr,
 		leases:   make(map[string]*entry, len(leases)),
 		sessions: map[string]*entry{},
 		creating: map[string]*creation{},
@@ -102,7 +104,6 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 			m.sessions[l.SessionID] = e // sorted by creation: the newest wins
 		}
 	}
-	changed := false
 	for _, l := range leases {
 		if !l.Active(now) {
 			continue
@@ -110,12 +111,10 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		if err := m.restore(ctx, l); err != nil {
 			m.log.Error("lease restore failed; expiring it", "lease", l.ID, "session", l.SessionID, "err", err)
 			m.leases[l.ID].lease.ExpiresAt = now
-			changed = true
-		}
-	}
-	if changed {
-		if err := m.persist(); err != nil {
-			return nil, err
+			if err := m.persistLease(l.ID); err != nil {
+				jr.close()
+				return nil, err
+			}
 		}
 	}
 	m.log.Info("leases loaded", "leases", len(leases), "state_dir", cfg.StateDir)
@@ -218,7 +217,7 @@ func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Leas
 	l := e.snapshot()
 	m.mu.Unlock()
 
-	if err := m.persist(); err != nil {
+	if err := m.persistLease(id); err != nil {
 		// Undo, so the caller's failure matches what a restart would find.
 		m.mu.Lock()
 		if e.lease.ExpiresAt.Equal(l.ExpiresAt) {
@@ -231,22 +230,75 @@ func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Leas
 	return l, nil
 }
 
-// Close writes the state file one last time (for activity recorded by Touch).
-func (m *Manager) Close() error { return m.persist() }
-
-// flush persists if Touch recorded activity since the last write.
-func (m *Manager) flush() error {
-	if !m.dirty.Load() {
-		return nil
-	}
-	return m.persist()
-}
-
-// persist writes every lease to the state file. Writers take persistMu before reading the
-// leases, so the last write always holds the newest state.
-func (m *Manager) persist() error {
+// Close writes the state one last time (for activity recorded by Touch), compacted.
+// A Manager used after Close keeps working: the journal reopens on the next write.
+func (m *Manager) Close() error {
 	m.persistMu.Lock()
 	defer m.persistMu.Unlock()
+	err := m.compactLocked()
+	m.journal.close()
+	return err
+}
+
+// flush compacts the journal if Touch recorded activity since the last write, or the
+// journal holds many records more than the table: off the request path, in Run.
+func (m *Manager) flush() error {
+	m.persistMu.Lock()
+	defer m.persistMu.Unlock()
+	m.mu.RLock()
+	n := len(m.leases)
+	m.mu.RUnlock()
+	if !m.dirty.Load() && m.journal.records <= 2*n+64 && !m.journal.broken {
+		return nil
+	}
+	return m.compactLocked()
+}
+
+// persistLease records the lease with that id as it is now: a put while it is in the
+// table, a del once it is gone. One appended, fsynced record whatever the number of
+// leases. Writers take persistMu before reading the entry, so the last record of a lease
+// always holds its newest state.
+func (m *Manager) persistLease(id string) error {
+	m.persistMu.Lock()
+	defer m.persistMu.Unlock()
+	return m.persistLeaseLocked(id)
+}
+
+// compactions returns how many times the journal has been compacted.
+func (m *Manager) compactions() int {
+	m.persistMu.Lock()
+	defer m.persistMu.Unlock()
+	return m.journal.compactions
+}
+
+func (m *Manager) persistLeaseLocked(id string) error {
+	if m.journal.broken {
+		return m.compactLocked() // the table as it is now holds this change too
+	}
+	m.mu.RLock()
+	e := m.leases[id]
+	var rec journalRecord
+	if e != nil {
+		s := toStored(e.snapshot())
+		rec.Put = &s
+	} else {
+		rec.Del = id
+	}
+	n := len(m.leases)
+	m.mu.RUnlock()
+	if err := m.journal.appendRecords(rec); err != nil {
+		return fmt.Errorf("lease: save state: %w", err)
+	}
+	if m.journal.compactDue(n) { // Run compacts long before; this bounds the file without it
+		if err := m.compactLocked(); err != nil {
+			m.log.Warn("lease journal compaction failed; appending on", "err", err)
+		}
+	}
+	return nil
+}
+
+// compactLocked rewrites the journal as one record per lease. Call with persistMu held.
+func (m *Manager) compactLocked() error {
 	m.dirty.Store(false)
 	m.mu.RLock()
 	leases := make([]Lease, 0, len(m.leases))
@@ -255,7 +307,7 @@ func (m *Manager) persist() error {
 	}
 	m.mu.RUnlock()
 	slices.SortFunc(leases, byCreation)
-	if err := saveState(m.cfg.StateDir, leases); err != nil {
+	if err := m.journal.compact(leases); err != nil {
 		m.dirty.Store(true)
 		return err
 	}

@@ -82,7 +82,7 @@ func (m *Manager) release(ctx context.Context, id, kind string) (Lease, error) {
 	delete(m.leases, id)
 	m.uids.free(l.UID) // only now: its processes are gone
 	m.mu.Unlock()
-	err := m.persist()
+	err := m.persistLease(id)
 	m.emit(kind, l)
 	// The lease is gone either way; a failed write is still the caller's to know.
 	return l, err

@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// stateVersion is the version of the leases.json format this code writes and reads.
+// stateVersion is the version of leases.json, the format before the journal
+// (journal.go): read once, to upgrade a state dir in place.
 const stateVersion = 1
 
 const stateFileName = "leases.json"
@@ -69,22 +70,6 @@ func fromStored(s storedLease, workRoot string) (Lease, error) {
 		Limits: Limits(s.Limits), UID: s.UID, GID: s.GID, Dir: filepath.Join(workRoot, s.ID),
 		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivityAt,
 	}, nil
-}
-
-// saveState writes leases to dir/leases.json atomically.
-func saveState(dir string, leases []Lease) error {
-	st := stateFile{Version: stateVersion, Leases: make([]storedLease, len(leases))}
-	for i, l := range leases {
-		st.Leases[i] = toStored(l)
-	}
-	data, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := writeFileAtomic(filepath.Join(dir, stateFileName), append(data, '\n'), 0o600); err != nil {
-		return fmt.Errorf("lease: save state: %w", err)
-	}
-	return nil
 }
 
 // loadState reads dir/leases.json; a missing file is an empty state. A file that cannot be

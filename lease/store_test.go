@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -16,7 +15,7 @@ func TestStateFileIsVersionedAndPrivate(t *testing.T) {
 	m := e.open()
 	l := mustAcquire(t, m, Request{SessionID: "s", Labels: map[string]string{"k": "v"}})
 
-	path := filepath.Join(e.cfg.StateDir, stateFileName)
+	path := filepath.Join(e.cfg.StateDir, journalFileName)
 	fi, err := os.Stat(path)
 	if err != nil {
 		t.Fatal(err)
@@ -24,28 +23,28 @@ func TestStateFileIsVersionedAndPrivate(t *testing.T) {
 	if fi.Mode().Perm() != 0o600 {
 		t.Errorf("state file mode %v, want 0600", fi.Mode().Perm())
 	}
-	var st stateFile
 	data, _ := os.ReadFile(path)
-	if err := json.Unmarshal(data, &st); err != nil {
-		t.Fatal(err)
+	if !strings.HasPrefix(string(data), journalMagic) {
+		t.Errorf("state file does not start with its versioned header: %q", data)
 	}
-	if st.Version != stateVersion || len(st.Leases) != 1 || st.Leases[0].ID != l.ID || st.Leases[0].Labels["k"] != "v" {
-		t.Errorf("state file = %s", data)
+	leases, _, _, err := decodeJournal(data, e.cfg.WorkRoot)
+	if err != nil || len(leases) != 1 || leases[0].ID != l.ID || leases[0].Labels["k"] != "v" {
+		t.Errorf("state file = %q: %v, %v", data, leases, err)
 	}
 	if strings.Contains(string(data), e.cfg.WorkRoot) {
 		t.Error("state file stores directories; they must be derived from WorkRoot and the id")
 	}
 	des, _ := os.ReadDir(e.cfg.StateDir)
 	if len(des) != 1 {
-		t.Errorf("state dir holds %d entries, want only %s (no temp files left)", len(des), stateFileName)
+		t.Errorf("state dir holds %d entries, want only %s (no temp files left)", len(des), journalFileName)
 	}
 
 	if err := m.Release(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
 	data, _ = os.ReadFile(path)
-	if err := json.Unmarshal(data, &st); err != nil || len(st.Leases) != 0 {
-		t.Errorf("after release the state file holds %s", data)
+	if leases, _, _, err := decodeJournal(data, e.cfg.WorkRoot); err != nil || len(leases) != 0 {
+		t.Errorf("after release the state file holds %v (%v)", leases, err)
 	}
 }
 

@@ -109,7 +109,7 @@ func TestDiskQuotaOrphanSwept(t *testing.T) {
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "orphan"})
 	dir := filepath.Join(d.cfg.WorkRoot, l.ID())
 	d.stop()
-	if err := os.Remove(filepath.Join(d.cfg.StateDir, "leases.json")); err != nil {
+	if err := os.Remove(filepath.Join(d.cfg.StateDir, "leases.journal")); err != nil {
 		t.Fatal(err)
 	}
 	d.start()

@@ -177,14 +177,33 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 	ctx := context.Background()
 	first := d.acquireOnce(apitype.AcquireRequest{SessionID: "before"})
 	victim := d.acquireOnce(apitype.AcquireRequest{SessionID: "released-while-full"})
-	stateFile := filepath.Join(disk, "leases.json")
-	good, err := os.ReadFile(stateFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	stateFile := filepath.Join(disk, "leases.journal")
 
 	filler := fill(t, disk)
-	status, hdr, body := d.raw(http.MethodPost, "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "during"}), nil)
+	// The journal appends into the space its last block has left: acquires may still be
+	// recorded (durably) until that runs out too. The first that cannot be saved fails.
+	var good []byte
+	var status int
+	var hdr http.Header
+	var body []byte
+	for i := range 64 {
+		var err error
+		if good, err = os.ReadFile(stateFile); err != nil {
+			t.Fatal(err)
+		}
+		status, hdr, body = d.raw(http.MethodPost, "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "during"}), nil)
+		if status != http.StatusCreated {
+			break
+		}
+		var l apitype.Lease
+		if err := json.Unmarshal(body, &l); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("acquire %d on the full state disk was recorded in the journal's last block", i)
+		if err := d.client.Release(ctx, l.ID); err != nil {
+			t.Logf("release %d on the full state disk: %v", i, err)
+		}
+	}
 	wantFullDisk(t, status, hdr, body, disk)
 	if now, err := os.ReadFile(stateFile); err != nil || !bytes.Equal(now, good) {
 		t.Fatalf("the state file changed under a failed save: %v\nbefore %s\nafter  %s", err, good, now)
@@ -245,25 +264,26 @@ func TestFaultCorruptStateRefusesToStart(t *testing.T) {
 	d.start()
 	l := acquireBin(t, d.client, "kept")
 	d.stop()
-	stateFile := filepath.Join(d.state, "leases.json")
+	stateFile := filepath.Join(d.state, "leases.journal")
 	good, err := os.ReadFile(stateFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	garbage := append(good[:len(good)/2:len(good)/2], "\x00garbage"...) // a torn write
+	// A damaged header: not a torn last write (those are dropped, lease/journal_test.go).
+	garbage := append([]byte("\x00garbage"), good[9:]...)
 	if err := os.WriteFile(stateFile, garbage, 0o600); err != nil {
 		t.Fatal(err)
 	}
 
 	err = d.tryStart()
 	if err == nil {
-		t.Fatal("sidecar serve started on a corrupt leases.json")
+		t.Fatal("sidecar serve started on a corrupt leases.journal")
 	}
 	if code := d.ExitCode(); code == 0 {
 		t.Fatalf("sidecar serve refused a corrupt state with exit status 0:\n%s", d.stderr)
 	}
 	stderr := d.stderr.String()
-	if !strings.Contains(stderr, "leases.json") || !strings.Contains(stderr, "corrupt") {
+	if !strings.Contains(stderr, "leases.journal") || !strings.Contains(stderr, "corrupt") {
 		t.Fatalf("the refusal does not say what is wrong:\n%s", stderr)
 	}
 	backups, _ := filepath.Glob(stateFile + ".corrupt-*")

@@ -38,11 +38,12 @@ func startDaemon(ctx context.Context, log *slog.Logger, bin, dir string, maxLeas
 	if err != nil {
 		return nil, err
 	}
-	// A uid block of its own, away from the default range other daemons use.
-	uidFirst := 400000 + (os.Getpid()%50)*1000
+	// A uid block of its own, away from the default range other daemons use, big enough
+	// for the lease-count curve's 1,000 leases held.
+	uidFirst := 400000 + (os.Getpid()%50)*2000
 	if d.Binary, err = daemontest.New(daemontest.Options{
 		Bin: abs, Parent: fmt.Sprintf("sidecar-bench-%d", os.Getpid()), StateDir: filepath.Join(dir, "state"),
-		UIDFirst: uidFirst, UIDLast: uidFirst + 999, Output: logFile, KillWithParent: true,
+		UIDFirst: uidFirst, UIDLast: uidFirst + 1999, Output: logFile, KillWithParent: true,
 		Env: []string{
 			"PATH=" + os.Getenv("PATH"),
 			"SIDECAR_WORK_ROOT=" + filepath.Join(dir, "leases"),

@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,7 +26,7 @@ import (
 )
 
 // caseNames are the cases -only accepts, in the order they run.
-var caseNames = []string{"exec", "lease", "file", "tree", "stream", "pty", "script", "load"}
+var caseNames = []string{"exec", "idle", "lease", "scale", "file", "tree", "stream", "pty", "script", "load"}
 
 func main() {
 	var (
@@ -115,7 +116,7 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 	b.machineBefore = readMachine()
 
 	log.Info("starting the daemon", "bin", rc.bin)
-	b.d, err = startDaemon(ctx, log, rc.bin, dir, rc.sizes.leases)
+	b.d, err = startDaemon(ctx, log, rc.bin, dir, max(rc.sizes.leases, slices.Max(rc.sizes.scaleHeld)+1))
 	if err != nil {
 		return err
 	}
@@ -138,7 +139,7 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 	}
 
 	steps := map[string]func(context.Context) error{
-		"exec": b.caseExec, "lease": b.caseLease, "file": b.caseFile, "tree": b.caseTree,
+		"exec": b.caseExec, "idle": b.caseIdle, "lease": b.caseLease, "scale": b.caseScale, "file": b.caseFile, "tree": b.caseTree,
 		"stream": b.caseStream, "pty": b.casePTY, "script": b.caseScript, "load": b.caseLoad,
 	}
 	for _, name := range caseNames {
@@ -183,14 +184,17 @@ type sizes struct {
 	treeWarmup       int
 	ptyRounds        int
 	scriptRuns       int
+	scaleHeld        []int // leases held at each point of the lease-count curve
 }
 
 var fullSizes = sizes{
 	fileBytes: 1 << 30, cipherProbeBytes: 256 << 20, treeFiles: 10000, treeDirs: 200, streamBytes: 1 << 30,
 	leases: 100, loadFor: 30 * time.Second, reps: 30, bigReps: 3, treeReps: 3, treeWarmup: 1, ptyRounds: 300, scriptRuns: 100,
+	scaleHeld: []int{10, 100, 1000},
 }
 
 var quickSizes = sizes{
 	fileBytes: 64 << 20, cipherProbeBytes: 128 << 20, treeFiles: 1000, treeDirs: 20, streamBytes: 64 << 20,
 	leases: 20, loadFor: 5 * time.Second, reps: 10, bigReps: 3, treeReps: 2, treeWarmup: 0, ptyRounds: 100, scriptRuns: 100,
+	scaleHeld: []int{10, 100},
 }

@@ -94,3 +94,43 @@ func primeCache(b *testing.B) {
 	}
 	r.Close()
 }
+
+// BenchmarkWarmPaced is BenchmarkWarm with 20 ms of idle (untimed) between calls: the
+// gaps in which workers make their spare runtimes, as between an agent's calls.
+func BenchmarkWarmPaced(b *testing.B) {
+	r := newRunner(b, nil)
+	if _, err := run(b, r, benchScript, benchInput); err != nil {
+		b.Fatal(err)
+	}
+	var worker time.Duration
+	for b.Loop() {
+		b.StopTimer()
+		time.Sleep(20 * time.Millisecond)
+		b.StartTimer()
+		res, err := run(b, r, benchScript, benchInput)
+		if err != nil {
+			b.Fatal(err)
+		}
+		worker += res.Duration
+	}
+	b.ReportMetric(float64(worker.Microseconds())/float64(b.N), "µs-worker/op")
+}
+
+// BenchmarkWarmBurst is bursts of 8 back-to-back calls (the pool's spares: 2 workers × 4)
+// after 100 ms of idle (untimed); ns/op is per call.
+func BenchmarkWarmBurst(b *testing.B) {
+	r := newRunner(b, nil)
+	if _, err := run(b, r, benchScript, benchInput); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; b.Loop(); i++ {
+		if i%8 == 0 {
+			b.StopTimer()
+			time.Sleep(100 * time.Millisecond)
+			b.StartTimer()
+		}
+		if _, err := run(b, r, benchScript, benchInput); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

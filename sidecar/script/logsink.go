@@ -40,11 +40,6 @@ func (s *logSink) Write(p []byte) (int, error) {
 
 func (s *logSink) full() bool { return s.kept >= s.maxBytes || len(s.done) >= s.maxLines }
 
-func (s *logSink) reset() {
-	s.kept, s.done, s.dropped = 0, nil, false
-	s.partial.Reset()
-}
-
 // lines returns the collected lines, with a marker when some output was dropped.
 func (s *logSink) lines() []string {
 	out := s.done

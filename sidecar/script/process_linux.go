@@ -39,6 +39,7 @@ type proc struct {
 	in       io.WriteCloser
 	out      *bufio.Reader
 	cg       *memCgroup // nil: RLIMIT_DATA is the bound
+	limit    int64      // memory limit last written to cg (only the job's caller touches it)
 	stderr   *tailBuffer
 	exited   chan struct{} // closed once the process has been reaped
 	landlock int           // Landlock ABI the worker confined itself with, 0 none
@@ -121,7 +122,8 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 func (r *Runner) confine(p *proc) error {
 	pid := p.cmd.Process.Pid
 	if r.cg != nil {
-		cg, err := r.cg.child("w"+strconv.FormatInt(p.id, 10), workerBudget(r.cfg.MaxMemoryBytes))
+		p.limit = workerBudget(r.cfg.MaxMemoryBytes)
+		cg, err := r.cg.child("w"+strconv.FormatInt(p.id, 10), p.limit)
 		if err != nil {
 			return fmt.Errorf("worker cgroup: %w", err)
 		}

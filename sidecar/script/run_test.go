@@ -3,8 +3,11 @@ package script
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestTransform(t *testing.T) {
@@ -51,6 +54,35 @@ func TestStateDoesNotCrossRuns(t *testing.T) {
 	}
 	if string(res.Result) != `"undefined"` {
 		t.Errorf("a global leaked from the previous run: %s", res.Result)
+	}
+}
+
+// Runtimes are made ahead, in the background (spareRuntimes per worker): a burst that
+// drains them, calls paced so that they refill, and calls with a memory limit of their
+// own must each still get a runtime, and its log sink, that no other run has touched.
+func TestEveryRunGetsFreshRuntime(t *testing.T) {
+	r := newRunner(t, func(c *Config) { c.Workers = 1 })
+	src := `function transform(i) { globalThis.runs = (globalThis.runs || 0) + 1; console.log("run " + i); return globalThis.runs }`
+	for i := range 3*spareRuntimes + 2 {
+		if i >= 2*spareRuntimes {
+			time.Sleep(50 * time.Millisecond) // let the worker refill its spares
+		}
+		req := Request{Source: src, Input: []byte(strconv.Itoa(i))}
+		if i%3 == 2 {
+			req.MemoryBytes = 32 << 20 // not the default: made on the spot
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		res, err := r.Run(ctx, req)
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		if string(res.Result) != "1" {
+			t.Errorf("run %d saw %s runs in its runtime, want 1: a runtime was reused", i, res.Result)
+		}
+		if want := []string{"run " + strconv.Itoa(i)}; !slices.Equal(res.Logs, want) {
+			t.Errorf("run %d logs %q, want %q", i, res.Logs, want)
+		}
 	}
 }
 

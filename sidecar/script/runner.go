@@ -360,11 +360,13 @@ func (r *Runner) validate(req Request) (job, time.Duration, error) {
 // exec runs j on p. healthy reports whether p may serve another job.
 func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration) (res Result, healthy bool, err error) {
 	budget := workerBudget(j.MemoryBytes)
-	if p.cg != nil {
+	if p.cg != nil && p.limit != budget { // a cgroupfs write only when the limit changes
 		// Lowering the limit fails while the worker still holds more than that; the
 		// pool-wide limit and the watchdog below still hold then.
 		if err := p.cg.setLimit(budget); err != nil {
 			r.log.Debug("script worker limit not lowered", "worker", p.id, "err", err)
+		} else {
+			p.limit = budget
 		}
 	}
 	start := time.Now()

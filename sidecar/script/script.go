@@ -10,8 +10,12 @@
 // no TCP; no signals out), a clean environment and no inherited descriptors, inside its
 // own memory cgroup when the daemon is root (RLIMIT_DATA otherwise). Every script gets a
 // fresh QuickJS runtime, so nothing crosses from one script to the next, whose WASI root
-// is an empty read-only directory and whose std/os globals are deleted. A worker that overruns its time or memory, or
-// whose runtime panics, is killed and replaced.
+// is an empty read-only directory and whose std/os globals are deleted. A worker makes
+// those runtimes ahead, a few at a time, while it has no job (a runtime costs ~3 ms of
+// CPU, a warm call well under one): each serves one script and is closed after the reply.
+// Only a burst that drains them, or a job asking for a memory limit other than the
+// default (QuickJS fixes it at creation), makes a runtime on the caller's time. A worker
+// that overruns its time or memory, or whose runtime panics, is killed and replaced.
 package script
 
 import (

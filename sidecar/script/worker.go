@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/fastschema/qjs"
@@ -45,22 +46,55 @@ func WorkerMain() {
 	os.Exit(0)
 }
 
+// spareRuntimes is how many fresh runtimes a worker keeps made ahead of its jobs. A
+// runtime costs ~2.8 ms of CPU to make (wazero instantiating the QuickJS module) and
+// ~64 KiB of resident memory while it waits, so a burst of this many jobs per worker
+// never waits for one.
+const spareRuntimes = 4
+
+// idleBeforeFill is the quiet a worker waits for before it makes a spare runtime.
+const idleBeforeFill = 5 * time.Millisecond
+
+// fresh is a runtime no script has touched yet, with its own log sink.
+type fresh struct {
+	rt   *qjs.Runtime
+	sink *logSink
+	err  error // the runtime could not be made: the worker is unusable
+}
+
 type worker struct {
-	cfg   setup
-	sink  *logSink
-	spare *qjs.Runtime // fresh runtime for the next job: no state crosses jobs
-	limit int64        // MemoryLimit of spare
+	cfg      setup
+	cacheDir string // read-only once the first runtime is made
+	// spares holds fresh runtimes of cfg.MemoryBytes, made by fill in the background
+	// while the worker is idle. Each serves exactly one job and is then closed: no
+	// state crosses jobs, and no job waits for a runtime unless a burst drained them.
+	spares chan fresh
+	// busy is set while a job runs: fill makes no runtime then, so the two never compete
+	// for CPU. idle (capacity 1) wakes fill when a job is done.
+	busy atomic.Bool
+	jobs atomic.Int64 // jobs started, to tell a quiet spell from a burst
+	idle chan struct{}
 }
 
 func serve(cfg setup, in *bufio.Reader, out *os.File) error {
 	if cfg.GoMemoryLimit > 0 {
 		debug.SetMemoryLimit(cfg.GoMemoryLimit)
 	}
-	w := &worker{cfg: cfg, sink: &logSink{maxBytes: cfg.MaxLogBytes, maxLines: cfg.MaxLogLines}}
+	w := &worker{cfg: cfg, cacheDir: cfg.CacheDir, spares: make(chan fresh, spareRuntimes), idle: make(chan struct{}, 1)}
 	// The first runtime compiles (or loads from the cache) the QuickJS module: the cold cost.
-	if err := w.prepare(cfg.MemoryBytes); err != nil {
-		return err
+	first := w.newRuntime(cfg.MemoryBytes)
+	if first.err != nil && w.cacheDir != "" {
+		// An unreadable cache must not take the capability down: compile instead.
+		fmt.Fprintf(os.Stderr, "script worker: compilation cache %s unusable, compiling: %v\n", w.cacheDir, first.err)
+		w.cacheDir = ""
+		first = w.newRuntime(cfg.MemoryBytes)
 	}
+	if first.err != nil {
+		return first.err
+	}
+	w.spares <- first
+	w.idle <- struct{}{}
+	go w.fill()
 	if err := writeFrame(out, reply{Ready: true, Landlock: cfg.Landlock}); err != nil {
 		return err
 	}
@@ -69,78 +103,110 @@ func serve(cfg setup, in *bufio.Reader, out *os.File) error {
 		if err := readFrame(in, maxJobFrame, &j); err != nil {
 			return nil // the daemon closed our stdin: done
 		}
-		rep := w.run(j)
+		w.busy.Store(true)
+		w.jobs.Add(1)
+		rep, spent := w.run(j)
 		if err := writeFrame(out, rep); err != nil {
 			return err
 		}
+		closeRuntime(spent) // after the reply: off the caller's path
 		if rep.Unusable {
 			return fmt.Errorf("runtime unusable after: %s", rep.Error.Message)
 		}
-		if err := w.prepare(cfg.MemoryBytes); err != nil {
-			return err
+		w.busy.Store(false)
+		select {
+		case w.idle <- struct{}{}:
+		default: // fill is awake already
 		}
 	}
 }
 
-// prepare makes sure a fresh runtime with the given memory limit is waiting.
-func (w *worker) prepare(limit int64) (err error) {
-	if w.spare != nil && w.limit == limit {
-		return nil
+// fill tops spares up whenever the worker is between jobs, until a runtime cannot be
+// made; that failure is handed to the next job, which reports the worker unusable. The
+// worker's exit ends fill. Only fill adds to spares, so its sends never block.
+func (w *worker) fill() {
+	for range w.idle {
+		for len(w.spares) < cap(w.spares) {
+			// Only in a quiet spell: inside a burst the next job would share the CPU with
+			// a runtime being made (~3 ms of it), which costs more than it saves.
+			seen := w.jobs.Load()
+			time.Sleep(idleBeforeFill)
+			if w.busy.Load() || w.jobs.Load() != seen {
+				break // a job came: look again when it is done
+			}
+			f := w.newRuntime(w.cfg.MemoryBytes)
+			w.spares <- f
+			if f.err != nil {
+				return
+			}
+		}
 	}
-	if w.spare != nil {
-		closeRuntime(w.spare)
-		w.spare = nil
+}
+
+// take returns a fresh runtime with the given memory limit: a spare when the job asks
+// for the default limit and one is ready, else one made now (QuickJS fixes the limit at
+// creation; fill makes none while a job runs).
+func (w *worker) take(limit int64) fresh {
+	if limit == w.cfg.MemoryBytes {
+		select {
+		case f := <-w.spares:
+			return f
+		default: // a burst drained them
+		}
 	}
+	return w.newRuntime(limit)
+}
+
+// newRuntime makes a runtime with the given memory limit and runs the prelude in it.
+func (w *worker) newRuntime(limit int64) (f fresh) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("new runtime: %v", r)
+			f = fresh{err: fmt.Errorf("new runtime: %v", r)}
 		}
 	}()
+	sink := &logSink{maxBytes: w.cfg.MaxLogBytes, maxLines: w.cfg.MaxLogLines}
 	rt, err := qjs.New(qjs.Option{
 		CWD:         w.cfg.Root,
-		CacheDir:    w.cfg.CacheDir,
+		CacheDir:    w.cacheDir,
 		MemoryLimit: int(limit),
-		Stdout:      w.sink,
-		Stderr:      w.sink,
+		Stdout:      sink,
+		Stderr:      sink,
 	})
-	if err != nil && w.cfg.CacheDir != "" {
-		// An unreadable cache must not take the capability down: compile instead.
-		fmt.Fprintf(os.Stderr, "script worker: compilation cache %s unusable, compiling: %v\n", w.cfg.CacheDir, err)
-		w.cfg.CacheDir = ""
-		return w.prepare(limit)
-	}
 	if err != nil {
-		return fmt.Errorf("new runtime: %w", err)
+		return fresh{err: fmt.Errorf("new runtime: %w", err)}
 	}
 	v, err := rt.Eval("prelude.js", qjs.Code(prelude))
 	if err != nil {
 		closeRuntime(rt)
-		return fmt.Errorf("prelude: %w", err)
+		return fresh{err: fmt.Errorf("prelude: %w", err)}
 	}
 	v.Free()
-	w.spare, w.limit = rt, limit
-	return nil
+	return fresh{rt: rt, sink: sink}
 }
 
-// run executes one job on the spare runtime, which is spent afterwards.
-func (w *worker) run(j job) (rep reply) {
+// run executes one job on a fresh runtime and returns that runtime, spent, for the
+// caller to close once the reply is out.
+func (w *worker) run(j job) (rep reply, spent *qjs.Runtime) {
 	start := time.Now()
-	w.sink.reset()
+	f := w.take(j.MemoryBytes)
+	if f.err != nil {
+		return reply{Error: &Error{Kind: KindException, Message: f.err.Error()}, Unusable: true, Nanos: time.Since(start).Nanoseconds()}, nil
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			// qjs panics when the wasm side traps (deep recursion, proc_exit, ...):
 			// the runtime is gone, so is this worker after the reply.
 			rep = reply{Error: panicError(r), Unusable: true}
 		}
-		rep.Logs = w.sink.lines()
+		rep.Logs = f.sink.lines()
 		rep.Nanos = time.Since(start).Nanoseconds()
-		w.spare = nil
+		spent = f.rt
 	}()
-	if err := w.prepare(j.MemoryBytes); err != nil {
-		return reply{Error: &Error{Kind: KindException, Message: err.Error()}, Unusable: true}
-	}
-	rt := w.spare
-	defer closeRuntime(rt)
+	return w.eval(f.rt, j), f.rt
+}
+
+// eval runs the job's source and its transform call on rt.
+func (w *worker) eval(rt *qjs.Runtime, j job) reply {
 	v, err := rt.Eval("script.js", qjs.Code(j.Source))
 	if err != nil {
 		return reply{Error: jsError(err)}
@@ -167,6 +233,9 @@ return transform(JSON.parse(` + string(lit) + `));
 }
 
 func closeRuntime(rt *qjs.Runtime) {
+	if rt == nil {
+		return
+	}
 	defer func() { _ = recover() }() // closing a trapped runtime panics too
 	rt.Close()
 }

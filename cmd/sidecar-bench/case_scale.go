@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+)
+
+// caseScale: the lease-count curve. With 10, 100, (1,000) leases held, acquire + release
+// of one more, exec true in a held lease, and the daemon's resident memory. Flat rows
+// mean no per-operation cost grows with the leases held (the lease journal; before it
+// every change rewrote the whole table).
+func (b *bench) caseScale(ctx context.Context) error {
+	var held []*client.Lease
+	defer func() {
+		for _, l := range held {
+			_ = l.Release(context.WithoutCancel(ctx))
+		}
+	}()
+	var rss []string
+	for _, n := range b.sz.scaleHeld {
+		for len(held) < n {
+			l, err := b.acquire(ctx, apitype.Limits{})
+			if err != nil {
+				return fmt.Errorf("holding lease %d of %d: %w", len(held)+1, n, err)
+			}
+			held = append(held, l)
+		}
+		probe := held[len(held)/2]
+		s, err := interleave(ctx, 2, b.sz.reps,
+			timed("acquire + release", func(ctx context.Context) error {
+				l, err := b.acquire(ctx, apitype.Limits{})
+				if err != nil {
+					return err
+				}
+				return l.Release(ctx)
+			}),
+			timed("exec", func(ctx context.Context) error { return execTrue(ctx, probe) }),
+			timed("fork/exec", forkExecTrue))
+		if err != nil {
+			return err
+		}
+		b.add(row{name: fmt.Sprintf("acquire + release, %d leases held", n), unit: latency, sidecar: s[0],
+			floorName: "local fork/exec", floor: s[2]})
+		b.add(row{name: fmt.Sprintf("exec `true`, %d leases held", n), unit: latency, sidecar: s[1],
+			floorName: "local fork/exec", floor: s[2]})
+		st := daemontest.ReadProcStatus(b.d.Pid())
+		rss = append(rss, fmt.Sprintf("%d held: %.1f MB", n, float64(st.RSSKB)*1.024/1e3))
+	}
+	b.note("Daemon RSS with leases held (lease-count curve): %s.", strings.Join(rss, ", "))
+	return nil
+}
