@@ -300,9 +300,16 @@ func runServe(ctx context.Context, args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGUSR1 drains (no new lease; the existing ones run to their end), SIGUSR2 ends a
+	// drain: the same as POST and DELETE /v1/drain, for an operator on the host.
+	drain := make(chan os.Signal, 1)
+	signal.Notify(drain, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(drain)
 	go func() {
 		for {
 			select {
+			case sig := <-drain:
+				d.SetDraining(sig == syscall.SIGUSR1)
 			case <-hup:
 				_, _ = systemd.Reloading()
 				if err := reloader.Reload(); err != nil {
