@@ -15,6 +15,8 @@ import (
 //   - acquiring for a session that holds a lease here returns that lease, so an app that
 //     re-acquires by session id (client.Provider) keeps its session where it lives;
 //   - every call on an existing lease, renewals included, works as before;
+//   - an acquire already past the drain check when the drain starts completes, as any
+//     request in flight does: a drain is followed by waiting for active_leases to reach 0;
 //   - GET /readyz fails (503 draining): Kubernetes takes the pod out of the rotation and a
 //     PodDisruptionBudget counts it as disrupted. GET /healthz (liveness) stays 200.
 

@@ -9,7 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -166,10 +168,19 @@ func TestFleetKillAndDrain(t *testing.T) {
 		t.Fatalf("list: %d leases, want the survivors' %d", len(all), live)
 	}
 
-	// 3. Drain daemon 1: new leases go to 2; 1's leases keep working; its session stays.
-	if _, err := ds[1].client.Drain(ctx, true); err != nil {
+	// 3. Drain daemon 1 (by SIGUSR1, as an operator on the host would): new leases go to
+	// 2; 1's leases keep working; its session stays.
+	draining := func(want bool) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("draining=%v in /v1/info", want), 30*time.Second, func() bool {
+			info, err := ds[1].client.Info(ctx)
+			return err == nil && info.Draining == want
+		})
+	}
+	if err := syscall.Kill(ds[1].Pid(), syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
+	draining(true)
 	afterDrain := len(leases)
 	for i := range 4 {
 		acquire(fmt.Sprintf("fleet-d-%d", i))
@@ -216,6 +227,10 @@ func TestFleetKillAndDrain(t *testing.T) {
 	if st, err := ds[1].client.Drain(ctx, true); err != nil || st.ActiveLeases != 0 {
 		t.Fatalf("drained sidecar after its leases ended: %+v %v", st, err)
 	}
+	if err := syscall.Kill(ds[1].Pid(), syscall.SIGUSR2); err != nil { // the undo
+		t.Fatal(err)
+	}
+	draining(false)
 	for _, p := range leases {
 		p.l.StopRenewing() // the cleanup releases the rest, the dead one's after a restart
 	}
