@@ -116,6 +116,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.MaxLeases < 1 {
 		errs = append(errs, errors.New("SIDECAR_MAX_LEASES must be at least 1"))
 	}
+	if c.CapacityMemoryBytes < 0 {
+		errs = append(errs, errors.New("SIDECAR_CAPACITY_MEMORY_BYTES must not be negative (0 or unset: the host's MemTotal)"))
+	}
 	if c.DefaultTTL <= 0 || c.MaxTTL < c.DefaultTTL {
 		errs = append(errs, errors.New("SIDECAR_LEASE_TTL must be positive and at most SIDECAR_LEASE_MAX_TTL"))
 	}

@@ -42,26 +42,27 @@ type Config struct {
 	StateDir string `env:"SIDECAR_STATE_DIR"`
 	WorkRoot string `env:"SIDECAR_WORK_ROOT"`
 
-	MaxLeases int `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
-	// CapacityMemoryBytes is the memory all leases may commit, reported in GET /v1/info
-	// for placement across sidecars; 0: the host's MemTotal.
-	CapacityMemoryBytes int64         `env:"SIDECAR_CAPACITY_MEMORY_BYTES"`
-	DefaultTTL          time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
-	MaxTTL              time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
-	DefaultLimits       lease.Limits  `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
-	MaxLimits           lease.Limits  `envPrefix:"SIDECAR_MAX_LIMITS_"`
-	UIDFirst, UIDLast   int
-	CgroupParent        string `env:"SIDECAR_CGROUP_PARENT"`
-	Isolation           string `env:"SIDECAR_ISOLATION" envDefault:"strict"`   // "strict" or "none"
-	Seccomp             string `env:"SIDECAR_SECCOMP" envDefault:"strict"`     // "strict" or "off": the system-call filter on lease processes and script workers
-	MinLandlockABI      int    `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"` // operator's floor: refuse to start below it; 0 none
-	RequireCgroup       string `env:"SIDECAR_REQUIRE_CGROUP"`                  // operator's floor: "v1", "v2" or "" (either)
-	LandlockMaxABI      int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
+	MaxLeases         int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
+	DefaultTTL        time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
+	MaxTTL            time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
+	DefaultLimits     lease.Limits  `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
+	MaxLimits         lease.Limits  `envPrefix:"SIDECAR_MAX_LIMITS_"`
+	UIDFirst, UIDLast int
+	CgroupParent      string `env:"SIDECAR_CGROUP_PARENT"`
+	Isolation         string `env:"SIDECAR_ISOLATION" envDefault:"strict"`   // "strict" or "none"
+	Seccomp           string `env:"SIDECAR_SECCOMP" envDefault:"strict"`     // "strict" or "off": the system-call filter on lease processes and script workers
+	MinLandlockABI    int    `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"` // operator's floor: refuse to start below it; 0 none
+	RequireCgroup     string `env:"SIDECAR_REQUIRE_CGROUP"`                  // operator's floor: "v1", "v2" or "" (either)
+	LandlockMaxABI    int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
 	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
 	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
 	// or "off" (the API meter only). See lease/disk.
 	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
+
+	// CapacityMemoryBytes is the memory all leases may commit, reported in GET /v1/info
+	// for placement across sidecars; 0: the host's MemTotal.
+	CapacityMemoryBytes int64 `env:"SIDECAR_CAPACITY_MEMORY_BYTES"`
 
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`      // run-to-completion output cap per stream
 	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`   // replay buffer per background process
@@ -299,20 +300,19 @@ func (d *Daemon) sweep(ctx context.Context) {
 func (d *Daemon) serve(ctx context.Context) error {
 	cfg, log := d.cfg, d.log
 	opts := sidecar.ServerOptions{
-		Logger:              log,
-		Version:             cfg.Version,
-		SharedTokens:        []string{cfg.SharedToken, cfg.PreviousToken},
-		Tokens:              d.tokens,
-		Leases:              d.leases,
-		Processes:           d.procs,
-		Files:               d.rt,
-		Host:                d.rt,
-		AllowedOrigins:      cfg.AllowedOrigins,
-		Limits:              cfg.HTTP,
-		CertNotAfter:        cfg.CertNotAfter,
-		Now:                 cfg.Now,
-		HostPaths:           []string{cfg.WorkRoot, cfg.StateDir},
-		CapacityMemoryBytes: capacityMemory(cfg.CapacityMemoryBytes),
+		Logger:         log,
+		Version:        cfg.Version,
+		SharedTokens:   []string{cfg.SharedToken, cfg.PreviousToken},
+		Tokens:         d.tokens,
+		Leases:         d.leases,
+		Processes:      d.procs,
+		Files:          d.rt,
+		Host:           d.rt,
+		AllowedOrigins: cfg.AllowedOrigins,
+		Limits:         cfg.HTTP,
+		CertNotAfter:   cfg.CertNotAfter,
+		Now:            cfg.Now,
+		HostPaths:      []string{cfg.WorkRoot, cfg.StateDir},
 		Info: apitype.Info{
 			Limits: apitype.ServiceLimits{
 				MaxLeases:        cfg.MaxLeases,
@@ -327,6 +327,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 			DefaultTTL:    int64(cfg.DefaultTTL.Seconds()),
 		},
 	}
+	opts.CapacityMemoryBytes = capacityMemory(cfg.CapacityMemoryBytes)
 	if d.scripts != nil { // a nil *script.Runner in the interface would read as enabled
 		opts.Scripts = d.scripts
 	}
