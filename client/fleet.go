@@ -138,13 +138,17 @@ func (f *fleet) add(raw, serverName string) error {
 // the previous addresses.
 func (f *fleet) current(ctx context.Context) ([]*member, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if f.dnsName == "" || time.Since(f.resolvedAt) < fleetResolveEvery && len(f.members) > 0 {
+		defer f.mu.Unlock()
 		return slices.Clone(f.members), nil
 	}
+	f.mu.Unlock()
+	// Resolved without the lock: a slow resolver must not hold up calls on known leases.
 	rctx, cancel := context.WithTimeout(ctx, f.probeTime)
 	addrs, err := f.lookup(rctx, f.dnsName)
 	cancel()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if err != nil || len(addrs) == 0 {
 		if len(f.members) > 0 {
 			f.log("fleet: resolving failed; keeping the previous sidecars", "name", f.dnsName, "err", err)
