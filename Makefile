@@ -31,7 +31,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test
+.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
 
 all: build
 
@@ -75,7 +75,14 @@ run: build
 # a short run of each fuzz target.
 test: check
 
-check: fmt tidy vet staticcheck race fuzz
+check: fmt tidy vet staticcheck race fuzz chart-test
+
+# chart-test: the Helm chart (deploy/helm/sidecar) rendered by Helm's engine, every object
+# decoded strictly into the Kubernetes API types. deploy/ is a module of its own, so Helm
+# and the Kubernetes types never enter the daemon's go.mod; a few seconds once its
+# modules are downloaded.
+chart-test:
+	cd deploy && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
 
 # tidy: go.mod says what the code imports, no more, no less (direct dependencies are not
 # marked indirect).

@@ -10,6 +10,7 @@
 package client
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -27,8 +28,17 @@ import (
 // Config says where the daemon is and how to prove who we are. Only URL is required; the
 // zero value of everything else means "the system roots, no credential, no logging".
 type Config struct {
-	// URL of the daemon, https only, e.g. https://10.0.0.5:7443.
+	// URL of the daemon, https only, e.g. https://10.0.0.5:7443. A comma-separated list
+	// names several sidecars (a fleet, see fleet.go): new leases are placed by capacity,
+	// and each lease stays on its sidecar.
 	URL string
+	// Discovery "dns": URL's host is a name (a Kubernetes headless Service) and each
+	// address it resolves to is a sidecar, spoken to with the name as TLS server name.
+	// "" (default): URL is the one sidecar, or the list. Opt-in, since a name with several
+	// addresses is as often one daemon (dual-stack localhost, a load balancer).
+	Discovery string
+	// LookupHost resolves the name for Discovery "dns"; nil: the system resolver.
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 	// Token is the shared token (full access) or a lease token (that lease only).
 	Token string
 	// CAFile verifies the daemon's certificate; empty uses the system roots.
@@ -44,10 +54,17 @@ type Config struct {
 	// files (tracing, metrics, a test validating every reply). Websockets do not pass
 	// through it, and neither does an HTTPClient given above.
 	WrapTransport func(http.RoundTripper) http.RoundTripper
+
+	serverName string // a fleet member's TLS name when it is not the URL's host
 }
 
-// Client talks to one daemon. It is safe for concurrent use.
+// DiscoveryDNS is the Config.Discovery (SANDBOX_REMOTE_DISCOVERY) of a DNS fleet.
+const DiscoveryDNS = "dns"
+
+// Client talks to one daemon, or to several (a fleet). It is safe for concurrent use.
 type Client struct {
+	fleet *fleet // nil: one daemon, the fields below; else they are unset and the
+	// members' clients do the talking
 	base  *url.URL
 	token string
 	hc    *http.Client
@@ -71,12 +88,15 @@ const (
 )
 
 func New(cfg Config) (*Client, error) {
-	base, err := url.Parse(strings.TrimRight(cfg.URL, "/"))
-	if err != nil {
-		return nil, fmt.Errorf("client: bad URL: %w", err)
+	if cfg.Discovery != "" && cfg.Discovery != DiscoveryDNS {
+		return nil, fmt.Errorf("client: discovery %q: want %q or none", cfg.Discovery, DiscoveryDNS)
 	}
-	if base.Scheme != "https" || base.Host == "" {
-		return nil, errors.New("client: URL must be https://host[:port]")
+	if isFleet(cfg) {
+		return newFleet(cfg)
+	}
+	base, err := parseBase(cfg.URL)
+	if err != nil {
+		return nil, err
 	}
 	c := &Client{
 		base:   base,
@@ -87,7 +107,7 @@ func New(cfg Config) (*Client, error) {
 		reconn: defaultReattach,
 	}
 	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
+		c.log = discardLogger()
 	}
 	var tlsConf *tls.Config
 	dialer := &websocket.Dialer{
@@ -101,6 +121,9 @@ func New(cfg Config) (*Client, error) {
 		tlsConf, err = tlsconfig.Client(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
 		if err != nil {
 			return nil, fmt.Errorf("client: TLS: %w", err)
+		}
+		if cfg.serverName != "" {
+			tlsConf.ServerName = cfg.serverName
 		}
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.TLSClientConfig = tlsConf
@@ -145,8 +168,26 @@ func New(cfg Config) (*Client, error) {
 // now (both the HTTP/2 one and the HTTP/1.1 ones of bulk downloads). Requests still work
 // afterwards: they dial again.
 func (c *Client) CloseIdleConnections() {
+	if c.fleet != nil {
+		c.fleet.closeIdle()
+		return
+	}
 	c.hc.CloseIdleConnections()
 	if c.bulk != nil {
 		c.bulk.CloseIdleConnections()
 	}
 }
+
+// parseBase checks one daemon URL.
+func parseBase(raw string) (*url.URL, error) {
+	base, err := url.Parse(strings.TrimRight(strings.TrimSpace(raw), "/"))
+	if err != nil {
+		return nil, fmt.Errorf("client: bad URL: %w", err)
+	}
+	if base.Scheme != "https" || base.Host == "" {
+		return nil, errors.New("client: URL must be https://host[:port]")
+	}
+	return base, nil
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

@@ -12,6 +12,7 @@ import (
 const (
 	EnvProvider       = "SANDBOX_PROVIDER"
 	EnvURL            = "SANDBOX_REMOTE_URL"
+	EnvDiscovery      = "SANDBOX_REMOTE_DISCOVERY"
 	EnvToken          = "SANDBOX_REMOTE_AUTH_TOKEN"
 	EnvTokenFile      = "SANDBOX_REMOTE_AUTH_TOKEN_FILE"
 	EnvCAFile         = "SANDBOX_REMOTE_CA_FILE"
@@ -56,17 +57,38 @@ func remoteConfig(lookup func(string) (string, bool), needProvider bool) (Config
 	case raw == "":
 		bad("%s is required", EnvURL)
 	default:
-		u, err := url.Parse(raw)
-		switch {
-		case err != nil:
-			bad("%s is not a URL", EnvURL)
-		case u.Scheme != "https":
-			bad("%s must be an https:// URL (got scheme %q)", EnvURL, u.Scheme)
-		case u.Host == "":
-			bad("%s has no host", EnvURL)
-		default:
+		// A comma-separated list names several sidecars (a fleet); each must be good.
+		ok := true
+		for _, one := range strings.Split(raw, ",") {
+			one = strings.TrimSpace(one)
+			u, err := url.Parse(one)
+			switch {
+			case one == "":
+				bad("%s has an empty entry in its list", EnvURL)
+			case err != nil:
+				bad("%s is not a URL", EnvURL)
+			case u.Scheme != "https":
+				bad("%s must be an https:// URL (got scheme %q)", EnvURL, u.Scheme)
+			case u.Host == "":
+				bad("%s has no host", EnvURL)
+			default:
+				continue
+			}
+			ok = false
+		}
+		if ok {
 			cfg.URL = raw
 		}
+	}
+	switch d := get(EnvDiscovery); d {
+	case "":
+	case DiscoveryDNS:
+		if strings.Contains(get(EnvURL), ",") {
+			bad("%s=dns takes one URL (a name), not a list", EnvDiscovery)
+		}
+		cfg.Discovery = d
+	default:
+		bad("%s must be %q or unset (got %q)", EnvDiscovery, DiscoveryDNS, d)
 	}
 
 	token, tokenFile := get(EnvToken), get(EnvTokenFile)

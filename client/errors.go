@@ -46,6 +46,9 @@ var (
 	// ErrSandboxSetupFailed: a step of the lease's sandbox failed before the command ran;
 	// the APIError's Detail names the step.
 	ErrSandboxSetupFailed = errors.New("sandbox setup failed")
+	// ErrDraining: the daemon is draining and takes no new lease (a session's existing
+	// lease is still returned). A client of several sidecars places the lease elsewhere.
+	ErrDraining = errors.New("sidecar draining")
 )
 
 var sentinelByCode = map[string]error{
@@ -74,6 +77,7 @@ var sentinelByCode = map[string]error{
 	apitype.CodeOldTextNotFound:    ErrOldTextNotFound,
 	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
 	apitype.CodeSandboxSetupFailed: ErrSandboxSetupFailed,
+	apitype.CodeDraining:           ErrDraining,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

@@ -33,6 +33,9 @@ type Lease struct {
 // are retried with backoff and reported by Err; an expired or vanished lease stops the
 // renewal for good.
 func (c *Client) Acquire(ctx context.Context, req apitype.AcquireRequest) (*Lease, error) {
+	if c.fleet != nil {
+		return c.fleet.acquire(ctx, req)
+	}
 	info, err := c.acquire(ctx, req)
 	if err != nil {
 		return nil, err
@@ -57,7 +60,13 @@ func (c *Client) Acquire(ctx context.Context, req apitype.AcquireRequest) (*Leas
 // ask the owner to. When the owner renews the lease past the token's expiry, the daemon's
 // next reply to this handle carries a fresh token, which the handle keeps (Token); a
 // worker idle for longer than its token's remaining life calls RefreshToken first.
+//
+// On a fleet, the lease's sidecar is looked up first (this Client's map of the leases it
+// has seen, else one GET on every sidecar, bounded by 10 s).
 func (c *Client) OpenLease(id, token string) *Lease {
+	if c.fleet != nil {
+		return c.fleet.openLease(id, token)
+	}
 	return &Lease{c: c, id: id, byToken: true, info: apitype.Lease{ID: id, Token: token}}
 }
 

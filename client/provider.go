@@ -197,10 +197,12 @@ func (p *Provider) Release(ctx context.Context, sessionID string) error {
 		// Released or expired behind this handle's back: look the session up again, it
 		// may hold a newer lease.
 	}
-	leases, err := p.c.List(ctx)
-	if err != nil {
-		return err
+	leases, listErr := p.c.List(ctx)
+	if listErr != nil && len(leases) == 0 {
+		return listErr
 	}
+	// On a fleet, some sidecars may not have answered: the session is looked for among
+	// the others', and the error is kept for when it is not found there.
 	found := false
 	for _, info := range leases {
 		if info.SessionID != sessionID {
@@ -212,6 +214,9 @@ func (p *Provider) Release(ctx context.Context, sessionID string) error {
 		}
 	}
 	if !found {
+		if listErr != nil {
+			return listErr
+		}
 		return fmt.Errorf("%w: no lease for session %q", ErrLeaseNotFound, sessionID)
 	}
 	return nil

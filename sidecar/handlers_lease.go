@@ -51,6 +51,8 @@ func (s *Server) info() apitype.Info {
 		DiskQuota:        s.opts.Info.Capabilities.DiskQuota,
 		Layers:           caps.Layers,
 	}
+	info.Draining = s.Draining()
+	info.Capacity = s.capacity()
 	return info
 }
 
@@ -61,6 +63,19 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ princip
 	}
 	if req.TTLSeconds < 0 {
 		return badRequest("ttl_seconds must not be negative")
+	}
+	if s.Draining() {
+		// The session's lease, if it lives here, is still returned as Acquire would
+		// (nothing renewed); no lease is created.
+		l, ok := s.sessionLease(req.SessionID)
+		if !ok {
+			return errDraining()
+		}
+		out, err := s.leaseWithToken(r.Context(), l)
+		if err != nil {
+			return err
+		}
+		return writeJSON(w, http.StatusOK, out)
 	}
 	l, created, err := s.opts.Leases.Acquire(r.Context(), lease.Request{
 		SessionID: req.SessionID,
@@ -87,7 +102,13 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ princip
 func (s *Server) handleListLeases(w http.ResponseWriter, r *http.Request, _ principal) error {
 	leases := s.opts.Leases.List()
 	out := apitype.LeaseList{Leases: make([]apitype.Lease, 0, len(leases))}
+	// ?session_id= narrows the list to one session's lease: how a client of several
+	// sidecars finds where a session lives before it places a new lease.
+	session, filtered := r.URL.Query()["session_id"]
 	for _, l := range leases {
+		if filtered && l.SessionID != session[0] {
+			continue
+		}
 		out.Leases = append(out.Leases, s.inspect(r.Context(), l))
 	}
 	return writeJSON(w, http.StatusOK, out)

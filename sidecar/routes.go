@@ -10,6 +10,7 @@ import (
 // routes is the whole API surface in one place (see docs/api.md).
 func (s *Server) routes() {
 	s.route("GET /healthz", public, s.handleHealthz)
+	s.route("GET /readyz", public, s.handleReadyz)
 	s.route("GET /v1/openapi.yaml", public, s.handleOpenAPI)
 	s.route("GET /v1/info", anyCred, s.handleInfo)
 	s.route("GET /metrics", sharedOnly, s.handleMetrics)
@@ -20,6 +21,8 @@ func (s *Server) routes() {
 	s.route("POST /v1/leases/{id}/renew", leaseScope, s.handleRenew)
 	s.route("DELETE /v1/leases/{id}", leaseScope, s.handleRelease)
 	s.route("POST /v1/cleanup", sharedOnly, s.handleCleanup)
+	s.route("POST /v1/drain", sharedOnly, s.handleDrain)
+	s.route("DELETE /v1/drain", sharedOnly, s.handleDrain)
 
 	s.route("POST /v1/leases/{id}/exec", leaseScope, s.handleExec)
 	s.route("GET /v1/leases/{id}/exec", leaseScope, s.handleExecStream)

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -116,6 +117,9 @@ type ServerOptions struct {
 	Now            func() time.Time // the lease clock; default time.Now
 	// HostPaths are redacted from error details (work root, state dir).
 	HostPaths []string
+	// CapacityMemoryBytes is the memory leases may commit in all, for the capacity GET
+	// /v1/info reports (0: none counted).
+	CapacityMemoryBytes int64
 }
 
 // Server serves the v1 API over TLS.
@@ -136,6 +140,8 @@ type Server struct {
 	stop     context.CancelFunc
 	// patterns are the routes as registered, for the OpenAPI contract test.
 	patterns []string
+	// draining refuses new leases (drain.go).
+	draining atomic.Bool
 }
 
 // NewServer builds the server and its routes; Listen and Serve start it.

@@ -16,6 +16,8 @@ const Workspace = "/workspace"
 // Routes, as Go 1.22 ServeMux patterns without the method.
 const (
 	RouteHealthz            = "/healthz"
+	RouteReadyz             = "/readyz"
+	RouteDrain              = "/v1/drain"
 	RouteMetrics            = "/metrics"
 	RouteInfo               = "/v1/info"
 	RouteLeases             = "/v1/leases"
@@ -104,6 +106,10 @@ const (
 	// CodeSandboxSetupFailed (500): a step of the lease's sandbox (cgroup join, mount, uid
 	// drop, Landlock, seccomp…) failed before the command ran; the detail names the step.
 	CodeSandboxSetupFailed = "sandbox_setup_failed"
+	// CodeDraining (503): the daemon is draining and takes no new lease; a session's
+	// existing lease is still returned, and every other call on a lease still works.
+	// A fleet client places the new lease on another sidecar.
+	CodeDraining = "draining"
 )
 
 // Problem is an RFC 9457 problem details body.
@@ -159,6 +165,30 @@ type Info struct {
 	Limits        ServiceLimits `json:"limits"`
 	DefaultLimits Limits        `json:"default_limits"`
 	DefaultTTL    int64         `json:"default_ttl_seconds"`
+	// Draining: the daemon refuses new leases (POST /v1/drain, SIGUSR1, `sidecar drain`)
+	// while its leases run to their end.
+	Draining bool `json:"draining"`
+	// Capacity is what is free now, for a client that places leases on several sidecars.
+	Capacity Capacity `json:"capacity"`
+}
+
+// Capacity is the free room of one daemon, as GET /v1/info reports it. Memory is
+// counted by the leases' limits (what they may use), not by what they use now: a
+// placement by committed memory does not overfill a host whose leases are idle.
+type Capacity struct {
+	ActiveLeases int `json:"active_leases"`
+	FreeLeases   int `json:"free_leases"` // max_leases - active_leases, never below 0
+	// MemoryBytes is what leases may commit in all: SIDECAR_CAPACITY_MEMORY_BYTES, else
+	// the host's MemTotal.
+	MemoryBytes          int64 `json:"memory_bytes"`
+	MemoryCommittedBytes int64 `json:"memory_committed_bytes"` // sum of the active leases' memory limits
+	MemoryHeadroomBytes  int64 `json:"memory_headroom_bytes"`  // memory_bytes - committed, never below 0
+}
+
+// DrainStatus is the reply of POST and DELETE /v1/drain.
+type DrainStatus struct {
+	Draining     bool `json:"draining"`
+	ActiveLeases int  `json:"active_leases"` // leases still running; 0: the daemon can stop
 }
 
 // Limits bound one lease. Zero means "the daemon's default".

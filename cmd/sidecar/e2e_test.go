@@ -246,6 +246,18 @@ func TestServeAndCLI(t *testing.T) {
 		t.Fatalf("cleanup: exit %d", code)
 	}
 
+	// Drain by the CLI and by signal: a new lease is refused with the stable code, the
+	// undo takes leases again.
+	if out, code = cli("", "drain", "--wait", "10s"); code != 0 || out != "draining; 0 leases active\n" {
+		t.Fatalf("drain: exit %d: %q", code, out)
+	}
+	if out, code = cli("", "leases", "new", "drained-session"); code != exitFailure {
+		t.Fatalf("leases new while draining: exit %d (want %d): %q", code, exitFailure, out)
+	}
+	if out, code = cli("", "drain", "--undo", "-o", "json"); code != 0 || !strings.Contains(out, `"draining": false`) {
+		t.Fatalf("drain --undo: exit %d: %q", code, out)
+	}
+
 	// SIGTERM: a clean, prompt exit.
 	serve.Process.Signal(syscall.SIGTERM)
 	select {

@@ -116,6 +116,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.MaxLeases < 1 {
 		errs = append(errs, errors.New("SIDECAR_MAX_LEASES must be at least 1"))
 	}
+	if c.CapacityMemoryBytes < 0 {
+		errs = append(errs, errors.New("SIDECAR_CAPACITY_MEMORY_BYTES must not be negative (0 or unset: the host's MemTotal)"))
+	}
 	if c.DefaultTTL <= 0 || c.MaxTTL < c.DefaultTTL {
 		errs = append(errs, errors.New("SIDECAR_LEASE_TTL must be positive and at most SIDECAR_LEASE_MAX_TTL"))
 	}
@@ -300,9 +303,16 @@ func runServe(ctx context.Context, args []string) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGUSR1 drains (no new lease; the existing ones run to their end), SIGUSR2 ends a
+	// drain: the same as POST and DELETE /v1/drain, for an operator on the host.
+	drain := make(chan os.Signal, 1)
+	signal.Notify(drain, syscall.SIGUSR1, syscall.SIGUSR2)
+	defer signal.Stop(drain)
 	go func() {
 		for {
 			select {
+			case sig := <-drain:
+				d.SetDraining(sig == syscall.SIGUSR1)
 			case <-hup:
 				_, _ = systemd.Reloading()
 				if err := reloader.Reload(); err != nil {

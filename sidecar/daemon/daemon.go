@@ -60,6 +60,10 @@ type Config struct {
 	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
 
+	// CapacityMemoryBytes is the memory all leases may commit, reported in GET /v1/info
+	// for placement across sidecars; 0: the host's MemTotal.
+	CapacityMemoryBytes int64 `env:"SIDECAR_CAPACITY_MEMORY_BYTES"`
+
 	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`      // run-to-completion output cap per stream
 	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`   // replay buffer per background process
 	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`              // background processes per lease
@@ -324,6 +328,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 			DefaultTTL:    int64(cfg.DefaultTTL.Seconds()),
 		},
 	}
+	opts.CapacityMemoryBytes = capacityMemory(cfg.CapacityMemoryBytes)
 	if d.scripts != nil { // a nil *script.Runner in the interface would read as enabled
 		opts.Scripts = d.scripts
 	}
@@ -351,6 +356,9 @@ func (d *Daemon) serve(ctx context.Context) error {
 
 // Addr is where the daemon listens.
 func (d *Daemon) Addr() net.Addr { return d.srv.Load().Addr() }
+
+// SetDraining starts or ends a drain (SIGUSR1, SIGUSR2); see sidecar.Server.SetDraining.
+func (d *Daemon) SetDraining(on bool) bool { return d.srv.Load().SetDraining(on) }
 
 // Done reports a fatal serve error (or nil after Close).
 func (d *Daemon) Done() <-chan error { return d.serveErr }

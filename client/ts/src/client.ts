@@ -20,6 +20,7 @@ export type DirListing = Schemas["DirListing"];
 export type ArchiveStats = Schemas["ArchiveStats"];
 export type Info = Schemas["Info"];
 export type CleanupResult = Schemas["CleanupResult"];
+export type DrainStatus = Schemas["DrainStatus"];
 export type ScriptRequest = Schemas["ScriptRequest"];
 export type ScriptResult = Schemas["ScriptResult"];
 
@@ -174,6 +175,12 @@ export class Client {
 
   cleanup(): Promise<CleanupResult> {
     return this.json({ method: "POST", path: "/v1/cleanup" });
+  }
+
+  /** Drain (true: refuse new leases while the existing ones run to their end) or end a
+   * drain (false); shared token only. */
+  drain(on = true): Promise<DrainStatus> {
+    return this.json({ method: on ? "POST" : "DELETE", path: "/v1/drain" });
   }
 
   runScript(req: ScriptRequest): Promise<ScriptResult> {

@@ -9,7 +9,7 @@ import { Readable, type Writable } from "node:stream";
 import { finished } from "node:stream/promises";
 import {
   SidecarError, NotFoundError, LeaseNotFoundError, InvalidRequestError, PathOutsideWorkdirError,
-  errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, type LeaseHandle, type Process,
+  errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, DrainingError, UnavailableError, type LeaseHandle, type Process,
 } from "../src/index.js";
 import { startDaemon, type Daemon } from "./daemon.js";
 
@@ -55,6 +55,25 @@ test("a problem code maps to its typed error", { timeout: 120_000 }, async () =>
     assert.ok(e instanceof cls && e.code === code, code);
   }
   await l.release();
+});
+
+test("a draining daemon refuses a new lease with DrainingError and keeps a session's", { timeout: 120_000 }, async () => {
+  const kept = await lease("ts-drain-kept");
+  const st = await d.client.drain(true);
+  try {
+    assert.equal(st.draining, true);
+    await assert.rejects(d.client.acquire({ session_id: "ts-drain-new" }), (err: unknown) => {
+      assert.ok(err instanceof DrainingError && err instanceof UnavailableError, `got ${err}`);
+      assert.equal((err as SidecarError).status, 503);
+      return true;
+    });
+    kept.stopRenewing();
+    const again = await d.client.acquire({ session_id: "ts-drain-kept" });
+    assert.equal(again.id, kept.id);
+    await again.release();
+  } finally {
+    assert.equal((await d.client.drain(false)).draining, false);
+  }
 });
 
 test("leases renew themselves, run commands and move files", { timeout: 120_000 }, async () => {

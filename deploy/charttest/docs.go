@@ -1,0 +1,5 @@
+package charttest
+
+import "os"
+
+func readOperations() ([]byte, error) { return os.ReadFile("../../docs/operations.md") }

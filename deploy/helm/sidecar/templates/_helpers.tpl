@@ -1,0 +1,28 @@
+{{- define "sidecar.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sidecar.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "sidecar.selector" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sidecar.tokenSecret" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "sidecar.fullname" .)) -}}
+{{- end -}}
+
+{{- define "sidecar.tlsSecret" -}}
+{{- .Values.tls.existingSecret | default (printf "%s-tls" (include "sidecar.fullname" .)) -}}
+{{- end -}}
