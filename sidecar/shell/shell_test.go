@@ -157,11 +157,11 @@ func TestFramingIsExact(t *testing.T) {
 			// Text without a trailing newline, a line that looks like a marker, single
 			// quotes, bytes of every value from 1 to 255 but the marker's alphabet.
 			cases := map[string]string{
-				"printf 'no newline'":                  "no newline",
+				"printf 'no newline'":                    "no newline",
 				"printf 'SCFAKE0:/:SCFAKE\\n'; printf x": "SCFAKE0:/:SCFAKE\nx",
-				`echo "it's"`:                          "it's\n",
-				"printf '\\001\\002\\377\\n\\n'":        "\x01\x02\xff\n\n",
-				"printf ''":                            "",
+				`echo "it's"`:                            "it's\n",
+				"printf '\\001\\002\\377\\n\\n'":         "\x01\x02\xff\n\n",
+				"printf ''":                              "",
 			}
 			for cmd, want := range cases {
 				if res := run(t, s, cmd, 0); res.Stdout != want || res.ExitCode != 0 {
