@@ -46,6 +46,10 @@ var (
 	// ErrSandboxSetupFailed: a step of the lease's sandbox failed before the command ran;
 	// the APIError's Detail names the step.
 	ErrSandboxSetupFailed = errors.New("sandbox setup failed")
+	// ErrShellNotFound: no such shell session, or its shell has ended.
+	ErrShellNotFound = errors.New("shell session not found")
+	// ErrShellBusy: the shell session is running a command.
+	ErrShellBusy = errors.New("shell session busy")
 )
 
 var sentinelByCode = map[string]error{
@@ -74,6 +78,8 @@ var sentinelByCode = map[string]error{
 	apitype.CodeOldTextNotFound:    ErrOldTextNotFound,
 	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
 	apitype.CodeSandboxSetupFailed: ErrSandboxSetupFailed,
+	apitype.CodeShellNotFound:      ErrShellNotFound,
+	apitype.CodeShellBusy:          ErrShellBusy,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,
