@@ -55,6 +55,8 @@ export class ExecLimitError extends SidecarError {}
 export class OldTextNotFoundError extends SidecarError {}
 export class OldTextNotUniqueError extends SidecarError {}
 export class SandboxSetupFailedError extends SidecarError {}
+export class ShellNotFoundError extends NotFoundError {}
+export class ShellBusyError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -88,6 +90,8 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   old_text_not_found: OldTextNotFoundError,
   old_text_not_unique: OldTextNotUniqueError,
   sandbox_setup_failed: SandboxSetupFailedError,
+  shell_not_found: ShellNotFoundError,
+  shell_busy: ShellBusyError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).
