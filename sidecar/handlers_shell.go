@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
 )
 
@@ -16,20 +17,21 @@ type Shells interface {
 	Close(leaseID, id string) error
 }
 
-// shells is the configured Shells, or capability_disabled for a server built without.
-func (s *Server) shells() (Shells, error) {
-	if s.opts.Shells == nil {
-		return nil, errorf(http.StatusNotFound, apitype.CodeCapabilityDisabled, "shell sessions are not enabled on this daemon")
+// leaseShells is the request's active lease and the configured Shells (capability_disabled
+// for a server built without).
+func (s *Server) leaseShells(r *http.Request) (lease.Lease, Shells, error) {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return l, nil, err
 	}
-	return s.opts.Shells, nil
+	if s.opts.Shells == nil {
+		return l, nil, errorf(http.StatusNotFound, apitype.CodeCapabilityDisabled, "shell sessions are not enabled on this daemon")
+	}
+	return l, s.opts.Shells, nil
 }
 
 func (s *Server) handleCreateShell(w http.ResponseWriter, r *http.Request, _ principal) error {
-	l, err := s.activeLease(r)
-	if err != nil {
-		return err
-	}
-	shells, err := s.shells()
+	l, shells, err := s.leaseShells(r)
 	if err != nil {
 		return err
 	}
@@ -46,11 +48,7 @@ func (s *Server) handleCreateShell(w http.ResponseWriter, r *http.Request, _ pri
 }
 
 func (s *Server) handleListShells(w http.ResponseWriter, r *http.Request, _ principal) error {
-	l, err := s.activeLease(r)
-	if err != nil {
-		return err
-	}
-	shells, err := s.shells()
+	l, shells, err := s.leaseShells(r)
 	if err != nil {
 		return err
 	}
@@ -64,11 +62,7 @@ func (s *Server) handleListShells(w http.ResponseWriter, r *http.Request, _ prin
 
 // session is the {sid} of the request's lease.
 func (s *Server) session(r *http.Request) (*shell.Session, error) {
-	l, err := s.activeLease(r)
-	if err != nil {
-		return nil, err
-	}
-	shells, err := s.shells()
+	l, shells, err := s.leaseShells(r)
 	if err != nil {
 		return nil, err
 	}
@@ -100,11 +94,7 @@ func (s *Server) handleRunShell(w http.ResponseWriter, r *http.Request, _ princi
 }
 
 func (s *Server) handleCloseShell(w http.ResponseWriter, r *http.Request, _ principal) error {
-	l, err := s.activeLease(r)
-	if err != nil {
-		return err
-	}
-	shells, err := s.shells()
+	l, shells, err := s.leaseShells(r)
 	if err != nil {
 		return err
 	}

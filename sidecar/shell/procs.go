@@ -10,11 +10,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// descendants returns the pids below root, from /proc (the daemon sees every lease
-// process: there is no pid namespace). A process that left the tree (double fork,
-// reparented to a subreaper) is not one; a command's escalation does not reach it, and
-// neither should it: it is a background job in all but name.
+// descendants returns the pids below root (the daemon sees every lease process: there is
+// no pid namespace), from the kernel's children lists, or a scan of every process's parent
+// on a kernel without them. A process that left the tree (double fork, reparented to the
+// daemon as subreaper) is not one; a command's escalation does not reach it, and neither
+// should it: it is a background job in all but name.
 func descendants(root int) map[int]bool {
+	if _, err := os.Stat(childrenFile(root, root)); err != nil {
+		return descendantsByScan(root)
+	}
+	out := map[int]bool{}
+	queue := []int{root}
+	for len(queue) > 0 && len(out) < maxDescendants {
+		p := queue[0]
+		queue = queue[1:]
+		tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(p) + "/task")
+		for _, task := range tasks {
+			tid, err := strconv.Atoi(task.Name())
+			if err != nil {
+				continue
+			}
+			b, _ := os.ReadFile(childrenFile(p, tid))
+			for _, f := range strings.Fields(string(b)) {
+				if c, err := strconv.Atoi(f); err == nil && !out[c] {
+					out[c] = true
+					queue = append(queue, c)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// maxDescendants bounds a walk (a lease's pids limit is far below).
+const maxDescendants = 1 << 16
+
+func childrenFile(pid, tid int) string {
+	return "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/children"
+}
+
+func descendantsByScan(root int) map[int]bool {
 	children := map[int][]int{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -28,7 +63,7 @@ func descendants(root int) map[int]bool {
 	}
 	out := map[int]bool{}
 	queue := []int{root}
-	for len(queue) > 0 && len(out) < 1<<16 {
+	for len(queue) > 0 && len(out) < maxDescendants {
 		p := queue[0]
 		queue = queue[1:]
 		for _, c := range children[p] {

@@ -353,3 +353,35 @@ func TestStreamSplitMarker(t *testing.T) {
 		}
 	}
 }
+
+// Both ways of finding a shell's descendants agree, on a real tree of three levels.
+func TestDescendants(t *testing.T) {
+	cmd := exec.Command("/bin/sh", "-c", "sh -c 'sleep 100 & sleep 100; :' & sleep 100; :")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	root := cmd.Process.Pid
+	deadline := time.Now().Add(10 * time.Second)
+	var got map[int]bool
+	for time.Now().Before(deadline) {
+		if got = descendants(root); len(got) == 4 { // sh, sleep; under sh: two sleeps
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	scan := descendantsByScan(root)
+	if len(got) != 4 || len(scan) != 4 {
+		t.Fatalf("descendants %v, by scan %v; want 4 each", got, scan)
+	}
+	for pid := range got {
+		if !scan[pid] {
+			t.Fatalf("descendants %v, by scan %v", got, scan)
+		}
+	}
+	defer func() {
+		for pid := range got {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}()
+}
