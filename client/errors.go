@@ -49,6 +49,10 @@ var (
 	// ErrDraining: the daemon is draining and takes no new lease (a session's existing
 	// lease is still returned). A client of several sidecars places the lease elsewhere.
 	ErrDraining = errors.New("sidecar draining")
+	// ErrShellNotFound: no such shell session, or its shell has ended.
+	ErrShellNotFound = errors.New("shell session not found")
+	// ErrShellBusy: the shell session is running a command.
+	ErrShellBusy = errors.New("shell session busy")
 )
 
 var sentinelByCode = map[string]error{
@@ -78,6 +82,8 @@ var sentinelByCode = map[string]error{
 	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
 	apitype.CodeSandboxSetupFailed: ErrSandboxSetupFailed,
 	apitype.CodeDraining:           ErrDraining,
+	apitype.CodeShellNotFound:      ErrShellNotFound,
+	apitype.CodeShellBusy:          ErrShellBusy,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

@@ -17,6 +17,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
 )
 
 // Error is an error with its place on the wire. Handlers return it (or a package sentinel
@@ -64,6 +65,11 @@ var sentinels = []struct {
 	{process.ErrExecLimit, http.StatusTooManyRequests, apitype.CodeExecLimit},
 	{process.ErrExited, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrStdinClosed, http.StatusConflict, apitype.CodeConflict},
+	{shell.ErrNotFound, http.StatusNotFound, apitype.CodeShellNotFound},
+	{shell.ErrBusy, http.StatusConflict, apitype.CodeShellBusy},
+	{shell.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
+	{shell.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
+	{shell.ErrNotReady, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 	{sandbox.ErrOutsideWorkdir, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
 	{sandbox.ErrUnsupported, http.StatusNotFound, apitype.CodeCapabilityDisabled},

@@ -49,7 +49,7 @@ func newMetrics(s *Server) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
 		}),
 		procStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_process_starts_total", Help: "Lease processes started, by kind (exec, background) and result (ok, failed).",
+			Name: "sidecar_process_starts_total", Help: "Lease processes started, by kind (exec, background, shell) and result (ok, failed).",
 		}, []string{"kind", "result"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_transfer_bytes_total", Help: "File bytes moved, by direction (in, out).",

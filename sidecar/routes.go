@@ -32,6 +32,12 @@ func (s *Server) routes() {
 	s.route("POST /v1/leases/{id}/processes/{pid}/signal", leaseScope, s.handleSignal)
 	s.route("GET /v1/leases/{id}/processes/{pid}/attach", leaseScope, s.handleAttach)
 
+	s.route("POST /v1/leases/{id}/shells", leaseScope, s.handleCreateShell)
+	s.route("GET /v1/leases/{id}/shells", leaseScope, s.handleListShells)
+	s.route("GET /v1/leases/{id}/shells/{sid}", leaseScope, s.handleGetShell)
+	s.route("POST /v1/leases/{id}/shells/{sid}/run", leaseScope, s.handleRunShell)
+	s.route("DELETE /v1/leases/{id}/shells/{sid}", leaseScope, s.handleCloseShell)
+
 	s.route("PUT /v1/leases/{id}/files/{path...}", leaseScope, s.handlePutFile)
 	s.route("PATCH /v1/leases/{id}/files/{path...}", leaseScope, s.handlePatchFile)
 	s.route("GET /v1/leases/{id}/files/{path...}", leaseScope, s.handleGetFile)

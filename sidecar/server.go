@@ -107,6 +107,7 @@ type ServerOptions struct {
 	Tokens         *lease.Tokens
 	Leases         Leases
 	Processes      Processes
+	Shells         Shells // nil: shell sessions disabled
 	Files          Files
 	Host           Host
 	Scripts        Scripts // nil: scripts disabled

@@ -29,6 +29,9 @@ const (
 	RouteProcess            = "/v1/leases/{id}/processes/{pid}"
 	RouteProcessSignal      = "/v1/leases/{id}/processes/{pid}/signal"
 	RouteProcessAttach      = "/v1/leases/{id}/processes/{pid}/attach"
+	RouteShells             = "/v1/leases/{id}/shells"
+	RouteShell              = "/v1/leases/{id}/shells/{sid}"
+	RouteShellRun           = "/v1/leases/{id}/shells/{sid}/run"
 	RouteFiles              = "/v1/leases/{id}/files/{path...}"
 	RouteArchive            = "/v1/leases/{id}/archive/{path...}"
 	RouteScriptsRun         = "/v1/scripts/run"
@@ -110,6 +113,11 @@ const (
 	// existing lease is still returned, and every other call on a lease still works.
 	// A fleet client places the new lease on another sidecar.
 	CodeDraining = "draining"
+	// CodeShellNotFound (404): no such shell session in the lease, or its shell ended.
+	CodeShellNotFound = "shell_not_found"
+	// CodeShellBusy (409): the shell session is running a command; sessions run one at a
+	// time (open another session for parallel work).
+	CodeShellBusy = "shell_busy"
 )
 
 // Problem is an RFC 9457 problem details body.
@@ -335,6 +343,57 @@ type Process struct {
 // ProcessList is the body of GET /v1/leases/{id}/processes.
 type ProcessList struct {
 	Processes []Process `json:"processes"`
+}
+
+// ShellCreateRequest is the body of POST /v1/leases/{id}/shells.
+type ShellCreateRequest struct {
+	// Shell is an absolute path to a POSIX shell inside the lease; empty: bash when the
+	// lease has it, else /bin/sh.
+	Shell string            `json:"shell,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`
+}
+
+// Shell is the status of a shell session.
+type Shell struct {
+	// ID is the session's id, also its shell's process id (listed with the processes).
+	ID string `json:"id"`
+	// Shell is "bash" or "sh".
+	Shell string `json:"shell"`
+	// Cwd is the shell's working directory after its last command ("" before the first).
+	Cwd          string    `json:"cwd"`
+	Busy         bool      `json:"busy"`
+	StartedAt    time.Time `json:"started_at"`
+	Commands     int       `json:"commands"`
+	LastExitCode *int      `json:"last_exit_code,omitempty"`
+}
+
+// ShellList is the body of GET /v1/leases/{id}/shells.
+type ShellList struct {
+	Shells []Shell `json:"shells"`
+}
+
+// ShellRunRequest is the body of POST /v1/leases/{id}/shells/{sid}/run.
+type ShellRunRequest struct {
+	Command        string  `json:"command"`
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty"`
+}
+
+// ShellResult is the body of a finished shell command.
+type ShellResult struct {
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	TimedOut        bool   `json:"timed_out"`
+	// Ended: the shell itself exited (or was killed) during the command; ExitCode is the
+	// shell's, and the session is gone.
+	Ended bool `json:"ended"`
+	// Cwd is the shell's working directory after the command ("" once Ended).
+	Cwd        string `json:"cwd"`
+	DurationMS int64  `json:"duration_ms"`
 }
 
 // SignalRequest is the body of POST …/processes/{pid}/signal.

@@ -171,6 +171,30 @@ func TestServeAndCLI(t *testing.T) {
 	if out, code = cli("piped\n", "exec", "-i", l.ID, "--", "cat"); code != 0 || out != "piped\n" {
 		t.Fatalf("exec -i: exit %d, out %q", code, out)
 	}
+	// A shell session: state carries from one run to the next; exit codes pass through.
+	sid, code := cli("", "shells", "new", l.ID)
+	sid = strings.TrimSpace(sid)
+	if code != 0 || sid == "" {
+		t.Fatalf("shells new: exit %d, out %q", code, sid)
+	}
+	if out, code = cli("", "shells", "run", l.ID, sid, "--", "mkdir -p s && cd s && export B=2"); code != 0 {
+		t.Fatalf("shells run cd: exit %d, out %q", code, out)
+	}
+	if out, code = cli("", "shells", "run", l.ID, sid, "--", "basename", "$PWD;", "echo", "$B;", "exit_code() { return 4; }; exit_code"); code != 4 || out != "s\n2\n" {
+		t.Fatalf("shells run: exit %d, out %q", code, out)
+	}
+	if out, code = cli("", "shells", "run", "--timeout", "300ms", l.ID, sid, "--", "sleep", "100"); code != exitTimedOut {
+		t.Fatalf("shells run timeout: exit %d, out %q", code, out)
+	}
+	if out, code = cli("", "shells", "ls", l.ID); code != 0 || !strings.Contains(out, sid) || !strings.Contains(out, "bash") {
+		t.Fatalf("shells ls: exit %d:\n%s", code, out)
+	}
+	if out, code = cli("", "shells", "rm", l.ID, sid); code != 0 {
+		t.Fatalf("shells rm: exit %d, out %q", code, out)
+	}
+	if _, code = cli("", "shells", "run", l.ID, sid, "--", "true"); code != exitFailure {
+		t.Fatalf("shells run on a closed session: exit %d", code)
+	}
 	local := filepath.Join(work, "upload.txt")
 	os.WriteFile(local, []byte("round trip\n"), 0o644)
 	if _, code = cli("", "cp", local, l.ID+":in/file.txt"); code != 0 {

@@ -142,6 +142,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.MaxExecs < 1 || c.OutputBudgetBytes < 2*c.MaxOutputBytes {
 		errs = append(errs, errors.New("SIDECAR_MAX_EXECS_PER_LEASE must be positive and SIDECAR_OUTPUT_BUDGET_BYTES at least twice SIDECAR_MAX_OUTPUT_BYTES"))
 	}
+	if c.MaxShells < 1 {
+		errs = append(errs, errors.New("SIDECAR_MAX_SHELLS_PER_LEASE must be positive"))
+	}
 	if _, err := logLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}

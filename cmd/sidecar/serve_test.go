@@ -35,6 +35,9 @@ func TestServeConfigDefaults(t *testing.T) {
 	if c.MaxExecs != 16 || c.OutputBudgetBytes != 256<<20 {
 		t.Fatalf("exec cap %d, output budget %d; want 16 and 256 MiB", c.MaxExecs, c.OutputBudgetBytes)
 	}
+	if c.MaxShells != 8 {
+		t.Fatalf("shell sessions per lease %d, want 8", c.MaxShells)
+	}
 }
 
 // Every bad variable is named, all at once, and no secret value is echoed.

@@ -26,6 +26,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
 )
 
 // Config is the daemon's whole configuration, already checked. cmd/sidecar reads it from
@@ -70,6 +71,7 @@ type Config struct {
 	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`                   // PTYs per lease (its own devpts instance); 0 sandbox.DefaultMaxPTYs
 	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`        // run-to-completion execs per lease at once
 	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"` // output all execs hold in memory, daemon-wide
+	MaxShells         int   `env:"SIDECAR_MAX_SHELLS_PER_LEASE" envDefault:"8"`        // shell sessions per lease
 
 	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
 	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
@@ -90,6 +92,7 @@ type Daemon struct {
 
 	sandbox *sandbox.Sandbox
 	procs   *process.Manager
+	shells  *shell.Manager
 	disk    *disk.Quotas
 	rt      *Runtime
 	tokens  *lease.Tokens
@@ -210,7 +213,16 @@ func (d *Daemon) open(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, UploadIdle: cfg.UploadIdle, Disk: d.disk}
+	if d.shells, err = shell.New(shell.Config{
+		Processes:      d.procs,
+		MaxSessions:    cfg.MaxShells,
+		MaxOutputBytes: cfg.MaxOutputBytes,
+		Now:            cfg.Now,
+		Logger:         log.With("component", "shell"),
+	}); err != nil {
+		return err
+	}
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))
@@ -307,6 +319,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 		Tokens:         d.tokens,
 		Leases:         d.leases,
 		Processes:      d.procs,
+		Shells:         d.shells,
 		Files:          d.rt,
 		Host:           d.rt,
 		AllowedOrigins: cfg.AllowedOrigins,

@@ -11,6 +11,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/lease/disk"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
 )
 
 // Runtime is what a lease has beyond its record: the sandbox (cgroup, uid, netns), its
@@ -20,6 +21,7 @@ import (
 type Runtime struct {
 	Sandbox    *sandbox.Sandbox
 	Processes  *process.Manager
+	Shells     *shell.Manager // nil: none (its sessions die with their shells anyway)
 	UploadIdle time.Duration
 	Disk       *disk.Quotas // nil: usage is the fsxfer meter's scan
 
@@ -53,6 +55,9 @@ func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
 // Teardown kills every process of the lease, closes its filesystem and removes its
 // cgroup; the lease manager removes the directories afterwards.
 func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
+	if rt.Shells != nil {
+		rt.Shells.ReleaseLease(l.ID) // first, so that no session outlives its shell in the table
+	}
 	rt.Processes.ReleaseLease(l.ID)
 	rt.mu.Lock()
 	f := rt.fss[l.ID]

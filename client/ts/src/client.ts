@@ -23,6 +23,9 @@ export type CleanupResult = Schemas["CleanupResult"];
 export type DrainStatus = Schemas["DrainStatus"];
 export type ScriptRequest = Schemas["ScriptRequest"];
 export type ScriptResult = Schemas["ScriptResult"];
+export type ShellCreateRequest = Schemas["ShellCreateRequest"];
+export type ShellInfo = Schemas["Shell"];
+export type ShellResult = Schemas["ShellResult"];
 
 export interface Config {
   /** https://host:port of the daemon. */
@@ -305,6 +308,29 @@ export class LeaseHandle {
 
   signal(pid: string, signal: string): Promise<void> {
     return this.client.empty({ method: "POST", path: leasePath(this.id, "processes", encodeURIComponent(pid), "signal"), json: { signal }, lease: this });
+  }
+
+  /** newShell starts a persistent shell session (bash when the lease has it, else sh). */
+  newShell(req: ShellCreateRequest = {}): Promise<ShellInfo> {
+    return this.client.json({ method: "POST", path: leasePath(this.id, "shells"), json: req, lease: this });
+  }
+
+  async shells(): Promise<ShellInfo[]> {
+    return (await this.client.json<Schemas["ShellList"]>({ method: "GET", path: leasePath(this.id, "shells"), lease: this })).shells;
+  }
+
+  shell(sid: string): Promise<ShellInfo> {
+    return this.client.json({ method: "GET", path: leasePath(this.id, "shells", encodeURIComponent(sid)), lease: this });
+  }
+
+  /** runShell runs one command in a session; ShellBusyError while another runs. */
+  runShell(sid: string, command: string, timeoutSeconds = 0): Promise<ShellResult> {
+    return this.client.json({ method: "POST", path: leasePath(this.id, "shells", encodeURIComponent(sid), "run"),
+      json: { command, timeout_seconds: timeoutSeconds }, lease: this });
+  }
+
+  closeShell(sid: string): Promise<void> {
+    return this.client.empty({ method: "DELETE", path: leasePath(this.id, "shells", encodeURIComponent(sid)), lease: this });
   }
 
   /** start starts a background process and attaches to it from offset 0; a dropped

@@ -57,6 +57,8 @@ export class OldTextNotUniqueError extends SidecarError {}
 export class SandboxSetupFailedError extends SidecarError {}
 /** 503 draining: the sidecar takes no new lease; place it on another one. */
 export class DrainingError extends UnavailableError {}
+export class ShellNotFoundError extends NotFoundError {}
+export class ShellBusyError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -91,6 +93,8 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   old_text_not_unique: OldTextNotUniqueError,
   sandbox_setup_failed: SandboxSetupFailedError,
   draining: DrainingError,
+  shell_not_found: ShellNotFoundError,
+  shell_busy: ShellBusyError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).

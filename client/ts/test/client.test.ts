@@ -9,7 +9,8 @@ import { Readable, type Writable } from "node:stream";
 import { finished } from "node:stream/promises";
 import {
   SidecarError, NotFoundError, LeaseNotFoundError, InvalidRequestError, PathOutsideWorkdirError,
-  errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, DrainingError, UnavailableError, type LeaseHandle, type Process,
+  errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, DrainingError, UnavailableError,
+  ShellBusyError, ShellNotFoundError, type LeaseHandle, type Process,
 } from "../src/index.js";
 import { startDaemon, type Daemon } from "./daemon.js";
 
@@ -248,6 +249,24 @@ test("a streaming exec takes env and reports its exit", { timeout: 120_000 }, as
   const st = await p.wait();
   assert.equal(out.toString(), "hi there");
   assert.equal(st.exit_code, 7);
+  await l.release();
+});
+
+test("a shell session keeps cd and export, and runs one command at a time", { timeout: 120_000 }, async () => {
+  const l = await lease("ts-shell");
+  const sh = await l.newShell();
+  const home = (await l.runShell(sh.id, "pwd; mkdir sub")).stdout.trimEnd();
+  assert.equal((await l.runShell(sh.id, "cd sub && export A=1")).exit_code, 0);
+  const res = await l.runShell(sh.id, "pwd; echo $A; exit_code() { return 4; }; exit_code");
+  assert.equal(res.stdout, `${home}/sub\n1\n`);
+  assert.equal(res.exit_code, 4);
+  const slow = l.runShell(sh.id, "sleep 100", 1);
+  await eventually("busy", async () => (await l.shell(sh.id)).busy);
+  await assert.rejects(l.runShell(sh.id, "true"), ShellBusyError);
+  assert.equal((await slow).timed_out, true);
+  assert.equal((await l.shells()).length, 1);
+  await l.closeShell(sh.id);
+  await assert.rejects(l.shell(sh.id), ShellNotFoundError);
   await l.release();
 });
 
