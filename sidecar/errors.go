@@ -65,6 +65,7 @@ var sentinels = []struct {
 	{process.ErrExited, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrStdinClosed, http.StatusConflict, apitype.CodeConflict},
 	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
+	{sandbox.ErrNotLeftover, http.StatusNotFound, apitype.CodeProcessNotFound},
 	{sandbox.ErrOutsideWorkdir, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
 	{sandbox.ErrUnsupported, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{sandbox.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},

@@ -28,6 +28,7 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}/processes/{pid}", leaseScope, s.handleGetProcess)
 	s.route("POST /v1/leases/{id}/processes/{pid}/signal", leaseScope, s.handleSignal)
 	s.route("GET /v1/leases/{id}/processes/{pid}/attach", leaseScope, s.handleAttach)
+	s.route("POST /v1/leases/{id}/leftovers/{pid}/signal", leaseScope, s.handleSignalLeftover)
 
 	s.route("PUT /v1/leases/{id}/files/{path...}", leaseScope, s.handlePutFile)
 	s.route("PATCH /v1/leases/{id}/files/{path...}", leaseScope, s.handlePatchFile)

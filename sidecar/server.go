@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -91,10 +92,16 @@ type Scripts interface {
 }
 
 // Host is the machine side of the leases: the isolation it offers, a lease's live
-// usage, and the sweep of what no lease accounts for.
+// usage and leftover processes, and the sweep of what no lease accounts for.
 type Host interface {
 	Caps() sandbox.Caps
 	Usage(ctx context.Context, l lease.Lease) *apitype.Usage
+	// Leftovers lists what the lease's finished commands left running (at most
+	// apitype.MaxLeftoversListed) and counts all of it.
+	Leftovers(l lease.Lease) (listed []apitype.Leftover, count int)
+	// SignalLeftover signals one leftover process of the lease, and nothing else
+	// (sandbox.ErrNotLeftover).
+	SignalLeftover(l lease.Lease, pid int, sig syscall.Signal) error
 	Cleanup(ctx context.Context) (apitype.CleanupResult, error)
 }
 

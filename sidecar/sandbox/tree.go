@@ -149,8 +149,11 @@ func (t *tree) OOMKilled() bool {
 	return t.child != "" && t.s.cg.childOOMKills(t.leaseID, t.child) > 0
 }
 
-// Close kills what is left of the tree and removes its child cgroup (in the background:
-// nothing can enter an emptied cgroup).
+// Close releases the tree. Processes the command left behind in its child cgroup stay
+// there as the lease's leftovers (leftovers.go) until they exit, are signalled, or the
+// lease is torn down; an empty child cgroup is removed (in the background: nothing can
+// enter an emptied cgroup). Without cgroups it kills the process group, as nothing could
+// find a leftover again. Kill first for a command whose leftovers must not stay.
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
 		t.closeParentFiles()
@@ -163,24 +166,37 @@ func (t *tree) Close() error {
 			}
 			return
 		}
+		if t.child == "" {
+			t.closeErr = t.Kill()
+			return
+		}
+		defer t.s.pruneLeftoversOf(t.leaseID) // the lease's earlier ones that emptied meanwhile
+		if t.cmd.ProcessState != nil && t.s.keepLeftovers(t.leaseID, t.child) {
+			return
+		}
+		// Not waited for (Start failed), or empty: nothing will be left. Kill is a
+		// no-op on an empty child, and takes a helper that never joined it.
 		if err := t.Kill(); err != nil {
 			t.closeErr = err
 			return
 		}
-		if t.child == "" {
-			return
-		}
-		oom := t.s.cg.childOOMKills(t.leaseID, t.child)
-		t.s.mu.Lock()
-		if le := t.s.leases[t.leaseID]; le != nil && t.s.cg.version() == "v1" {
-			le.oomKills += oom
-			if le.removing == nil {
-				le.removing = map[string]bool{}
-			}
-			le.removing[t.child] = true // Usage must not count it twice meanwhile
-		}
-		t.s.mu.Unlock()
-		t.closeErr = t.s.dropChild(t.leaseID, t.child)
+		t.closeErr = t.s.dropEmptyChild(t.leaseID, t.child)
 	})
 	return t.closeErr
+}
+
+// dropEmptyChild removes an emptied child cgroup, keeping its OOM kills in the lease's
+// tally (v1 counts them per cgroup).
+func (s *Sandbox) dropEmptyChild(id, child string) error {
+	oom := s.cg.childOOMKills(id, child)
+	s.mu.Lock()
+	if le := s.leases[id]; le != nil && s.cg.version() == "v1" {
+		le.oomKills += oom
+		if le.removing == nil {
+			le.removing = map[string]bool{}
+		}
+		le.removing[child] = true // Usage must not count it twice meanwhile
+	}
+	s.mu.Unlock()
+	return s.dropChild(id, child)
 }
