@@ -62,6 +62,7 @@ type tree struct {
 	report      *os.File   // read end of the helper's report pipe
 	parentFiles []*os.File // the daemon's copies of what the helper inherits
 
+	started   bool // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -81,12 +82,17 @@ func (t *tree) Start() error {
 		return err
 	}
 	msg, err := io.ReadAll(io.LimitReader(t.report, 4096))
-	if err != nil || len(msg) == 0 {
+	if err != nil {
 		return err
+	}
+	if len(msg) == 0 {
+		t.started = true // the target runs
+		return nil
 	}
 	code, rest, _ := strings.Cut(string(msg), " ")
 	if code != strconv.Itoa(initproc.ExitSetup) {
-		return nil // 126, 127: the exit status says it
+		t.started = true // the helper ran its exec: 126, 127, the exit status says it
+		return nil
 	}
 	t.cmd.Wait()
 	// "setup: join cgroup: open …: no such file…" or "config: bad config…".
@@ -171,10 +177,10 @@ func (t *tree) Close() error {
 			return
 		}
 		defer t.s.pruneLeftoversOf(t.leaseID) // the lease's earlier ones that emptied meanwhile
-		if t.cmd.ProcessState != nil && t.s.keepLeftovers(t.leaseID, t.child) {
+		if t.started && t.s.keepLeftovers(t.leaseID, t.child) {
 			return
 		}
-		// Not waited for (Start failed), or empty: nothing will be left. Kill is a
+		// Never started, or empty: nothing will be left. Kill is a
 		// no-op on an empty child, and takes a helper that never joined it.
 		if err := t.Kill(); err != nil {
 			t.closeErr = err

@@ -289,6 +289,12 @@ export class LeaseHandle {
     return this.client.empty({ method: "POST", path: leasePath(this.id, "processes", encodeURIComponent(pid), "signal"), json: { signal }, lease: this });
   }
 
+  /** signalLeftover signals one process a finished command left running in the lease (a
+   * pid from the lease's `leftovers`); any other pid is a `process_not_found` error. */
+  signalLeftover(pid: number, signal: string): Promise<void> {
+    return this.client.empty({ method: "POST", path: leasePath(this.id, "leftovers", String(pid), "signal"), json: { signal }, lease: this });
+  }
+
   /** start starts a background process and attaches to it from offset 0; a dropped
    * connection reattaches at the exact output offset. */
   async start(req: StartRequest): Promise<Process> {
