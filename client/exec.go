@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -33,6 +34,21 @@ func (l *Lease) Process(ctx context.Context, pid string) (apitype.Process, error
 // Signal sends a signal ("TERM", "KILL", …) to the process group of pid.
 func (l *Lease) Signal(ctx context.Context, pid, signal string) error {
 	return l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "processes", escapeID(pid), "signal"),
+		json: apitype.SignalRequest{Signal: signal}, lease: l}, nil)
+}
+
+// Leftovers lists the processes the lease's finished commands left running (`server &`)
+// and counts them all: Get's Leftovers and LeftoverCount.
+func (l *Lease) Leftovers(ctx context.Context) ([]apitype.Leftover, int, error) {
+	info, err := l.Get(ctx)
+	return info.Leftovers, info.LeftoverCount, err
+}
+
+// SignalLeftover sends a signal ("TERM", "KILL", …) to one leftover process of the lease
+// (a pid from Leftovers), and to none of its children. A pid that is not a leftover of
+// this lease is ErrProcessNotFound.
+func (l *Lease) SignalLeftover(ctx context.Context, pid int, signal string) error {
+	return l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "leftovers", strconv.Itoa(pid), "signal"),
 		json: apitype.SignalRequest{Signal: signal}, lease: l}, nil)
 }
 

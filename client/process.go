@@ -137,6 +137,9 @@ type ExecStreamRequest struct {
 	// long without output. Zero: no limit but the lease's.
 	TimeoutSeconds     float64
 	IdleTimeoutSeconds float64
+	// KillLeftovers kills what the process leaves behind once it exits; otherwise that
+	// stays in the lease (Lease.Leftovers) until the lease ends.
+	KillLeftovers bool
 }
 
 // ExecStream starts argv and attaches to it at once (what `sidecar shell` uses). Unless
@@ -155,6 +158,7 @@ func (l *Lease) ExecStream(ctx context.Context, req ExecStreamRequest) (*Process
 	flag("tty", req.TTY)
 	flag("stdin", req.Stdin)
 	flag("detach", req.Detach)
+	flag("kill_leftovers", req.KillLeftovers)
 	if req.Cwd != "" {
 		q.Set("cwd", req.Cwd)
 	}

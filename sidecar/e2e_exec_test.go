@@ -287,6 +287,12 @@ func TestReleaseLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "leaver"})
 	must(l.Exec(ctx, sh(`(setsid sleep 1002.731 &) ; nohup sleep 1003.731 >/dev/null 2>&1 & echo x > f`)))(t)
+	if os.Geteuid() == 0 {
+		// Both outlive their exec, as the lease's leftovers, until the release.
+		if info := must(l.Get(ctx))(t); info.LeftoverCount != 2 {
+			t.Fatalf("leftovers before the release: %d %+v", info.LeftoverCount, info.Leftovers)
+		}
+	}
 	dir := filepath.Join(d.cfg.WorkRoot, l.ID())
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("lease dir missing before release: %v", err)

@@ -71,6 +71,7 @@ var sentinels = []struct {
 	{shell.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{shell.ErrNotReady, http.StatusBadRequest, apitype.CodeInvalidRequest},
 	{process.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
+	{sandbox.ErrNotLeftover, http.StatusNotFound, apitype.CodeProcessNotFound},
 	{sandbox.ErrOutsideWorkdir, http.StatusBadRequest, apitype.CodePathOutsideWorkdir},
 	{sandbox.ErrUnsupported, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{sandbox.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidRequest},

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -100,6 +101,10 @@ type fakeHost struct{}
 func (fakeHost) Caps() sandbox.Caps { return sandbox.Caps{Isolation: "none"} }
 func (fakeHost) Usage(context.Context, lease.Lease) *apitype.Usage {
 	return &apitype.Usage{MemoryBytes: 4096}
+}
+func (fakeHost) Leftovers(lease.Lease) ([]apitype.Leftover, int) { return nil, 0 }
+func (fakeHost) SignalLeftover(lease.Lease, int, syscall.Signal) error {
+	return sandbox.ErrNotLeftover
 }
 func (fakeHost) Cleanup(context.Context) (apitype.CleanupResult, error) {
 	return apitype.CleanupResult{Leases: []string{}, Cgroups: []string{}, Workdirs: []string{}, Processes: []int{}}, nil

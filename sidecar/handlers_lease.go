@@ -214,6 +214,7 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 		Processes: s.opts.Processes.Running(l.ID),
 	}
 	out.Usage = s.opts.Host.Usage(ctx, l)
+	out.Leftovers, out.LeftoverCount = s.opts.Host.Leftovers(l)
 	return out
 }
 

@@ -33,6 +33,8 @@ func startRequest(req apitype.StartRequest) process.StartRequest {
 		Timeout:     seconds(req.TimeoutSeconds),
 		IdleTimeout: seconds(req.IdleTimeoutSeconds),
 		Stdin:       req.Stdin || req.TTY,
+
+		KillLeftovers: req.KillLeftovers,
 	}
 }
 
@@ -55,6 +57,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal)
 		Stdin:       stdin,
 		Timeout:     seconds(req.TimeoutSeconds),
 		IdleTimeout: seconds(req.IdleTimeoutSeconds),
+
+		KillLeftovers: req.KillLeftovers,
 		// Written while the exec still holds its slot and its share of the output
 		// budget, so a client that reads its reply slowly stays within both.
 		Reply: func(res process.ExecResult) error { replied = true; return writeExecResult(w, res) },
@@ -132,6 +136,32 @@ func (s *Server) handleSignal(w http.ResponseWriter, r *http.Request, _ principa
 	return nil
 }
 
+// handleSignalLeftover signals one process a finished command left in the lease: only
+// a leftover of this lease, which the sandbox checks through a pidfd (no recycled pid).
+func (s *Server) handleSignalLeftover(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		return errorf(http.StatusNotFound, apitype.CodeProcessNotFound, "a leftover's pid is a positive number")
+	}
+	var req apitype.SignalRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	sig, err := process.ParseSignal(req.Signal)
+	if err != nil {
+		return err
+	}
+	if err := s.opts.Host.SignalLeftover(l, pid, sig); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
 // handleAttach streams a running or finished process's output from ?since=N and feeds
 // its stdin, over a v5.channel.k8s.io websocket.
 func (s *Server) handleAttach(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -177,6 +207,8 @@ func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ prin
 		Cwd:   q.Get("cwd"),
 		TTY:   queryBool(q.Get("tty")),
 		Stdin: queryBool(q.Get("stdin")),
+
+		KillLeftovers: queryBool(q.Get("kill_leftovers")),
 	}
 	for _, kv := range q["env"] {
 		k, v, ok := strings.Cut(kv, "=")

@@ -31,6 +31,7 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}/processes/{pid}", leaseScope, s.handleGetProcess)
 	s.route("POST /v1/leases/{id}/processes/{pid}/signal", leaseScope, s.handleSignal)
 	s.route("GET /v1/leases/{id}/processes/{pid}/attach", leaseScope, s.handleAttach)
+	s.route("POST /v1/leases/{id}/leftovers/{pid}/signal", leaseScope, s.handleSignalLeftover)
 
 	s.route("POST /v1/leases/{id}/shells", leaseScope, s.handleCreateShell)
 	s.route("GET /v1/leases/{id}/shells", leaseScope, s.handleListShells)

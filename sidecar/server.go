@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -92,10 +93,16 @@ type Scripts interface {
 }
 
 // Host is the machine side of the leases: the isolation it offers, a lease's live
-// usage, and the sweep of what no lease accounts for.
+// usage and leftover processes, and the sweep of what no lease accounts for.
 type Host interface {
 	Caps() sandbox.Caps
 	Usage(ctx context.Context, l lease.Lease) *apitype.Usage
+	// Leftovers lists what the lease's finished commands left running (at most
+	// apitype.MaxLeftoversListed) and counts all of it.
+	Leftovers(l lease.Lease) (listed []apitype.Leftover, count int)
+	// SignalLeftover signals one leftover process of the lease, and nothing else
+	// (sandbox.ErrNotLeftover).
+	SignalLeftover(l lease.Lease, pid int, sig syscall.Signal) error
 	Cleanup(ctx context.Context) (apitype.CleanupResult, error)
 }
 

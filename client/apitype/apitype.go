@@ -32,6 +32,7 @@ const (
 	RouteShells             = "/v1/leases/{id}/shells"
 	RouteShell              = "/v1/leases/{id}/shells/{sid}"
 	RouteShellRun           = "/v1/leases/{id}/shells/{sid}/run"
+	RouteLeftoverSignal     = "/v1/leases/{id}/leftovers/{pid}/signal"
 	RouteFiles              = "/v1/leases/{id}/files/{path...}"
 	RouteArchive            = "/v1/leases/{id}/archive/{path...}"
 	RouteScriptsRun         = "/v1/scripts/run"
@@ -260,6 +261,24 @@ type Lease struct {
 	Workdir        string            `json:"workdir,omitempty"`
 	// Token is set only in acquire and renew responses.
 	Token string `json:"token,omitempty"`
+
+	// LeftoverCount counts the processes finished commands left running in the lease
+	// (`server &`); Leftovers describes the first MaxLeftoversListed of them.
+	LeftoverCount int        `json:"leftover_count"`
+	Leftovers     []Leftover `json:"leftovers,omitempty"`
+}
+
+// MaxLeftoversListed bounds Lease.Leftovers; LeftoverCount is exact.
+const MaxLeftoversListed = 256
+
+// Leftover is a process a finished command left running in its lease. PID is the
+// process id inside the lease (the same as on the host); signal it alone with POST
+// …/leftovers/{pid}/signal.
+type Leftover struct {
+	PID       int       `json:"pid"`
+	Argv      []string  `json:"argv"`
+	StartedAt time.Time `json:"started_at"`
+	RSSBytes  int64     `json:"rss_bytes"`
 }
 
 // LeaseList is the body of GET /v1/leases.
@@ -283,6 +302,9 @@ type ExecRequest struct {
 	Stdin              *string           `json:"stdin,omitempty"`
 	TimeoutSeconds     float64           `json:"timeout_seconds,omitempty"`
 	IdleTimeoutSeconds float64           `json:"idle_timeout_seconds,omitempty"`
+	// KillLeftovers kills what the command leaves behind once it exits; without it
+	// that stays in the lease (listed as its leftovers) until the lease ends.
+	KillLeftovers bool `json:"kill_leftovers,omitempty"`
 }
 
 // ExecResult is the body of a finished exec.
@@ -312,6 +334,8 @@ type StartRequest struct {
 	Cols               uint16  `json:"cols,omitempty"`
 	TimeoutSeconds     float64 `json:"timeout_seconds,omitempty"`
 	IdleTimeoutSeconds float64 `json:"idle_timeout_seconds,omitempty"`
+	// KillLeftovers: as ExecRequest's, once the process exits.
+	KillLeftovers bool `json:"kill_leftovers,omitempty"`
 }
 
 // Process states.
@@ -397,6 +421,7 @@ type ShellResult struct {
 }
 
 // SignalRequest is the body of POST …/processes/{pid}/signal.
+// SignalRequest is the body of POST …/processes/{pid}/signal and …/leftovers/{pid}/signal.
 type SignalRequest struct {
 	Signal string `json:"signal"`
 }

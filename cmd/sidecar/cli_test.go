@@ -121,7 +121,7 @@ func TestParseInterspersedStopsAtDoubleDash(t *testing.T) {
 func TestLeaseTable(t *testing.T) {
 	now := time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
 	leases := []apitype.Lease{
-		{ID: "L1", SessionID: "sess-a", State: "active", ExpiresAt: now.Add(14*time.Minute + 3*time.Second), Processes: 2,
+		{ID: "L1", SessionID: "sess-a", State: "active", ExpiresAt: now.Add(14*time.Minute + 3*time.Second), Processes: 2, LeftoverCount: 1,
 			Limits: apitype.Limits{MemoryBytes: 512 << 20, DiskBytes: 1 << 30},
 			Usage:  &apitype.Usage{MemoryBytes: 12 << 20, CPUSeconds: 1.25, DiskBytes: 3 << 10}},
 		{ID: "L2", SessionID: "sess-b", State: "expired", ExpiresAt: now.Add(-5 * time.Second)},
@@ -130,9 +130,9 @@ func TestLeaseTable(t *testing.T) {
 	if err := writeLeaseTable(&buf, leases, now); err != nil {
 		t.Fatal(err)
 	}
-	want := `ID  SESSION  STATE    EXPIRES   PROCS  MEM               CPU   DISK
-L1  sess-a   active   in 14m3s  2      12.0MiB/512.0MiB  1.2s  3.0KiB/1.0GiB
-L2  sess-b   expired  5s ago    0      -                 -     -
+	want := `ID  SESSION  STATE    EXPIRES   PROCS  LEFT  MEM               CPU   DISK
+L1  sess-a   active   in 14m3s  2      1     12.0MiB/512.0MiB  1.2s  3.0KiB/1.0GiB
+L2  sess-b   expired  5s ago    0      0     -                 -     -
 `
 	if got := buf.String(); got != want {
 		t.Fatalf("table:\n%s\nwant:\n%s", got, want)

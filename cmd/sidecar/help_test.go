@@ -122,7 +122,7 @@ func TestCompletionScripts(t *testing.T) {
 	script, _, _ := runBin(t, bin, "completion", "bash")
 	out, err := exec.Command("bash", "-c", script+`
 COMP_WORDS=(sidecar leases ""); COMP_CWORD=2; _sidecar; echo "${COMPREPLY[*]}"`).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new" {
+	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new leftovers kill" {
 		t.Errorf("bash completion of 'sidecar leases ': %v %q", err, out)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,14 +15,16 @@ import (
 )
 
 func init() {
-	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID)",
-		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new"}, run: runLeases})
+	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID, leftovers ID, kill ID PID)",
+		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new", "leftovers", "kill"}, run: runLeases})
 }
 
 const leasesUsage = `usage: sidecar leases ls [-o table|json]
        sidecar leases show ID [-o json]
        sidecar leases rm ID
        sidecar leases new SESSION_ID [--ttl 1h] [--network none|host] [--label k=v]... [-o text|json]
+       sidecar leases leftovers ID [-o table|json]   what finished commands left running
+       sidecar leases kill ID PID [--signal TERM]    signal one of them (only a leftover of ID)
 
 Needs SANDBOX_REMOTE_URL and the shared token (SANDBOX_REMOTE_AUTH_TOKEN or _FILE).`
 
@@ -39,6 +42,10 @@ func runLeases(ctx context.Context, args []string) error {
 		return leasesRemove(ctx, args[1:])
 	case "new", "acquire":
 		return leasesNew(ctx, args[1:])
+	case "leftovers":
+		return leasesLeftovers(ctx, args[1:])
+	case "kill":
+		return leasesKill(ctx, args[1:])
 	default:
 		fmt.Fprintln(os.Stderr, leasesUsage)
 		return usagef("leases: unknown subcommand %q", args[0])
@@ -96,6 +103,48 @@ func leasesShow(ctx context.Context, args []string) error {
 		return err
 	}
 	return printJSON(os.Stdout, l)
+}
+
+func leasesLeftovers(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("leases leftovers", flag.ContinueOnError)
+	output := outputFlag(fs, "table", "json")
+	pos, err := operands(fs, args, 1, "usage: sidecar leases leftovers ID [-o table|json]")
+	if err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	l, err := c.Get(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if output.json() {
+		return printJSON(os.Stdout, struct {
+			Count     int                `json:"leftover_count"`
+			Leftovers []apitype.Leftover `json:"leftovers"`
+		}{l.LeftoverCount, append([]apitype.Leftover{}, l.Leftovers...)})
+	}
+	return writeLeftovers(os.Stdout, l, time.Now())
+}
+
+func leasesKill(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("leases kill", flag.ContinueOnError)
+	sig := fs.String("signal", "TERM", "signal name (TERM, KILL, INT, …)")
+	pos, err := operands(fs, args, 2, "usage: sidecar leases kill ID PID [--signal TERM]")
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(pos[1])
+	if err != nil || pid <= 0 {
+		return usagef("leases kill: PID must be a positive number, not %q", pos[1])
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	return c.OpenLease(pos[0], "").SignalLeftover(ctx, pid, *sig)
 }
 
 func leasesRemove(ctx context.Context, args []string) error {
@@ -174,7 +223,7 @@ func leasesNew(ctx context.Context, args []string) error {
 // writeLeaseTable renders the lease inspection list for a terminal.
 func writeLeaseTable(w io.Writer, leases []apitype.Lease, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSESSION\tSTATE\tEXPIRES\tPROCS\tMEM\tCPU\tDISK")
+	fmt.Fprintln(tw, "ID\tSESSION\tSTATE\tEXPIRES\tPROCS\tLEFT\tMEM\tCPU\tDISK")
 	for _, l := range leases {
 		mem, cpu, disk := "-", "-", "-"
 		if u := l.Usage; u != nil {
@@ -182,10 +231,28 @@ func writeLeaseTable(w io.Writer, leases []apitype.Lease, now time.Time) error {
 			cpu = fmt.Sprintf("%.1fs", u.CPUSeconds)
 			disk = usageOf(u.DiskBytes, l.Limits.DiskBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n",
-			l.ID, l.SessionID, l.State, expiresIn(l.ExpiresAt, now), l.Processes, mem, cpu, disk)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n",
+			l.ID, l.SessionID, l.State, expiresIn(l.ExpiresAt, now), l.Processes, l.LeftoverCount, mem, cpu, disk)
 	}
 	return tw.Flush()
+}
+
+// writeLeftovers renders a lease's leftover processes for a terminal.
+func writeLeftovers(w io.Writer, l apitype.Lease, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PID\tSTARTED\tRSS\tCOMMAND")
+	for _, p := range l.Leftovers {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", p.PID, strings.TrimPrefix(expiresIn(p.StartedAt, now), "in "),
+			humanBytes(p.RSSBytes), strings.Join(p.Argv, " "))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n := l.LeftoverCount - len(l.Leftovers); n > 0 {
+		_, err := fmt.Fprintf(w, "(%d more not listed)\n", n)
+		return err
+	}
+	return nil
 }
 
 // usageOf is "used/limit", or just "used" without a limit.

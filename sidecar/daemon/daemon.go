@@ -352,9 +352,10 @@ func (d *Daemon) serve(ctx context.Context) error {
 	d.srv.Store(srv)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
-	d.wg.Add(3)
+	d.wg.Add(4)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
 	go func() { defer d.wg.Done(); d.leases.Run(runCtx, cfg.ReapInterval) }()
+	go func() { defer d.wg.Done(); d.pruneLeftovers(runCtx, cfg.ReapInterval) }()
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
 	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
@@ -365,6 +366,22 @@ func (d *Daemon) serve(ctx context.Context) error {
 		log.Warn("isolation layer missing on this kernel", "landlock_abi", caps.LandlockABI, "gap", gap)
 	}
 	return nil
+}
+
+// pruneLeftovers removes, every interval, the child cgroups of finished commands whose
+// leftover processes have all exited (a lease's own inspection and commands prune it
+// too; this covers the leases nobody looks at).
+func (d *Daemon) pruneLeftovers(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d.sandbox.PruneLeftovers()
+		}
+	}
 }
 
 // Addr is where the daemon listens.

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -120,6 +121,25 @@ func (rt *Runtime) Usage(ctx context.Context, l lease.Lease) *apitype.Usage {
 		}
 	}
 	return &u
+}
+
+// Leftovers lists what the lease's finished commands left running; none when it
+// cannot be read.
+func (rt *Runtime) Leftovers(l lease.Lease) ([]apitype.Leftover, int) {
+	procs, n, err := rt.Sandbox.Leftovers(l.ID)
+	if err != nil || n == 0 {
+		return nil, 0
+	}
+	out := make([]apitype.Leftover, 0, min(len(procs), apitype.MaxLeftoversListed))
+	for _, p := range procs[:min(len(procs), apitype.MaxLeftoversListed)] {
+		out = append(out, apitype.Leftover{PID: p.PID, Argv: p.Argv, StartedAt: p.StartedAt, RSSBytes: p.RSSBytes})
+	}
+	return out, n
+}
+
+// SignalLeftover signals one leftover process of the lease.
+func (rt *Runtime) SignalLeftover(l lease.Lease, pid int, sig syscall.Signal) error {
+	return rt.Sandbox.SignalLeftover(l.ID, pid, sig)
 }
 
 // Caps is the isolation in force.

@@ -29,7 +29,8 @@ const (
 )
 
 // outputGrace bounds how long output is still collected after the main process exited,
-// for when a grandchild keeps a pipe open; then the tree is closed.
+// for when a process it left behind keeps a pipe open; then the run is done (the reply is
+// written) and later output is dropped. docs/api.md states it as part of the contract.
 const outputGrace = 200 * time.Millisecond
 
 // readSize is the size of the pooled buffers output pipes are read with.

@@ -25,15 +25,20 @@
 // Lifetimes, precisely:
 //   - A process's exit is its main process's exit. After it, output is collected until
 //     every pipe (or the PTY) closes or outputGrace (200ms) passes, whichever comes
-//     first; then Tree.Close kills whatever the process left behind, and what it left
-//     in the pipes is still read (bounded by another outputGrace, after which reading
-//     stops even if something outside the tree holds a pipe). So a background job
-//     started with "cmd &" by a shell that then exits does not outlive the shell, and
-//     no grandchild can keep a process from ending.
+//     first; then the run is done (the Exec replies, a background process ends) and
+//     Tree.Close leaves whatever the process left behind in the lease: its leftovers
+//     (package sandbox), which live until they exit, are signalled one by one, or the
+//     lease is torn down. A leftover still holding a pipe is read from afterwards and
+//     its output dropped, so it never blocks on a full pipe nor dies of EPIPE, and no
+//     grandchild can keep a process from ending. A PTY is closed at the end of the run.
+//   - KillLeftovers (ExecRequest, StartRequest) keeps the old behaviour: after the
+//     first grace the tree is killed (Tree.Kill), and what it left in the pipes is still
+//     read, bounded by another outputGrace.
 //   - An Exec holds one of its lease's MaxExecs slots, and the capacity of its output
 //     buffers against the daemon-wide OutputBudgetBytes, from admission until its Reply
 //     returns (or Exec returns, without one).
-//   - Timeouts and idle timeouts kill the whole tree (Tree.Kill) and mark TimedOut.
+//   - Timeouts and idle timeouts kill the whole tree (Tree.Kill), `&` children
+//     included, and mark TimedOut; so do Kill, a canceled Exec and ReleaseLease.
 //   - A process killed by a signal reports ExitCode 128+signo (the shell convention)
 //     and Signal set to the name without "SIG", e.g. "KILL".
 package process

@@ -21,6 +21,10 @@ type ExecRequest struct {
 	// Timeout kills the whole tree once passed; IdleTimeout once no output came for that
 	// long. Either sets TimedOut; the output so far is kept. Zero: none.
 	Timeout, IdleTimeout time.Duration
+	// KillLeftovers kills what the command leaves behind (`server &`) once its main
+	// process exits; otherwise that stays in the lease until the lease ends (see the
+	// package doc).
+	KillLeftovers bool
 	// Reply, when set, gets the result of a run that ended without error, before Exec
 	// returns: the exec's slot (MaxExecs) and its output's share of OutputBudgetBytes are
 	// held until Reply returns, so a caller that writes its reply there (to a client that
@@ -75,7 +79,7 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	}
 	began := m.cfg.Now()
 	run, err := startRun(m.cfg.Execer, leaseID, runOptions{
-		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: stdin,
+		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: stdin, killLeftovers: r.KillLeftovers,
 	}, out, nil, m.logger.With("lease", leaseID))
 	if err != nil {
 		return ExecResult{}, err

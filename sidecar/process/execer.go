@@ -20,7 +20,8 @@ type (
 // process group, with no inherited descriptors beyond 0-2.
 //
 // The caller sets Stdin/Stdout/Stderr (or a PTY) on the command, starts it through the
-// Tree, waits for it, and then calls Tree.Close.
+// Tree, waits for it, and then calls Tree.Close (which leaves what the command left behind
+// in the lease; Tree.Kill first to take it too).
 type Execer interface {
 	Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error)
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -69,10 +70,27 @@ func helperSpec(t *testing.T, name string, tty bool) Spec {
 }
 
 // testExecer makes plain processes in their own session, in a temp workdir, with a
-// clean environment. Its Tree is the process group.
-type testExecer struct{ dir string }
+// clean environment. Its Tree is the process group, which Close leaves running, as the
+// sandbox leaves a command's leftovers in the lease; the test's end kills them.
+type testExecer struct {
+	dir   string
+	mu    sync.Mutex
+	trees []*groupTree
+}
 
-func newTestExecer(t *testing.T) *testExecer { return &testExecer{dir: t.TempDir()} }
+func newTestExecer(t testing.TB) *testExecer {
+	e := &testExecer{dir: t.TempDir()}
+	t.Cleanup(func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for _, g := range e.trees {
+			if pgid := g.pgid(); pgid != 0 && groupAlive(pgid) {
+				_ = g.Kill()
+			}
+		}
+	})
+	return e
+}
 
 func (e *testExecer) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	cmd := exec.Command(spec.Argv[0], spec.Argv[1:]...)
@@ -82,7 +100,11 @@ func (e *testExecer) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error)
 	}
 	cmd.Dir = filepath.Join(e.dir, spec.Dir)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	return cmd, &groupTree{cmd: cmd}, nil
+	g := &groupTree{cmd: cmd}
+	e.mu.Lock()
+	e.trees = append(e.trees, g)
+	e.mu.Unlock()
+	return cmd, g, nil
 }
 
 // groupTree is a command's process group (its session leader's pid).
@@ -120,7 +142,7 @@ func (g *groupTree) Signal(sig syscall.Signal) error {
 
 func (g *groupTree) Start() error    { return g.cmd.Start() }
 func (g *groupTree) OOMKilled() bool { return false }
-func (g *groupTree) Close() error    { return g.Kill() }
+func (g *groupTree) Close() error    { return nil } // leftovers stay (until the test ends)
 
 // procStat reads state and process group of pid from /proc; ok is false once the pid
 // is gone.
@@ -179,7 +201,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func newManager(t testing.TB, cfg Config, leases ...string) *Manager {
 	t.Helper()
 	if cfg.Execer == nil {
-		cfg.Execer = &testExecer{dir: t.TempDir()}
+		cfg.Execer = newTestExecer(t)
 	}
 	m, err := New(cfg)
 	if err != nil {

@@ -107,6 +107,8 @@ type StartRequest struct {
 	Timeout, IdleTimeout time.Duration
 	// Stdin keeps an input open for WriteStdin (for a TTY too); otherwise stdin is empty.
 	Stdin bool
+	// KillLeftovers kills what the process leaves behind once it exits, as ExecRequest's.
+	KillLeftovers bool
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -179,7 +181,7 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 	m.mu.Unlock()
 
 	logger := m.logger.With("lease", leaseID, "pid", id)
-	run, err := startRun(m.cfg.Execer, leaseID, runOptions{spec: r.Spec, rows: rows, cols: cols, stdinPipe: r.Stdin},
+	run, err := startRun(m.cfg.Execer, leaseID, runOptions{spec: r.Spec, rows: rows, cols: cols, stdinPipe: r.Stdin, killLeftovers: r.KillLeftovers},
 		p.log, func() { m.finish(p, logger) }, logger)
 	if err != nil {
 		m.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -330,25 +331,53 @@ func TestBackgroundTimeouts(t *testing.T) {
 }
 
 // A background process's exit is its main process's exit, even when a grandchild holds
-// the output pipe; the grandchild is then killed with the tree.
+// the output pipe. The grandchild is a leftover and stays; with KillLeftovers it is
+// killed with the tree, as is what it left in the pipe read.
 func TestGrandchildHoldingPipeDoesNotHang(t *testing.T) {
 	m := newManager(t, Config{})
-	p := start(t, m, StartRequest{Spec: sh("sleep 1000 & echo $!")})
-	s, err := p.Subscribe(0)
+	for _, kill := range []bool{false, true} {
+		p := start(t, m, StartRequest{Spec: sh("sleep 1000 & echo $!"), KillLeftovers: kill})
+		s, err := p.Subscribe(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitDone(t, p)
+		out := readAll(t, s)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+		if err != nil {
+			t.Fatalf("output %q", out)
+		}
+		if pidAlive(pid) == kill {
+			t.Fatalf("kill_leftovers %v: grandchild %d alive: %v", kill, pid, pidAlive(pid))
+		}
+		if st := p.Status(); *st.ExitCode != 0 {
+			t.Fatalf("status %+v", st)
+		}
+	}
+}
+
+// A leftover holding stdout does not hold an Exec's reply back (outputGrace bounds the
+// wait), and what it writes afterwards is drained: it neither blocks on a full pipe nor
+// dies of EPIPE.
+func TestLeftoverHoldingStdoutDoesNotHoldReply(t *testing.T) {
+	ex := newTestExecer(t)
+	m := newManager(t, Config{Execer: ex})
+	res, err := m.Exec(t.Context(), "lease", ExecRequest{
+		Spec: sh(`(while :; do head -c 4096 /dev/zero; echo tick >> ticks; sleep 0.01; done) & echo $!`),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitDone(t, p)
-	out := readAll(t, s)
-	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
-	if err != nil {
-		t.Fatalf("output %q", out)
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(res.Stdout, "\n", 2)[0]))
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("result %+v", res)
 	}
-	if pidAlive(pid) {
-		t.Fatalf("grandchild %d outlived its process", pid)
-	}
-	if st := p.Status(); *st.ExitCode != 0 {
-		t.Fatalf("status %+v", st)
+	ticks := func() int { b, _ := os.ReadFile(filepath.Join(ex.dir, "ticks")); return bytes.Count(b, []byte("\n")) }
+	// 64 KiB and more written after the reply: a pipe nobody read would be full by now.
+	after := ticks() + 20
+	waitFor(t, "the leftover writing on after the reply", func() bool { return ticks() >= after || !pidAlive(pid) })
+	if !pidAlive(pid) {
+		t.Fatalf("leftover %d died after the reply", pid)
 	}
 }
 

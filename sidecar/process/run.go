@@ -36,6 +36,9 @@ type runOptions struct {
 	// closed, and with neither stdin is empty (/dev/null), never inherited.
 	stdinPipe bool
 	stdinFrom io.Reader
+	// killLeftovers kills what the command leaves behind once its main process exits;
+	// otherwise it stays in the lease (package sandbox's leftovers).
+	killLeftovers bool
 }
 
 // run is one started command: its pipes or PTY, the goroutines pumping its output, and
@@ -45,8 +48,11 @@ type run struct {
 	tree   Tree
 	pty    *os.File   // PTY master (pollable); nil without a TTY
 	stdin  *os.File   // stdin pipe's write end, or the PTY master; nil without stdin
-	outs   []*os.File // what the pumps read
+	outs   []*os.File // what the pumps read; a pipe's pump closes it at its end
+	out    *gate      // where the pumps write, until the run is done
 	logger *slog.Logger
+
+	killLeftovers bool
 
 	started    time.Time    // monotonic base of the idle clock
 	lastOutput atomic.Int64 // nanoseconds after started of the latest output
@@ -74,7 +80,8 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, then func
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrStart, err)
 	}
-	r := &run{cmd: cmd, tree: tree, logger: logger, exited: make(chan struct{}), done: make(chan struct{})}
+	r := &run{cmd: cmd, tree: tree, logger: logger, out: &gate{out: out}, killLeftovers: o.killLeftovers,
+		exited: make(chan struct{}), done: make(chan struct{})}
 	var childEnds []*os.File // closed in the parent once the child has them
 	fail := func(err error) (*run, error) {
 		for _, f := range childEnds {
@@ -142,7 +149,7 @@ func startRun(execer Execer, leaseID string, o runOptions, out output, then func
 	r.started = time.Now()
 	for i, f := range r.outs {
 		r.pumps.Add(1)
-		go r.pump(f, apitype.ChannelStdout+byte(i), out) // stdout, then stderr
+		go r.pump(f, apitype.ChannelStdout+byte(i), r.out) // stdout, then stderr
 	}
 	r.in.atLineStart = true
 	if o.stdinFrom != nil {
@@ -200,10 +207,14 @@ func setSize(f *os.File, rows, cols uint16) error {
 	return errors.Join(err, ioErr)
 }
 
-// pump copies one output stream to out until it ends. EIO on a PTY master means every
-// slave descriptor is closed: the end of output, not an error.
+// pump copies one output stream to out until it ends, then closes a pipe (wait closes
+// the PTY master, which is also stdin). EIO on a PTY master means every slave descriptor
+// is closed: the end of output, not an error.
 func (r *run) pump(f *os.File, channel byte, out output) {
 	defer r.pumps.Done()
+	if f != r.pty {
+		defer f.Close()
+	}
 	rc, err := f.SyscallConn()
 	if err != nil {
 		r.logger.Warn("reading process output", "err", err)
@@ -290,8 +301,12 @@ func (r *run) feed(from io.Reader) {
 }
 
 // wait waits for the main process, then for its output for at most outputGrace (a
-// grandchild may hold a pipe), then closes the tree, which kills what is left, and
-// reads what that left in the pipes (again bounded by outputGrace).
+// process it left behind may hold a pipe), then closes the tree. With killLeftovers the
+// tree is killed first and what that left in the pipes is read (again bounded by
+// outputGrace). Either way output stops being kept then: a leftover still holding a pipe
+// is drained to nowhere, so it never blocks on a full pipe nor dies of EPIPE, until it
+// closes it or dies with the lease. A PTY is closed instead: a leftover keeps no terminal
+// (its session leader is gone).
 func (r *run) wait(then func()) {
 	err := r.cmd.Wait() // our own pipes: Wait does not wait for them
 	r.status = exitStatusOf(r.cmd.ProcessState, err)
@@ -306,32 +321,55 @@ func (r *run) wait(then func()) {
 	}
 	grace.Stop()
 	r.oom = r.tree.OOMKilled()
+	if r.killLeftovers {
+		if err := r.tree.Kill(); err != nil {
+			r.logger.Warn("killing what a process left behind", "err", err)
+		}
+		grace.Reset(outputGrace)
+		select {
+		case <-drained:
+		case <-grace.C:
+		}
+		grace.Stop()
+	}
+	r.out.detach()
 	if err := r.tree.Close(); err != nil {
 		r.logger.Warn("closing process tree", "err", err)
 	}
-	// Everything in the tree is dead now, so the pipes close once the pumps have read
-	// what is left in them. A holder outside the tree would be an Execer bug: after
-	// one more grace, stop reading regardless.
-	grace.Reset(outputGrace)
-	select {
-	case <-drained:
-	case <-grace.C:
-		for _, f := range r.outs {
-			_ = f.SetReadDeadline(time.Now())
-		}
-		<-drained
-	}
-	grace.Stop()
-	for _, f := range r.outs {
-		_ = f.Close()
-	}
 	if r.stdin != nil {
 		_ = r.stdin.Close()
+	}
+	if r.pty != nil {
+		_ = r.pty.Close() // ends its pump
 	}
 	close(r.done)
 	if then != nil {
 		then()
 	}
+}
+
+// gate passes output on until detach, and drops it after: the capture or replay buffer
+// of a run that is done must not change, whoever still writes to its pipes.
+type gate struct {
+	mu  sync.Mutex
+	out output
+	off bool
+}
+
+func (g *gate) write(channel byte, p []byte) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.off {
+		return false
+	}
+	return g.out.write(channel, p)
+}
+
+// detach drops all later output; once it returns no write is in progress.
+func (g *gate) detach() {
+	g.mu.Lock()
+	g.off = true
+	g.mu.Unlock()
 }
 
 // supervise kills the tree (marking timedOut) when timeout passes or no output came for

@@ -26,6 +26,8 @@ type cgroupDriver interface {
 	childDir(id, child string) string
 	killChild(ctx context.Context, id, child string) error
 	childOOMKills(id, child string) int64
+	// childPids lists the processes in a child cgroup (leftovers.go).
+	childPids(id, child string) ([]int, error)
 	removeChild(id, child string) error
 	killLease(ctx context.Context, id string) ([]int, error)
 	removeLease(id string) error

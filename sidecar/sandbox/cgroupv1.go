@@ -173,6 +173,10 @@ func (c *cgroupV1) childOOMKills(id, child string) int64 {
 	return n
 }
 
+func (c *cgroupV1) childPids(id, child string) ([]int, error) {
+	return readPids(c.dir("freezer", id, child)) // every hierarchy has the same members
+}
+
 func (c *cgroupV1) removeChild(id, child string) error {
 	var errs []error
 	for _, d := range c.dirs(id, child) {

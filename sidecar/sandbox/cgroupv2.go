@@ -143,6 +143,8 @@ func (c *cgroupV2) childOOMKills(id, child string) int64 {
 	return n
 }
 
+func (c *cgroupV2) childPids(id, child string) ([]int, error) { return readPids(c.dir(id, child)) }
+
 func (c *cgroupV2) removeChild(id, child string) error { return cgroupfs.RemoveTree(c.dir(id, child)) }
 
 func (c *cgroupV2) killLease(ctx context.Context, id string) ([]int, error) {

@@ -144,7 +144,10 @@ type lease struct {
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
 	spare    []string        // empty child cgroups made ahead (childpool.go)
-	filling  int             // spares being made
+	// leftovers are the child cgroups of finished commands that still held processes
+	// when their Tree closed (leftovers.go).
+	leftovers map[string]bool
+	filling   int // spares being made
 	// jobs is the background cgroup work on this lease; added to only while the lease is
 	// in Sandbox.leases and the Sandbox is not closed.
 	jobs sync.WaitGroup

@@ -62,6 +62,7 @@ type tree struct {
 	report      *os.File   // read end of the helper's report pipe
 	parentFiles []*os.File // the daemon's copies of what the helper inherits
 
+	started   bool // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -81,12 +82,17 @@ func (t *tree) Start() error {
 		return err
 	}
 	msg, err := io.ReadAll(io.LimitReader(t.report, 4096))
-	if err != nil || len(msg) == 0 {
+	if err != nil {
 		return err
+	}
+	if len(msg) == 0 {
+		t.started = true // the target runs
+		return nil
 	}
 	code, rest, _ := strings.Cut(string(msg), " ")
 	if code != strconv.Itoa(initproc.ExitSetup) {
-		return nil // 126, 127: the exit status says it
+		t.started = true // the helper ran its exec: 126, 127, the exit status says it
+		return nil
 	}
 	t.cmd.Wait()
 	// "setup: join cgroup: open …: no such file…" or "config: bad config…".
@@ -149,8 +155,11 @@ func (t *tree) OOMKilled() bool {
 	return t.child != "" && t.s.cg.childOOMKills(t.leaseID, t.child) > 0
 }
 
-// Close kills what is left of the tree and removes its child cgroup (in the background:
-// nothing can enter an emptied cgroup).
+// Close releases the tree. Processes the command left behind in its child cgroup stay
+// there as the lease's leftovers (leftovers.go) until they exit, are signalled, or the
+// lease is torn down; an empty child cgroup is removed (in the background: nothing can
+// enter an emptied cgroup). Without cgroups it kills the process group, as nothing could
+// find a leftover again. Kill first for a command whose leftovers must not stay.
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
 		t.closeParentFiles()
@@ -163,24 +172,37 @@ func (t *tree) Close() error {
 			}
 			return
 		}
+		if t.child == "" {
+			t.closeErr = t.Kill()
+			return
+		}
+		defer t.s.pruneLeftoversOf(t.leaseID) // the lease's earlier ones that emptied meanwhile
+		if t.started && t.s.keepLeftovers(t.leaseID, t.child) {
+			return
+		}
+		// Never started, or empty: nothing will be left. Kill is a
+		// no-op on an empty child, and takes a helper that never joined it.
 		if err := t.Kill(); err != nil {
 			t.closeErr = err
 			return
 		}
-		if t.child == "" {
-			return
-		}
-		oom := t.s.cg.childOOMKills(t.leaseID, t.child)
-		t.s.mu.Lock()
-		if le := t.s.leases[t.leaseID]; le != nil && t.s.cg.version() == "v1" {
-			le.oomKills += oom
-			if le.removing == nil {
-				le.removing = map[string]bool{}
-			}
-			le.removing[t.child] = true // Usage must not count it twice meanwhile
-		}
-		t.s.mu.Unlock()
-		t.closeErr = t.s.dropChild(t.leaseID, t.child)
+		t.closeErr = t.s.dropEmptyChild(t.leaseID, t.child)
 	})
 	return t.closeErr
+}
+
+// dropEmptyChild removes an emptied child cgroup, keeping its OOM kills in the lease's
+// tally (v1 counts them per cgroup).
+func (s *Sandbox) dropEmptyChild(id, child string) error {
+	oom := s.cg.childOOMKills(id, child)
+	s.mu.Lock()
+	if le := s.leases[id]; le != nil && s.cg.version() == "v1" {
+		le.oomKills += oom
+		if le.removing == nil {
+			le.removing = map[string]bool{}
+		}
+		le.removing[child] = true // Usage must not count it twice meanwhile
+	}
+	s.mu.Unlock()
+	return s.dropChild(id, child)
 }

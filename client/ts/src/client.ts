@@ -331,6 +331,10 @@ export class LeaseHandle {
 
   closeShell(sid: string): Promise<void> {
     return this.client.empty({ method: "DELETE", path: leasePath(this.id, "shells", encodeURIComponent(sid)), lease: this });
+  /** signalLeftover signals one process a finished command left running in the lease (a
+   * pid from the lease's `leftovers`); any other pid is a `process_not_found` error. */
+  signalLeftover(pid: number, signal: string): Promise<void> {
+    return this.client.empty({ method: "POST", path: leasePath(this.id, "leftovers", String(pid), "signal"), json: { signal }, lease: this });
   }
 
   /** start starts a background process and attaches to it from offset 0; a dropped
