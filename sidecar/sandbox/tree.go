@@ -17,9 +17,11 @@ import (
 // Spec is one process to start inside a lease.
 type Spec struct {
 	Argv []string
-	// Env is the request's environment; Command adds the clean base (PATH, HOME, LANG, TERM).
+	// Env is the request's environment; Command adds the clean base (PATH, HOME, USER,
+	// LOGNAME, SHELL, LANG, TMPDIR; TERM for a TTY only).
 	Env map[string]string
-	// Dir is relative to the lease workdir ("" is the workdir itself).
+	// Dir is relative to the lease workdir, or absolute under Workspace ("" is the workdir
+	// itself).
 	Dir string
 	TTY bool
 }
