@@ -60,6 +60,10 @@ func TestShellSession(t *testing.T) {
 	if res := run("echo $A; kill -0 $(cat ../bg.pid) && echo bg", 0); res.Stdout != "1\nbg\n" {
 		t.Fatalf("after a timeout: %+v", res)
 	}
+	// The session's jobs stay the session's: a later command sees and stops them.
+	if res := run("ps -o pid= -p $(cat ../bg.pid) >/dev/null && echo seen; kill %1; wait %1; echo $?", 0); res.Stdout != "seen\n143\n" {
+		t.Fatalf("a job of an earlier command, stopped by a later one: %+v", res)
+	}
 
 	// One command at a time.
 	var wg sync.WaitGroup
