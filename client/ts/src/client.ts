@@ -331,6 +331,8 @@ export class LeaseHandle {
 
   closeShell(sid: string): Promise<void> {
     return this.client.empty({ method: "DELETE", path: leasePath(this.id, "shells", encodeURIComponent(sid)), lease: this });
+  }
+
   /** signalLeftover signals one process a finished command left running in the lease (a
    * pid from the lease's `leftovers`); any other pid is a `process_not_found` error. */
   signalLeftover(pid: number, signal: string): Promise<void> {
