@@ -7,6 +7,7 @@ import { pipeline } from "node:stream/promises";
 import type { components } from "./openapi.js";
 import { errorFromReply, UnauthorizedError, ForbiddenError, LeaseNotFoundError, LeaseExpiredError } from "./errors.js";
 import { Process, type ExecStreamOptions } from "./process.js";
+import { Fleet, FleetError, isFleet, splitURLs } from "./fleet.js";
 
 export type Schemas = components["schemas"];
 export type Lease = Schemas["Lease"];
@@ -28,27 +29,48 @@ export type ShellInfo = Schemas["Shell"];
 export type ShellResult = Schemas["ShellResult"];
 
 export interface Config {
-  /** https://host:port of the daemon. */
-  url: string;
+  /** https://host:port of the daemon. Several (an array, or a comma-separated list) make
+   * a fleet (see fleet.ts): new leases are placed by capacity, each stays on its sidecar. */
+  url: string | string[];
   /** The shared token, or a lease token (that lease's routes only). */
   token: string;
-  /** PEM of the CA that signed the daemon's certificate; the system roots when absent. */
+  /** PEM of the CA that signed the daemon's certificate (a fleet: the one CA of all its
+   * sidecars, or several of distinct subjects concatenated); the system roots when absent. */
   ca?: string | Buffer;
+  /** "dns": url's host is a name (a Kubernetes headless Service) and each address it
+   * resolves to is a sidecar, spoken to with the name as TLS server name. Opt-in, since a
+   * name with several addresses is as often one daemon (dual-stack localhost). */
+  discovery?: "dns";
+  /** Resolves the name for discovery "dns"; node:dns lookup (all addresses) when absent. */
+  lookup?: (host: string) => Promise<string[]>;
+  /** The TLS server name when it is not the URL's host (a DNS fleet's members). */
+  servername?: string;
+  /** Receives a fleet's warnings (a sidecar skipped, a resolution failed). */
+  log?: (msg: string) => void;
 }
 
-/** configFromEnv reads SANDBOX_REMOTE_URL, SANDBOX_REMOTE_AUTH_TOKEN (or _FILE) and
+/** configFromEnv reads SANDBOX_REMOTE_URL (one URL or a comma-separated list),
+ * SANDBOX_REMOTE_DISCOVERY, SANDBOX_REMOTE_AUTH_TOKEN (or _FILE) and
  * SANDBOX_REMOTE_CA_FILE, naming every variable at fault. */
 export function configFromEnv(env: NodeJS.ProcessEnv = process.env): Config {
   const problems: string[] = [];
   const url = env.SANDBOX_REMOTE_URL?.trim() ?? "";
-  if (!url.startsWith("https://")) problems.push("SANDBOX_REMOTE_URL must be an https:// URL");
+  const list = url.split(",").map((u) => u.trim());
+  if (url === "") problems.push("SANDBOX_REMOTE_URL is required");
+  else if (list.includes("")) problems.push("SANDBOX_REMOTE_URL has an empty entry in its list");
+  else if (!list.every((u) => u.startsWith("https://") && u.length > "https://".length)) {
+    problems.push("SANDBOX_REMOTE_URL must be an https:// URL" + (list.length > 1 ? " (each one in its list)" : ""));
+  }
+  const discovery = env.SANDBOX_REMOTE_DISCOVERY?.trim() ?? "";
+  if (discovery !== "" && discovery !== "dns") problems.push(`SANDBOX_REMOTE_DISCOVERY must be "dns" or unset (got ${JSON.stringify(discovery)})`);
+  if (discovery === "dns" && list.length > 1) problems.push("SANDBOX_REMOTE_DISCOVERY=dns takes one URL (a name), not a list");
   let token = env.SANDBOX_REMOTE_AUTH_TOKEN?.trim() ?? "";
   const tokenFile = env.SANDBOX_REMOTE_AUTH_TOKEN_FILE?.trim();
   if (!token && tokenFile) token = readFileSync(tokenFile, "utf8").trim();
   if (!token) problems.push("SANDBOX_REMOTE_AUTH_TOKEN or SANDBOX_REMOTE_AUTH_TOKEN_FILE is required");
   const caFile = env.SANDBOX_REMOTE_CA_FILE?.trim();
   if (problems.length > 0) throw new Error("client configuration: " + problems.join("; "));
-  return { url, token, ca: caFile ? readFileSync(caFile) : undefined };
+  return { url, token, ca: caFile ? readFileSync(caFile) : undefined, discovery: discovery === "dns" ? "dns" : undefined };
 }
 
 interface Call {
@@ -59,6 +81,8 @@ interface Call {
   json?: unknown;
   body?: Buffer | Readable;
   lease?: LeaseHandle; // whose credential the call uses; it keeps refreshed tokens
+  token?: string; // instead of the client's token (a lease token, to look its lease up)
+  timeoutMs?: number; // fails the call after a socket idle this long
 }
 
 /** The lease workdir's absolute name (lease processes see their workdir there). */
@@ -91,34 +115,54 @@ export function escapePath(p: string): string {
 }
 
 export class Client {
+  /** The daemon's URL; on a fleet, the first one configured (no call goes there by
+   * itself: each goes to its lease's sidecar, see sidecars). */
   readonly base: URL;
   readonly token: string;
   readonly ca?: string | Buffer;
+  readonly servername?: string;
   readonly agent: Agent;
+  /** Set when the config names several sidecars. */
+  private readonly fleet?: Fleet<Client>;
 
   constructor(cfg: Config) {
-    this.base = new URL(cfg.url.replace(/\/+$/, ""));
+    const urls = splitURLs(cfg.url).filter((u) => u !== "");
+    if (urls.length === 0) throw new Error("client: the URL list names no sidecar");
+    if (isFleet(cfg.url, cfg.discovery)) {
+      this.fleet = new Fleet(cfg.url, (url, servername) => new Client({ ...cfg, url, discovery: undefined, servername }),
+        { discovery: cfg.discovery, lookup: cfg.lookup, log: cfg.log });
+    }
+    this.base = new URL(urls[0].replace(/\/+$/, ""));
     if (this.base.protocol !== "https:") throw new Error("client: URL must be https://host[:port]");
     this.token = cfg.token;
     this.ca = cfg.ca;
-    this.agent = new Agent({ keepAlive: true, ca: cfg.ca, maxSockets: 16 });
+    this.servername = cfg.servername;
+    this.agent = new Agent({ keepAlive: true, ca: cfg.ca, maxSockets: 16, servername: cfg.servername });
+  }
+
+  /** sidecars are the clients of a fleet's sidecars (resolved for discovery "dns"); a
+   * client of one daemon is its own only one. */
+  async sidecars(): Promise<Client[]> {
+    return this.fleet ? (await this.fleet.current()).map((m) => m.client) : [this];
   }
 
   /** close releases idle keep-alive connections. */
   close(): void {
+    this.fleet?.close();
     this.agent.destroy();
   }
 
   /** send makes one request and resolves with a 2xx response whose body the caller
    * reads; an error reply rejects with its typed error. */
   send(c: Call): Promise<IncomingMessage> {
+    if (this.fleet) return this.fleetSend(c);
     const url = new URL(this.base.toString());
     url.pathname = this.base.pathname.replace(/\/$/, "") + c.path;
     for (const [k, v] of Object.entries(c.query ?? {})) {
       for (const x of Array.isArray(v) ? v : [v]) url.searchParams.append(k, x);
     }
     const headers: OutgoingHttpHeaders = { ...c.headers };
-    headers.authorization = `Bearer ${c.lease?.credential() || this.token}`;
+    headers.authorization = `Bearer ${c.lease?.credential() || c.token || this.token}`;
     let body = c.body;
     if (c.json !== undefined) {
       body = Buffer.from(JSON.stringify(c.json));
@@ -140,12 +184,29 @@ export class Client {
         );
       });
       req.on("error", reject);
+      if (c.timeoutMs) req.setTimeout(c.timeoutMs, () => req.destroy(new Error(`no reply within ${c.timeoutMs} ms`)));
       if (body instanceof Readable) {
         pipeline(body, req).catch((err) => req.destroy(err));
       } else {
         req.end(body);
       }
     });
+  }
+
+  /** fleetSend sends a lease's call to the lease's sidecar, looked up once (a handle
+   * opened by id) and then kept by the handle. Other calls name no sidecar. */
+  private async fleetSend(c: Call): Promise<IncomingMessage> {
+    if (!c.lease) throw new Error("client: a request to a fleet must belong to a lease (or go to one of sidecars())");
+    return (await this.bind(c.lease)).send(c);
+  }
+
+  /** bind is the client of h's daemon: this one, or on a fleet the lease's sidecar's,
+   * which h keeps from then on. */
+  async bind(h: LeaseHandle): Promise<Client> {
+    if (this.fleet && h.client === this) {
+      h.client = (await this.fleet.locate(h.id, h.credential() || undefined)).client;
+    }
+    return h.client;
   }
 
   async json<T>(c: Call): Promise<T> {
@@ -160,39 +221,86 @@ export class Client {
     await new Promise<void>((resolve, reject) => res.on("end", resolve).on("error", reject));
   }
 
+  /** On a fleet, the info of one sidecar that answers. */
   info(): Promise<Info> {
+    if (this.fleet) return this.fleet.any((m) => m.client.info());
     return this.json({ method: "GET", path: "/v1/info" });
   }
 
+  /** On a fleet, the leases of every sidecar (oldest first); when some do not answer, a
+   * FleetError naming them, with the others' leases as its partial. */
   async listLeases(): Promise<Lease[]> {
+    if (this.fleet) {
+      const f = this.fleet;
+      const { results, errors } = await f.each(async (m) => {
+        const leases = await m.client.listLeases();
+        for (const l of leases) f.remember(l.id, m);
+        return leases;
+      });
+      const all = results.flat().sort((a, b) => Date.parse(a.created_at) - Date.parse(b.created_at));
+      if (errors.length > 0) throw new FleetError<Lease[]>("client: some sidecars did not list their leases", errors, all);
+      return all;
+    }
     return (await this.json<Schemas["LeaseList"]>({ method: "GET", path: "/v1/leases" })).leases;
   }
 
-  getLease(id: string): Promise<Lease> {
+  async getLease(id: string): Promise<Lease> {
+    if (this.fleet) return (await this.fleet.locate(id)).client.getLease(id);
     return this.json({ method: "GET", path: leasePath(id) });
   }
 
-  releaseLease(id: string): Promise<void> {
+  async releaseLease(id: string): Promise<void> {
+    if (this.fleet) {
+      const m = await this.fleet.locate(id);
+      this.fleet.forget(id);
+      return m.client.releaseLease(id);
+    }
     return this.empty({ method: "DELETE", path: leasePath(id) });
   }
 
-  cleanup(): Promise<CleanupResult> {
+  /** On a fleet, every sidecar reaps and the results are merged; when some do not
+   * answer, a FleetError naming them, with the others' merged result as its partial. */
+  async cleanup(): Promise<CleanupResult> {
+    if (this.fleet) {
+      const { results, errors } = await this.fleet.each((m) => m.client.cleanup());
+      const all = {
+        leases: results.flatMap((r) => r.leases ?? []),
+        cgroups: results.flatMap((r) => r.cgroups ?? []),
+        workdirs: results.flatMap((r) => r.workdirs ?? []),
+        processes: results.flatMap((r) => r.processes ?? []),
+      };
+      if (errors.length > 0) throw new FleetError<CleanupResult>("client: some sidecars did not clean up", errors, all);
+      return all;
+    }
     return this.json({ method: "POST", path: "/v1/cleanup" });
   }
 
   /** Drain (true: refuse new leases while the existing ones run to their end) or end a
-   * drain (false); shared token only. */
+   * drain (false); shared token only. A drain names one sidecar: a fleet refuses it. */
   drain(on = true): Promise<DrainStatus> {
+    if (this.fleet) return Promise.reject(new Error("client: a drain names one sidecar; give its URL alone"));
     return this.json({ method: on ? "POST" : "DELETE", path: "/v1/drain" });
   }
 
+  /** On a fleet, any sidecar that answers runs it: scripts touch no lease. */
   runScript(req: ScriptRequest): Promise<ScriptResult> {
+    if (this.fleet) return this.fleet.any((m) => m.client.runScript(req));
     return this.json({ method: "POST", path: "/v1/scripts/run", json: req });
   }
 
   /** acquire takes the lease of req.session_id (the same active lease for the same
-   * session) and renews it at a third of its TTL until release() or stopRenewing(). */
+   * session) and renews it at a third of its TTL until release() or stopRenewing().
+   * On a fleet, the session's existing lease is found on its sidecar, else the lease is
+   * placed by capacity; a sidecar draining, full or silent is skipped for the next. */
   async acquire(req: AcquireRequest): Promise<LeaseHandle> {
+    if (this.fleet) {
+      const f = this.fleet;
+      return f.place(req.session_id, async (m) => {
+        const h = await m.client.acquire(req);
+        f.remember(h.id, m);
+        return h;
+      });
+    }
     const info = await this.json<Lease>({ method: "POST", path: "/v1/leases", json: req });
     const h = new LeaseHandle(this, info, false);
     h.startRenewing(req.ttl_seconds ? req.ttl_seconds * 1000 : Date.parse(info.expires_at) - Date.parse(info.created_at), req.ttl_seconds ?? 0);
@@ -202,6 +310,8 @@ export class Client {
   /** openLease is a handle on an existing lease by its lease token (a worker's case). It
    * does not renew; it keeps the fresh token the daemon sends after the owner renewed. */
   openLease(id: string, token: string): LeaseHandle {
+    // On a fleet, the handle's first call finds the lease's sidecar (this client's map
+    // of the leases it has seen, else one GET on every sidecar) and the handle keeps it.
     return new LeaseHandle(this, { id, token } as Lease, true);
   }
 }
@@ -226,7 +336,8 @@ export async function readAll(r: Readable, limit = Infinity): Promise<Buffer> {
 
 /** LeaseHandle runs commands and moves files in one lease. */
 export class LeaseHandle {
-  readonly client: Client;
+  /** The lease's daemon (on a fleet: its sidecar's client, once known). */
+  client: Client;
   readonly id: string;
   info: Lease;
   /** Last background renewal failure, undefined while renewals succeed. */
@@ -331,6 +442,8 @@ export class LeaseHandle {
 
   closeShell(sid: string): Promise<void> {
     return this.client.empty({ method: "DELETE", path: leasePath(this.id, "shells", encodeURIComponent(sid)), lease: this });
+  }
+
   /** signalLeftover signals one process a finished command left running in the lease (a
    * pid from the lease's `leftovers`); any other pid is a `process_not_found` error. */
   signalLeftover(pid: number, signal: string): Promise<void> {

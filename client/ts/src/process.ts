@@ -3,7 +3,7 @@
 // A handle on a background process survives dropped connections: it reattaches with
 // since = the output offset it has delivered, so the output arrives byte-exact.
 import { PassThrough } from "node:stream";
-import WebSocket from "ws";
+import WebSocket, { type ClientOptions } from "ws";
 import type { components } from "./openapi.js";
 import { errorFromReply, SidecarError } from "./errors.js";
 import { leasePath, readAll, type LeaseHandle } from "./client.js";
@@ -118,8 +118,8 @@ export class Process {
   }
 
   /** connect opens one websocket from output offset since and resolves once upgraded. */
-  connect(since: number): Promise<void> {
-    const c = this.lease.client;
+  async connect(since: number): Promise<void> {
+    const c = await this.lease.client.bind(this.lease); // a fleet's lease: its sidecar
     const url = new URL(c.base.toString());
     url.protocol = "wss:";
     const q = url.searchParams;
@@ -144,12 +144,16 @@ export class Process {
     }
     const token = this.lease.credential() || c.token;
     return new Promise((resolve, reject) => {
-      const ws = new WebSocket(url, [PROTOCOL], {
+      // servername: a DNS fleet's member is dialled by address, verified by the name (ws
+      // hands its options to tls.connect).
+      const opts: ClientOptions & { servername?: string } = {
         headers: { authorization: `Bearer ${token}` },
         ca: c.ca,
+        servername: c.servername,
         maxPayload: 16 << 20,
         perMessageDeflate: false,
-      });
+      };
+      const ws = new WebSocket(url, [PROTOCOL], opts);
       ws.binaryType = "nodebuffer";
       let upgraded = false;
       let start = since;

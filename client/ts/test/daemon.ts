@@ -9,36 +9,63 @@ import { Client } from "../src/index.js";
 
 const repoRoot = fileURLToPath(new URL("../../../../", import.meta.url));
 
+/** sidecarBin is the daemon binary under test. */
+export function sidecarBin(): string {
+  const bin = process.env.SIDECAR_BIN ?? join(repoRoot, "bin", "sidecar");
+  if (!existsSync(bin)) throw new Error(`${bin} is missing: run make build first`);
+  return bin;
+}
+
 export interface Daemon {
   client: Client;
   url: string;
   ca: Buffer;
   token: string;
+  /** kill SIGKILLs the daemon (a host lost); stop still cleans up after it. */
+  kill(): Promise<void>;
   stop(): Promise<void>;
 }
 
-export async function startDaemon(): Promise<Daemon> {
-  const bin = process.env.SIDECAR_BIN ?? join(repoRoot, "bin", "sidecar");
-  if (!existsSync(bin)) throw new Error(`${bin} is missing: run make build first`);
+export interface DaemonOptions {
+  /** The i-th of several daemons in one run: its own cgroup parent and uid range (a
+   * daemon refuses a cgroup parent another one holds). */
+  index?: number;
+  /** The shared token; a fresh one when absent (a fleet shares one). */
+  token?: string;
+  /** More environment of the daemon (limits, SIDECAR_TLS_HOSTS). */
+  env?: Record<string, string>;
+  /** A directory of `sidecar tls gen` (ca.crt, server.crt, server.key) to serve with
+   * instead of a self-signed certificate: a fleet's one CA. */
+  tlsDir?: string;
+}
+
+export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
+  const bin = sidecarBin();
   // Not under /tmp: a lease's private /tmp would hide a work root there.
   const work = mkdtempSync("/var/tmp/sidecar-ts-");
   chmodSync(work, 0o755);
-  const token = randomBytes(32).toString("base64url");
+  const token = opts.token ?? randomBytes(32).toString("base64url");
   const tokenFile = join(work, "auth-token");
   writeFileSync(tokenFile, token + "\n", { mode: 0o600 });
   const root = process.getuid?.() === 0;
-  const cgroupParent = `sidecar-test-ts-${process.pid}`;
+  const i = opts.index;
+  const cgroupParent = `sidecar-test-ts-${process.pid}` + (i === undefined ? "" : `-${i}`);
+  // Fleet members: 235000 + 1000 i, away from the single daemon's range and the Go suites'.
+  const uidRange = i === undefined ? "233000-233999" : `${235000 + 1000 * i}-${235999 + 1000 * i}`;
   const child: ChildProcess = spawn(bin, ["serve"], {
     env: {
       PATH: process.env.PATH,
       SIDECAR_STATE_DIR: join(work, "state"),
       SIDECAR_AUTH_TOKEN_FILE: tokenFile,
-      SIDECAR_TLS_SELF_SIGNED: "true",
+      ...(opts.tlsDir
+        ? { SIDECAR_TLS_CERT_FILE: join(opts.tlsDir, "server.crt"), SIDECAR_TLS_KEY_FILE: join(opts.tlsDir, "server.key") }
+        : { SIDECAR_TLS_SELF_SIGNED: "true" }),
       SIDECAR_LISTEN_ADDR: "127.0.0.1:0",
       SIDECAR_ISOLATION: root ? "strict" : "none",
       SIDECAR_CGROUP_PARENT: cgroupParent,
-      SIDECAR_UID_RANGE: "233000-233999",
+      SIDECAR_UID_RANGE: uidRange,
       SCRIPT_ENABLED: "false",
+      ...opts.env,
     },
     stdio: ["ignore", "ignore", "pipe"],
   });
@@ -60,16 +87,21 @@ export async function startDaemon(): Promise<Daemon> {
         const m = /^export (\w+)=(.*)$/.exec(line);
         if (m) env[m[1]] = m[2];
       }
-      if (env.SANDBOX_REMOTE_URL && env.SANDBOX_REMOTE_CA_FILE) {
+      // The token file's line comes last (the CA file's only when self-signed).
+      if (env.SANDBOX_REMOTE_URL && env.SANDBOX_REMOTE_AUTH_TOKEN_FILE) {
         clearTimeout(timer);
         resolve();
       }
     });
   });
-  const ca = readFileSync(env.SANDBOX_REMOTE_CA_FILE);
+  const ca = readFileSync(opts.tlsDir ? join(opts.tlsDir, "ca.crt") : env.SANDBOX_REMOTE_CA_FILE);
   const client = new Client({ url: env.SANDBOX_REMOTE_URL, token, ca });
   return {
     client, url: env.SANDBOX_REMOTE_URL, ca, token,
+    async kill() {
+      child.kill("SIGKILL");
+      await exited;
+    },
     async stop() {
       for (const l of await client.listLeases().catch(() => [])) {
         await client.releaseLease(l.id).catch(() => undefined);
