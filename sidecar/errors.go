@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os/exec"
 	"strconv"
+	"syscall"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
@@ -125,6 +126,11 @@ func problemOf(err error) apitype.Problem {
 	case errors.Is(err, process.ErrStart) && (errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist)):
 		// The command is not there (or not executable) inside the lease: the request's fault.
 		p.Status, p.Code, p.Detail = http.StatusBadRequest, apitype.CodeInvalidRequest, truncate(err.Error(), 300)
+	case errors.Is(err, process.ErrStart) && errors.Is(err, syscall.EAGAIN):
+		// No process slot: on cgroup v2 a command is born in the lease's cgroup, so a lease
+		// whose processes (leftovers, say) hold its whole pids limit cannot start one.
+		p.Status, p.Code = http.StatusTooManyRequests, apitype.CodeLeaseLimit
+		p.Detail = "cannot start a process: the lease's processes hold all of its pids limit (or the host's); stop some (leftovers: POST …/leftovers/{pid}/signal)"
 	case errors.Is(err, context.DeadlineExceeded):
 		p.Status, p.Code, p.Detail = http.StatusServiceUnavailable, apitype.CodeUnavailable, "deadline exceeded"
 	default:

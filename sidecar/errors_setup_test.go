@@ -3,7 +3,9 @@ package sidecar
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -18,6 +20,17 @@ func TestHandlerSetupErrorProblem(t *testing.T) {
 	p := problemOf(err)
 	if p.Status != http.StatusInternalServerError || p.Code != apitype.CodeSandboxSetupFailed ||
 		!strings.Contains(p.Detail, `"join cgroup"`) || strings.Contains(p.Detail, "/sys") {
+		t.Fatalf("problem %+v", p)
+	}
+}
+
+// A command that cannot be forked for want of a process slot (cgroup v2 clones it into
+// the lease's cgroup, whose pids limit its leftovers may hold) is the lease's limit, not
+// a daemon fault.
+func TestHandlerNoProcessSlotProblem(t *testing.T) {
+	err := fmt.Errorf("%w: %w", process.ErrStart, &os.PathError{Op: "fork/exec", Path: "/srv/sidecar/bin/sidecar-init", Err: syscall.EAGAIN})
+	p := problemOf(err)
+	if p.Status != http.StatusTooManyRequests || p.Code != apitype.CodeLeaseLimit || strings.Contains(p.Detail, "/srv") {
 		t.Fatalf("problem %+v", p)
 	}
 }
