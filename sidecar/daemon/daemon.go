@@ -214,11 +214,10 @@ func (d *Daemon) open(ctx context.Context) error {
 		return err
 	}
 	if d.shells, err = shell.New(shell.Config{
-		Processes:      d.procs,
-		MaxSessions:    cfg.MaxShells,
-		MaxOutputBytes: cfg.MaxOutputBytes,
-		Now:            cfg.Now,
-		Logger:         log.With("component", "shell"),
+		Processes:   d.procs, // its output limit and budget, shared with execs
+		MaxSessions: cfg.MaxShells,
+		Now:         cfg.Now,
+		Logger:      log.With("component", "shell"),
 	}); err != nil {
 		return err
 	}
