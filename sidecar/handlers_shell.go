@@ -88,8 +88,9 @@ func (s *Server) handleRunShell(w http.ResponseWriter, r *http.Request, _ princi
 	}
 	_, err = sess.Run(r.Context(), shell.RunRequest{
 		Command: req.Command, Timeout: seconds(req.TimeoutSeconds),
-		// Written while the output still holds its share of the daemon's output budget.
-		Reply: func(res shell.Result) error { return writeJSON(w, http.StatusOK, res) },
+		// Written while the output still holds its share of the daemon's output budget,
+		// and streamed, as an exec's: never whole in memory.
+		Reply: func(res shell.Result) error { return writeShellResult(w, res) },
 	})
 	return err
 }
