@@ -19,43 +19,79 @@ const replyPiece = 8 << 10
 // strings piece by piece straight to w, so the reply never exists whole in memory; built
 // whole it was about 6× the output for bytes that are not UTF-8 (issue 19).
 func writeExecResult(w http.ResponseWriter, res apitype.ExecResult) error {
+	r := newReplyWriter(w)
+	r.output(res.ExitCode, res.Signal, res.Stdout, res.Stderr, res.StdoutTruncated, res.StderrTruncated, res.TimedOut)
+	r.flag("oom_killed", res.OOMKilled)
+	r.raw(`,"duration_ms":` + strconv.FormatInt(res.DurationMS, 10) + "}\n")
+	return r.flush()
+}
+
+// writeShellResult is writeExecResult for a shell session command's result.
+func writeShellResult(w http.ResponseWriter, res apitype.ShellResult) error {
+	r := newReplyWriter(w)
+	r.output(res.ExitCode, res.Signal, res.Stdout, res.Stderr, res.StdoutTruncated, res.StderrTruncated, res.TimedOut)
+	r.flag("ended", res.Ended)
+	r.raw(`,"cwd":`)
+	r.str(res.Cwd)
+	r.raw(`,"duration_ms":` + strconv.FormatInt(res.DurationMS, 10) + "}\n")
+	return r.flush()
+}
+
+// replyWriter writes a 200 JSON reply field by field, through a 32 KiB buffer; the first
+// write error sticks in it and comes out of flush.
+type replyWriter struct {
+	bw      *bufio.Writer
+	scratch bytes.Buffer
+	enc     *json.Encoder
+}
+
+func newReplyWriter(w http.ResponseWriter) *replyWriter {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 32<<10)
-	var scratch bytes.Buffer
-	enc := json.NewEncoder(&scratch) // escapes HTML, as writeJSON's encoder does
-	str := func(s string) {
-		_ = bw.WriteByte('"')
-		for len(s) > 0 {
-			n := pieceEnd(s, replyPiece)
-			scratch.Reset()
-			_ = enc.Encode(s[:n]) // a string always encodes: "…"\n
-			q := scratch.Bytes()
-			_, _ = bw.Write(q[1 : len(q)-2])
-			s = s[n:]
-		}
-		_ = bw.WriteByte('"')
-	}
-	flag := func(name string, v bool) {
-		_, _ = bw.WriteString(`,"` + name + `":` + strconv.FormatBool(v))
-	}
-	_, _ = bw.WriteString(`{"exit_code":` + strconv.Itoa(res.ExitCode))
-	if res.Signal != "" {
-		_, _ = bw.WriteString(`,"signal":`)
-		str(res.Signal)
-	}
-	_, _ = bw.WriteString(`,"stdout":`)
-	str(res.Stdout)
-	_, _ = bw.WriteString(`,"stderr":`)
-	str(res.Stderr)
-	flag("stdout_truncated", res.StdoutTruncated)
-	flag("stderr_truncated", res.StderrTruncated)
-	flag("timed_out", res.TimedOut)
-	flag("oom_killed", res.OOMKilled)
-	_, _ = bw.WriteString(`,"duration_ms":` + strconv.FormatInt(res.DurationMS, 10) + "}\n")
-	return bw.Flush() // the first write error sticks in bw and comes out here
+	r := &replyWriter{bw: bufio.NewWriterSize(w, 32<<10)}
+	r.enc = json.NewEncoder(&r.scratch) // escapes HTML, as writeJSON's encoder does
+	return r
 }
+
+func (r *replyWriter) raw(s string) { _, _ = r.bw.WriteString(s) }
+
+// str writes s as a JSON string, encoded replyPiece bytes at a time.
+func (r *replyWriter) str(s string) {
+	_ = r.bw.WriteByte('"')
+	for len(s) > 0 {
+		n := pieceEnd(s, replyPiece)
+		r.scratch.Reset()
+		_ = r.enc.Encode(s[:n]) // a string always encodes: "…"\n
+		q := r.scratch.Bytes()
+		_, _ = r.bw.Write(q[1 : len(q)-2])
+		s = s[n:]
+	}
+	_ = r.bw.WriteByte('"')
+}
+
+func (r *replyWriter) flag(name string, v bool) {
+	r.raw(`,"` + name + `":` + strconv.FormatBool(v))
+}
+
+// output opens the object with the fields an exec's and a shell command's results share,
+// in their order.
+func (r *replyWriter) output(code int, signal, stdout, stderr string, stdoutTruncated, stderrTruncated, timedOut bool) {
+	r.raw(`{"exit_code":` + strconv.Itoa(code))
+	if signal != "" {
+		r.raw(`,"signal":`)
+		r.str(signal)
+	}
+	r.raw(`,"stdout":`)
+	r.str(stdout)
+	r.raw(`,"stderr":`)
+	r.str(stderr)
+	r.flag("stdout_truncated", stdoutTruncated)
+	r.flag("stderr_truncated", stderrTruncated)
+	r.flag("timed_out", timedOut)
+}
+
+func (r *replyWriter) flush() error { return r.bw.Flush() }
 
 // pieceEnd is where a piece of at most max bytes of s may end so that encoding the pieces
 // one by one gives what encoding s whole gives: never inside a valid UTF-8 sequence. A

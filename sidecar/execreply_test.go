@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strings"
@@ -18,6 +19,28 @@ func TestWriteExecResultMatchesEncodingJSON(t *testing.T) {
 	if n := reflect.TypeFor[apitype.ExecResult]().NumField(); n != 9 {
 		t.Fatalf("ExecResult has %d fields: writeExecResult writes 9; teach it the new ones", n)
 	}
+	for i, res := range replyCases() {
+		checkReply(t, i, res, func(w http.ResponseWriter) error { return writeExecResult(w, res) })
+	}
+}
+
+// So is the shell command's, with its own fields.
+func TestWriteShellResultMatchesEncodingJSON(t *testing.T) {
+	if n := reflect.TypeFor[apitype.ShellResult]().NumField(); n != 10 {
+		t.Fatalf("ShellResult has %d fields: writeShellResult writes 10; teach it the new ones", n)
+	}
+	for i, e := range replyCases() {
+		res := apitype.ShellResult{
+			ExitCode: e.ExitCode, Signal: e.Signal, Stdout: e.Stdout, Stderr: e.Stderr,
+			StdoutTruncated: e.StdoutTruncated, StderrTruncated: e.StderrTruncated, TimedOut: e.TimedOut,
+			Ended: e.OOMKilled, Cwd: e.Stderr[:min(len(e.Stderr), 300)], DurationMS: e.DurationMS,
+		}
+		checkReply(t, i, res, func(w http.ResponseWriter) error { return writeShellResult(w, res) })
+	}
+}
+
+// replyCases are results whose strings are hard to encode in pieces.
+func replyCases() []apitype.ExecResult {
 	rnd := rand.New(rand.NewPCG(1, 2))
 	random := func(n int) string {
 		b := make([]byte, n)
@@ -44,20 +67,24 @@ func TestWriteExecResultMatchesEncodingJSON(t *testing.T) {
 	for _, s := range straddling {
 		cases = append(cases, apitype.ExecResult{Stdout: s, Stderr: "\xe2\x82" + s})
 	}
-	for i, res := range cases {
-		var want bytes.Buffer
-		if err := json.NewEncoder(&want).Encode(res); err != nil {
-			t.Fatal(err)
-		}
-		rec := httptest.NewRecorder()
-		if err := writeExecResult(rec, res); err != nil {
-			t.Fatal(err)
-		}
-		if got := rec.Body.Bytes(); !bytes.Equal(got, want.Bytes()) {
-			t.Fatalf("case %d: streamed reply differs from encoding/json:\n got %.200q\nwant %.200q", i, got, want.Bytes())
-		}
-		if ct := rec.Header().Get("Content-Type"); rec.Code != 200 || ct != "application/json" {
-			t.Fatalf("case %d: %d %q", i, rec.Code, ct)
-		}
+	return cases
+}
+
+// checkReply compares what write writes with encoding/json's encoding of res.
+func checkReply(t *testing.T, i int, res any, write func(http.ResponseWriter) error) {
+	t.Helper()
+	var want bytes.Buffer
+	if err := json.NewEncoder(&want).Encode(res); err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	if err := write(rec); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.Body.Bytes(); !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("case %d: streamed reply differs from encoding/json:\n got %.200q\nwant %.200q", i, got, want.Bytes())
+	}
+	if ct := rec.Header().Get("Content-Type"); rec.Code != 200 || ct != "application/json" {
+		t.Fatalf("case %d: %d %q", i, rec.Code, ct)
 	}
 }

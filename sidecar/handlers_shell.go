@@ -86,11 +86,13 @@ func (s *Server) handleRunShell(w http.ResponseWriter, r *http.Request, _ princi
 	if err := s.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	res, err := sess.Run(r.Context(), shell.RunRequest{Command: req.Command, Timeout: seconds(req.TimeoutSeconds)})
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, res)
+	_, err = sess.Run(r.Context(), shell.RunRequest{
+		Command: req.Command, Timeout: seconds(req.TimeoutSeconds),
+		// Written while the output still holds its share of the daemon's output budget,
+		// and streamed, as an exec's: never whole in memory.
+		Reply: func(res shell.Result) error { return writeShellResult(w, res) },
+	})
+	return err
 }
 
 func (s *Server) handleCloseShell(w http.ResponseWriter, r *http.Request, _ principal) error {

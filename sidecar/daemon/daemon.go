@@ -70,7 +70,7 @@ type Config struct {
 	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`              // background processes per lease
 	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`                   // PTYs per lease (its own devpts instance); 0 sandbox.DefaultMaxPTYs
 	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`        // run-to-completion execs per lease at once
-	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"` // output all execs hold in memory, daemon-wide
+	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"` // output all execs and shell commands hold in memory, daemon-wide
 	MaxShells         int   `env:"SIDECAR_MAX_SHELLS_PER_LEASE" envDefault:"8"`        // shell sessions per lease
 
 	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
@@ -214,11 +214,10 @@ func (d *Daemon) open(ctx context.Context) error {
 		return err
 	}
 	if d.shells, err = shell.New(shell.Config{
-		Processes:      d.procs,
-		MaxSessions:    cfg.MaxShells,
-		MaxOutputBytes: cfg.MaxOutputBytes,
-		Now:            cfg.Now,
-		Logger:         log.With("component", "shell"),
+		Processes:   d.procs, // its output limit and budget, shared with execs
+		MaxSessions: cfg.MaxShells,
+		Now:         cfg.Now,
+		Logger:      log.With("component", "shell"),
 	}); err != nil {
 		return err
 	}

@@ -44,8 +44,8 @@ type Config struct {
 	// daemon reports processes that died with it as "lost". "" keeps records in memory
 	// only (tests, dev).
 	StateDir string
-	// MaxOutputBytes caps each of stdout and stderr of an Exec; beyond it output is
-	// drained and dropped, and the result says it was truncated. Default 1 MiB.
+	// MaxOutputBytes caps each of stdout and stderr of an Exec (and of a Capture); beyond
+	// it output is drained and dropped, and the result says it was truncated. Default 1 MiB.
 	MaxOutputBytes int64
 	// BufferBytes bounds the replay buffer of each background process, counted as
 	// memory held (chunk capacity plus a per-chunk overhead), so a process that writes
@@ -56,8 +56,9 @@ type Config struct {
 	// MaxExecs bounds the Execs of one lease running (or replying) at once; beyond it
 	// Exec fails with ErrExecLimit. Default 16.
 	MaxExecs int
-	// OutputBudgetBytes bounds the output all Execs of the daemon hold in memory at once
-	// (capture capacity, held until the reply is written). A capture that cannot grow
+	// OutputBudgetBytes bounds the output all Execs and Captures (shell session commands)
+	// of the daemon hold in memory at once (capture capacity, held until the reply is
+	// written). A capture that cannot grow
 	// within it keeps what it has and drops the rest, flagged truncated as at
 	// MaxOutputBytes: a run never waits for another lease's output. Default 256 MiB.
 	OutputBudgetBytes int64

@@ -36,7 +36,8 @@
 //     read, bounded by another outputGrace.
 //   - An Exec holds one of its lease's MaxExecs slots, and the capacity of its output
 //     buffers against the daemon-wide OutputBudgetBytes, from admission until its Reply
-//     returns (or Exec returns, without one).
+//     returns (or Exec returns, without one). A Capture (NewCapture: output a caller
+//     collects itself, a shell session's command) charges the same budget until Release.
 //   - Timeouts and idle timeouts kill the whole tree (Tree.Kill), `&` children
 //     included, and mark TimedOut; so do Kill, a canceled Exec and ReleaseLease.
 //   - A process killed by a signal reports ExitCode 128+signo (the shell convention)

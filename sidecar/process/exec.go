@@ -181,3 +181,36 @@ func (c *capture) release() {
 		c.charged[i] = 0
 	}
 }
+
+// Capture is an Exec's output capture for a caller that collects a command's output
+// itself (a shell session's command, framed out of its shell's longer stream): the same
+// MaxOutputBytes per stream, the same first 4 KiB outside the budget, and beyond them the
+// same daemon-wide OutputBudgetBytes that every Exec shares, so that no output a request
+// holds escapes it. What neither grants is dropped and flagged truncated; Write never
+// blocks. Not safe for concurrent use.
+type Capture struct{ c capture }
+
+// NewCapture returns an empty Capture on the Manager's limit and budget. The caller must
+// Release it, once the output's reply is written.
+func (m *Manager) NewCapture() *Capture {
+	return &Capture{c: capture{limit: m.cfg.MaxOutputBytes, budget: m.output}}
+}
+
+// Write keeps what the limit and the budget allow of p (channel is apitype.ChannelStdout
+// or ChannelStderr) and flags the stream truncated when that is not all of it. p is not
+// kept.
+func (c *Capture) Write(channel byte, p []byte) { c.c.write(channel, p) }
+
+// Truncate flags a stream truncated: output was lost before it reached Write.
+func (c *Capture) Truncate(channel byte) { c.c.truncated[channel-apitype.ChannelStdout] = true }
+
+// Output returns what a stream kept and whether it was truncated. The string shares memory
+// with the Capture (no copy outside the budget): no Write may follow, and it is counted
+// only until Release.
+func (c *Capture) Output(channel byte) (string, bool) {
+	i := int(channel - apitype.ChannelStdout)
+	return c.c.string(i), c.c.truncated[i]
+}
+
+// Release gives the Capture's share of the budget back. No Write may follow.
+func (c *Capture) Release() { c.c.release() }

@@ -25,7 +25,11 @@
 //     descendant of the shell that was not there when the command began (so background
 //     jobs of earlier commands survive), then, after another grace, the shell itself,
 //     which ends the session.
-//   - Output is captured per stream up to MaxOutputBytes, the rest dropped and flagged
-//     truncated, as a run-to-completion exec's. Output a background job writes between
-//     commands is dropped; during a command, it is that command's.
+//   - A command's output is held in a process.Capture, so it is captured exactly as a
+//     run-to-completion exec's: per stream up to the process layer's MaxOutputBytes, the
+//     first 4 KiB always, beyond them only what the daemon-wide OutputBudgetBytes (shared
+//     with every exec) grants; the rest is dropped and flagged truncated, and the command
+//     is never held back. The budget is given back once the reply is written (RunRequest.
+//     Reply) or Run returns. Output a background job writes between commands is dropped;
+//     during a command, it is that command's.
 package shell

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"crypto/rand"
 	"strings"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
 // The framing between the daemon and a shell. Every command goes to the shell's stdin as
@@ -49,24 +52,23 @@ func initScript(nonce string) string {
 // maxTrailer bounds "exit code:cwd" (a cwd is at most PATH_MAX, 4096).
 const maxTrailer = 8 << 10
 
-// stream collects one channel of one command: its output up to the first marker (the
-// first limit bytes kept, the rest dropped and flagged) and, when it has one, the trailer
-// up to the second.
+// stream collects one channel of one command: its output up to the first marker, into out
+// (which keeps what the limit and the daemon's output budget allow, the rest dropped and
+// flagged; nil drops it all), and, on stdout, the trailer up to the second.
 type stream struct {
 	marker      []byte
-	limit       int64
+	out         *process.Capture
+	channel     byte
 	wantTrailer bool
 
-	out       []byte
-	truncated bool
-	pending   []byte // the tail that may be the start of a marker split across chunks
-	found     bool   // the first marker was seen
-	trailer   []byte
-	done      bool
+	pending []byte // the tail that may be the start of a marker split across chunks
+	found   bool   // the first marker was seen
+	trailer []byte
+	done    bool
 }
 
-func newStream(nonce string, limit int64, wantTrailer bool) *stream {
-	return &stream{marker: []byte(nonce), limit: limit, wantTrailer: wantTrailer}
+func newStream(nonce string, out *process.Capture, channel byte) *stream {
+	return &stream{marker: []byte(nonce), out: out, channel: channel, wantTrailer: channel == apitype.ChannelStdout}
 }
 
 // feed takes the next bytes of the channel (p is shared: never modified or kept).
@@ -100,11 +102,9 @@ func (s *stream) feed(p []byte) {
 }
 
 func (s *stream) keep(p []byte) {
-	if room := s.limit - int64(len(s.out)); int64(len(p)) > room {
-		p = p[:max(room, 0)]
-		s.truncated = true
+	if s.out != nil && len(p) > 0 {
+		s.out.Write(s.channel, p)
 	}
-	s.out = append(s.out, p...)
 }
 
 // flush ends a stream whose marker never came (the shell ended): what may have been a

@@ -46,6 +46,9 @@ type Processes interface {
 	Start(ctx context.Context, leaseID string, r process.StartRequest) (*process.Process, bool, error)
 	Signal(leaseID, pid, name string) error
 	Kill(leaseID, pid string) error
+	// NewCapture holds a command's output within the limit and the daemon-wide output
+	// budget that run-to-completion execs share.
+	NewCapture() *process.Capture
 }
 
 // Config configures a Manager; zero values take the defaults.
@@ -55,9 +58,6 @@ type Config struct {
 	MaxSessions int
 	// MaxCommandBytes bounds one command's text. Default 64 KiB.
 	MaxCommandBytes int
-	// MaxOutputBytes caps each of a command's stdout and stderr. Default
-	// process.DefaultMaxOutputBytes.
-	MaxOutputBytes int64
 	// StartTimeout bounds the wait for a new shell to answer. Default 10s.
 	StartTimeout time.Duration
 	// InterruptGrace is how long an interrupted command has before its processes are
@@ -85,9 +85,6 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.MaxCommandBytes <= 0 {
 		cfg.MaxCommandBytes = DefaultMaxCommandBytes
-	}
-	if cfg.MaxOutputBytes <= 0 {
-		cfg.MaxOutputBytes = process.DefaultMaxOutputBytes
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = DefaultStartTimeout
@@ -266,7 +263,7 @@ func (s *Session) start(ctx context.Context, argv []string, r CreateRequest) err
 		s.m.cfg.Processes.Kill(s.lease, s.id)
 		return err
 	}
-	hello := newCommand(newNonce(), maxTrailer)
+	hello := newCommand(newNonce(), nil) // what a shell prints before it is ready is dropped
 	s.cur = hello
 	go s.pump(sub)
 	if _, err := p.WriteStdin([]byte(initScript(hello.nonce))); err != nil {
@@ -312,8 +309,9 @@ func (s *Session) pump(sub *process.Subscription) {
 		}
 		s.mu.Lock()
 		if s.cur != nil {
-			if lost := sub.Lost(); lost > s.lost {
-				s.cur.streams[0].truncated, s.cur.streams[1].truncated = true, true
+			if lost := sub.Lost(); lost > s.lost && s.cur.out != nil {
+				s.cur.out.Truncate(apitype.ChannelStdout)
+				s.cur.out.Truncate(apitype.ChannelStderr)
 			}
 			s.cur.feed(c.Channel, c.Data)
 		}
@@ -364,19 +362,38 @@ type RunRequest struct {
 	// Timeout interrupts the command once passed (see the package doc). Zero: none; at
 	// most process.MaxTimeout.
 	Timeout time.Duration
+	// Reply, when set, gets the result of a run that ended without error, before Run
+	// returns: the output's share of the daemon's output budget is held until Reply
+	// returns (the session is free again already), so a caller that writes its reply
+	// there stays within the budget. Its error is Run's.
+	Reply func(Result) error
 }
 
 // Result is what a command did.
 type Result = apitype.ShellResult
 
-// Run runs one command in the session and returns its result. ErrBusy while another runs;
-// ErrNotFound once the session is over. When ctx ends the command is interrupted as on a
-// timeout and ctx's error is returned.
+// Run runs one command in the session and returns its result, each stream capped at the
+// process layer's MaxOutputBytes and all output the daemon holds at its OutputBudgetBytes
+// (see process.Capture). ErrBusy while another runs; ErrNotFound once the session is over.
+// When ctx ends the command is interrupted as on a timeout and ctx's error is returned.
+//
+// The result's Stdout and Stderr share memory with the capture, whose budget is given
+// back when Run returns: a caller that keeps the result long should write it in r.Reply.
 func (s *Session) Run(ctx context.Context, r RunRequest) (Result, error) {
 	if err := s.checkRun(r); err != nil {
 		return Result{}, err
 	}
-	c := newCommand(newNonce(), s.m.cfg.MaxOutputBytes)
+	out := s.m.cfg.Processes.NewCapture()
+	defer out.Release()
+	res, err := s.run(ctx, r, newCommand(newNonce(), out))
+	if err == nil && r.Reply != nil {
+		return res, r.Reply(res)
+	}
+	return res, err
+}
+
+// run is Run until the session is free again; the pump no longer writes to c after it.
+func (s *Session) run(ctx context.Context, r RunRequest, c *command) (Result, error) {
 	s.mu.Lock()
 	switch {
 	case s.ended || !s.ready:
@@ -497,16 +514,20 @@ func (s *Session) interrupt(c *command, before map[int]bool) {
 // command is one command's framing state; the Session's mu guards it.
 type command struct {
 	nonce   string
-	streams [2]*stream // stdout, stderr
+	out     *process.Capture // its output; nil: dropped (the handshake)
+	streams [2]*stream       // stdout, stderr
 	done    chan struct{}
 	closed  bool
 }
 
-func newCommand(nonce string, limit int64) *command {
+func newCommand(nonce string, out *process.Capture) *command {
 	return &command{
-		nonce:   nonce,
-		streams: [2]*stream{newStream(nonce, limit, true), newStream(nonce, limit, false)},
-		done:    make(chan struct{}),
+		nonce: nonce,
+		out:   out,
+		streams: [2]*stream{
+			newStream(nonce, out, apitype.ChannelStdout), newStream(nonce, out, apitype.ChannelStderr),
+		},
+		done: make(chan struct{}),
 	}
 }
 
@@ -541,9 +562,10 @@ func (c *command) trailer() (a, b string, ok bool) {
 	return a, b, ok
 }
 
+// result is the output so far; its strings share memory with c.out.
 func (c *command) result() Result {
-	return Result{
-		Stdout: string(c.streams[0].out), Stderr: string(c.streams[1].out),
-		StdoutTruncated: c.streams[0].truncated, StderrTruncated: c.streams[1].truncated,
-	}
+	var r Result
+	r.Stdout, r.StdoutTruncated = c.out.Output(apitype.ChannelStdout)
+	r.Stderr, r.StderrTruncated = c.out.Output(apitype.ChannelStderr)
+	return r
 }

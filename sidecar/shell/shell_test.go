@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
@@ -55,8 +56,15 @@ type fixture struct {
 
 func newFixture(t *testing.T, mod func(*Config)) *fixture {
 	t.Helper()
+	return newFixtureWith(t, process.Config{}, mod)
+}
+
+// newFixtureWith takes the process layer's config too (its Execer is set here).
+func newFixtureWith(t *testing.T, pcfg process.Config, mod func(*Config)) *fixture {
+	t.Helper()
 	dir := t.TempDir()
-	procs, err := process.New(process.Config{Execer: &plainExecer{dir: dir}})
+	pcfg.Execer = &plainExecer{dir: dir}
+	procs, err := process.New(pcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +335,7 @@ func TestContextEndInterrupts(t *testing.T) {
 }
 
 func TestLargeOutputTruncated(t *testing.T) {
-	f := newFixture(t, func(c *Config) { c.MaxOutputBytes = 1000 })
+	f := newFixtureWith(t, process.Config{MaxOutputBytes: 1000}, nil)
 	s := f.create(t, "")
 	res := run(t, s, "head -c 200000 /dev/zero | tr '\\0' a; echo tail >&2", 0)
 	if !res.StdoutTruncated || len(res.Stdout) != 1000 || res.Stdout != strings.Repeat("a", 1000) || res.Stderr != "tail\n" {
@@ -338,19 +346,84 @@ func TestLargeOutputTruncated(t *testing.T) {
 	}
 }
 
+// A command's output is within the daemon's output budget, as an exec's: while another
+// capture holds most of it, the command keeps its first 4 KiB per stream and what is left,
+// flagged truncated (the command still ends normally); its share is held until its reply
+// is written, and the whole budget is back after the run.
+func TestOutputBudget(t *testing.T) {
+	const limit, budget, first = 64 << 10, 16 << 10, 4 << 10 // first: outside the budget
+	f := newFixtureWith(t, process.Config{MaxOutputBytes: limit, OutputBudgetBytes: budget}, nil)
+	s := f.create(t, "")
+	kept := func(n int) (int, bool) { // what a new capture keeps of n bytes, released
+		c := f.procs.NewCapture()
+		defer c.Release()
+		c.Write(apitype.ChannelStdout, make([]byte, n))
+		out, truncated := c.Output(apitype.ChannelStdout)
+		return len(out), truncated
+	}
+
+	const held = 10 << 10
+	hold := f.procs.NewCapture() // another request's output: first + held
+	hold.Write(apitype.ChannelStdout, make([]byte, first+held))
+	if out, truncated := hold.Output(apitype.ChannelStdout); len(out) != first+held || truncated {
+		t.Fatalf("holding capture kept %d bytes, truncated %v", len(out), truncated)
+	}
+	const big = "head -c 100000 /dev/zero | tr '\\0' a; echo tail >&2"
+	replied := false
+	res, err := s.Run(context.Background(), RunRequest{Command: big, Reply: func(res Result) error {
+		replied = true
+		if want := first + budget - held; len(res.Stdout) != want || res.Stdout != strings.Repeat("a", want) || !res.StdoutTruncated {
+			t.Errorf("stdout beside a held budget: %d bytes, truncated %v; want %d, truncated", len(res.Stdout), res.StdoutTruncated, want)
+		}
+		if res.Stderr != "tail\n" || res.StderrTruncated || res.ExitCode != 0 || res.Ended {
+			t.Errorf("result beside a held budget: %+v", res)
+		}
+		// Until the reply is written, the command holds the rest: the budget is spent.
+		if n, truncated := kept(first + 1); n != first || !truncated {
+			t.Errorf("capture while the reply holds the budget kept %d bytes, truncated %v; want %d, truncated", n, truncated, first)
+		}
+		return nil
+	}})
+	if err != nil || !replied {
+		t.Fatalf("run: %v, replied %v", err, replied)
+	}
+	if res.ExitCode != 0 || !res.StdoutTruncated {
+		t.Fatalf("run result: %+v", res)
+	}
+	hold.Release()
+	if n, truncated := kept(first + budget + 1); n != first+budget || !truncated {
+		t.Fatalf("after the run and the release, a capture kept %d bytes (truncated %v); want the whole budget %d", n, truncated, first+budget)
+	}
+	// With the budget back, a command gets all of it.
+	res = run(t, s, big, 0)
+	if len(res.Stdout) != first+budget || !res.StdoutTruncated || res.Stderr != "tail\n" {
+		t.Fatalf("run with the budget back: %d bytes, truncated %v, stderr %q; want %d", len(res.Stdout), res.StdoutTruncated, res.Stderr, first+budget)
+	}
+	if n, _ := kept(first + budget + 1); n != first+budget {
+		t.Fatalf("after the second run a capture kept %d bytes; want the whole budget %d", n, first+budget)
+	}
+}
+
 func TestStreamSplitMarker(t *testing.T) {
 	// The marker split at every position across two chunks still ends the stream, and
 	// the output before it is exact.
 	const n = "SCABCDEFGH"
+	procs, err := process.New(process.Config{Execer: &plainExecer{dir: t.TempDir()}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i <= len(n); i++ {
-		st := newStream(n, 1<<20, true)
+		capture := procs.NewCapture()
+		st := newStream(n, capture, apitype.ChannelStdout)
 		data := "out" + n + "0:/x" + n
 		cut := 3 + i
 		st.feed([]byte(data[:cut]))
 		st.feed([]byte(data[cut:]))
-		if !st.done || string(st.out) != "out" || string(st.trailer) != "0:/x" {
-			t.Fatalf("cut %d: done=%v out=%q trailer=%q", cut, st.done, st.out, st.trailer)
+		out, _ := capture.Output(apitype.ChannelStdout)
+		if !st.done || out != "out" || string(st.trailer) != "0:/x" {
+			t.Fatalf("cut %d: done=%v out=%q trailer=%q", cut, st.done, out, st.trailer)
 		}
+		capture.Release()
 	}
 }
 
