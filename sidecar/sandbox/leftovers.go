@@ -175,16 +175,27 @@ func (s *Sandbox) pruneLease(le *lease) map[string][]int {
 			held[name] = pids
 			continue
 		}
-		// Empty: nothing can enter it again, so it goes as a finished command's does.
+		// Empty: nothing can enter it again. It is removed here and now, and forgotten only
+		// once removed: a cgroup whose last process is a zombie not yet reaped may still
+		// refuse (v2 counts it populated until then), and the next prune tries again.
 		s.mu.Lock()
 		live := s.leases[id] == le && le.leftovers[name]
-		delete(le.leftovers, name)
 		s.mu.Unlock()
-		if live {
-			if err := s.dropEmptyChild(id, name); err != nil {
-				s.log.Warn("remove emptied leftover cgroup", "lease", id, "cgroup", name, "err", err)
-			}
+		if !live {
+			continue
 		}
+		oom := s.cg.childOOMKills(id, name)
+		if err := s.cg.removeChild(id, name); err != nil {
+			s.log.Debug("emptied leftover cgroup not removable yet", "lease", id, "cgroup", name, "err", err)
+			held[name] = nil
+			continue
+		}
+		s.mu.Lock()
+		delete(le.leftovers, name)
+		if s.cg.version() == "v1" {
+			le.oomKills += oom // v1 counts OOM kills per cgroup: the lease's tally keeps them
+		}
+		s.mu.Unlock()
 	}
 	return held
 }
