@@ -2,6 +2,7 @@ package client
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -13,10 +14,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 )
+
+// dirBufSize buffers tar streams both ways and is the copy buffer for file contents:
+// large enough that a tree of small files moves in large writes and reads.
+const dirBufSize = 256 << 10
 
 // DirOption tunes UploadDir and DownloadDir.
 type DirOption func(*dirOptions)
@@ -92,12 +98,17 @@ func (l *Lease) UploadDir(ctx context.Context, localDir, remoteDir string, opts 
 
 // writeTree writes the tree at dir as a (possibly compressed) tar stream.
 func writeTree(w io.Writer, dir string, o dirOptions, warn func(string, ...any)) error {
+	// The tar writer writes each header and each small file on its own; unbuffered,
+	// every one of them would cross the pipe as a separate read of the request body
+	// (an HTTP/2 DATA frame and a TLS record each).
+	bw := bufio.NewWriterSize(w, dirBufSize)
+	w = bw
 	var enc io.WriteCloser
 	switch o.encoding {
 	case "gzip":
-		enc, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+		enc, _ = gzip.NewWriterLevel(bw, gzip.BestSpeed)
 	case "zstd":
-		z, err := zstd.NewWriter(w, zstd.WithEncoderLevel(zstd.SpeedFastest))
+		z, err := zstd.NewWriter(bw, zstd.WithEncoderLevel(zstd.SpeedFastest))
 		if err != nil {
 			return err
 		}
@@ -107,7 +118,7 @@ func writeTree(w io.Writer, dir string, o dirOptions, warn func(string, ...any))
 		w = enc
 	}
 	tw := tar.NewWriter(w)
-	buf := make([]byte, 256<<10)
+	buf := make([]byte, dirBufSize)
 	var moved int64
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -169,9 +180,11 @@ func writeTree(w io.Writer, dir string, o dirOptions, warn func(string, ...any))
 		return err
 	}
 	if enc != nil {
-		return enc.Close()
+		if err := enc.Close(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return bw.Flush()
 }
 
 // DownloadDir fetches remoteDir as a tar stream and extracts it into localDir (created
@@ -194,7 +207,8 @@ func (l *Lease) DownloadDir(ctx context.Context, remoteDir, localDir string, opt
 		return err
 	}
 	defer resp.Body.Close()
-	var body io.Reader = resp.Body
+	// Many small reads (a 512-byte header, then a small file) on a large buffer.
+	var body io.Reader = bufio.NewReaderSize(resp.Body, dirBufSize)
 	switch enc := resp.Header.Get("Content-Encoding"); enc {
 	case "", "identity":
 	case "gzip":
@@ -245,13 +259,15 @@ func cleanEntryName(name string) (string, error) {
 // first, so a read-only directory can still be filled.
 func extractTar(root *os.Root, r io.Reader, progress func(int64), warn func(string, ...any)) error {
 	tr := tar.NewReader(r)
+	x := &extractor{root: root, known: map[string]bool{".": true}}
+	defer x.closeDirs()
 	type dirMeta struct {
 		name string
 		hdr  *tar.Header
 	}
 	var dirs []dirMeta
 	var moved int64
-	buf := make([]byte, 256<<10)
+	buf := make([]byte, dirBufSize)
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -267,41 +283,22 @@ func extractTar(root *os.Root, r io.Reader, progress func(int64), warn func(stri
 		if name == "." {
 			continue
 		}
-		if dir := path.Dir(name); dir != "." {
-			if err := root.MkdirAll(dir, 0o755); err != nil {
-				return err
-			}
-		}
 		perm := fs.FileMode(hdr.Mode).Perm()
 		switch hdr.Typeflag {
 		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
+			if err := x.mkdirs(name); err != nil {
 				return err
 			}
 			dirs = append(dirs, dirMeta{name, hdr})
 		case tar.TypeReg:
-			if err := removeExisting(root, name); err != nil {
-				return err
-			}
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
-			if err != nil {
-				return err
-			}
-			n, err := io.CopyBuffer(f, tr, buf)
+			n, err := x.file(name, perm, hdr.ModTime, tr, buf)
 			moved += n
-			if err == nil {
-				err = f.Chmod(perm) // umask must not narrow what the archive says
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
 			if err != nil {
 				return err
 			}
 			if progress != nil {
 				progress(moved)
 			}
-			_ = root.Chtimes(name, hdr.ModTime, hdr.ModTime)
 		case tar.TypeSymlink:
 			target := hdr.Linkname
 			if path.IsAbs(target) || strings.ContainsRune(target, 0) {
@@ -309,6 +306,9 @@ func extractTar(root *os.Root, r io.Reader, progress func(int64), warn func(stri
 			}
 			if _, err := cleanEntryName(path.Join(path.Dir(name), target)); err != nil {
 				return fmt.Errorf("%w: symlink %q points to %q", ErrUnsafeArchive, hdr.Name, target)
+			}
+			if err := x.mkdirs(path.Dir(name)); err != nil {
+				return err
 			}
 			if err := removeExisting(root, name); err != nil {
 				return err
@@ -319,6 +319,9 @@ func extractTar(root *os.Root, r io.Reader, progress func(int64), warn func(stri
 		case tar.TypeLink:
 			target, err := cleanEntryName(hdr.Linkname)
 			if err != nil {
+				return err
+			}
+			if err := x.mkdirs(path.Dir(name)); err != nil {
 				return err
 			}
 			if err := removeExisting(root, name); err != nil {
@@ -339,6 +342,100 @@ func extractTar(root *os.Root, r io.Reader, progress func(int64), warn func(stri
 		_ = root.Chtimes(d.name, d.hdr.ModTime, d.hdr.ModTime)
 	}
 	return nil
+}
+
+// maxOpenDirs bounds the directories an extraction keeps open.
+const maxOpenDirs = 64
+
+// extractor saves the path walks of a tree of many small files: directories it made or
+// found are not made again, and the ones files go into stay open (as roots of their own,
+// still inside root), so a file costs an open in its directory rather than a walk from
+// the top for each of the create, the existence check and the times.
+type extractor struct {
+	root  *os.Root
+	known map[string]bool     // directories that exist
+	open  map[string]*os.Root // open directories by name
+}
+
+func (x *extractor) mkdirs(dir string) error {
+	if x.known[dir] {
+		return nil
+	}
+	if err := x.root.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for p := dir; p != "." && !x.known[p]; p = path.Dir(p) {
+		x.known[p] = true
+	}
+	return nil
+}
+
+// dir is the open directory dir (made if missing).
+func (x *extractor) dir(dir string) (*os.Root, error) {
+	if dir == "." {
+		return x.root, nil
+	}
+	if d, ok := x.open[dir]; ok {
+		return d, nil
+	}
+	if err := x.mkdirs(dir); err != nil {
+		return nil, err
+	}
+	d, err := x.root.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(x.open) >= maxOpenDirs {
+		x.closeDirs()
+	}
+	if x.open == nil {
+		x.open = map[string]*os.Root{}
+	}
+	x.open[dir] = d
+	return d, nil
+}
+
+func (x *extractor) closeDirs() {
+	for _, d := range x.open {
+		d.Close()
+	}
+	x.open = nil
+}
+
+// file creates the regular file name from r, replacing what was there unless it is a
+// directory, with the archive's mode (whatever the umask) and time. It returns the bytes
+// written.
+func (x *extractor) file(name string, perm fs.FileMode, mtime time.Time, r io.Reader, buf []byte) (int64, error) {
+	d, err := x.dir(path.Dir(name))
+	if err != nil {
+		return 0, err
+	}
+	base := path.Base(name)
+	const flags = os.O_WRONLY | os.O_CREATE | os.O_EXCL
+	f, err := d.OpenFile(base, flags, perm)
+	if errors.Is(err, fs.ErrExist) { // a file of the same name (or a link) goes first
+		if err := removeExisting(d, base); err != nil {
+			return 0, err
+		}
+		f, err = d.OpenFile(base, flags, perm)
+	}
+	if err != nil {
+		return 0, err
+	}
+	// Hidden behind a plain Writer: os.File's ReadFrom would copy through a buffer of
+	// its own, allocated per file.
+	n, err := io.CopyBuffer(struct{ io.Writer }{f}, r, buf)
+	if err == nil {
+		err = f.Chmod(perm) // umask must not narrow what the archive says
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return n, err
+	}
+	_ = d.Chtimes(base, mtime, mtime)
+	return n, nil
 }
 
 // removeExisting clears the way for a new entry without following a symlink in its place.

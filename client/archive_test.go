@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
@@ -177,5 +178,54 @@ func TestExtractDoesNotFollowPlantedLinks(t *testing.T) {
 	fi, err := os.Lstat(filepath.Join(dir, "inner"))
 	if err != nil || !fi.Mode().IsRegular() || fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
 		t.Fatalf("inner: %v %v", fi.Mode(), err)
+	}
+}
+
+// Files spread over more directories than the extractor keeps open, in an order that
+// leaves and revisits each directory, land whole with the archive's mode and time, and
+// replace a file already there.
+func TestExtractManyDirectories(t *testing.T) {
+	dir := t.TempDir()
+	mustWrite(t, filepath.Join(dir, "d007", "f1"), "old content", 0o600)
+	const dirs, perDir = maxOpenDirs + 36, 3
+	mtime := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	body := func(d, f int) string { return fmt.Sprintf("file %d of dir %d", f, d) }
+	for f := range perDir {
+		for d := range dirs {
+			b := body(d, f)
+			hdr := &tar.Header{Name: fmt.Sprintf("d%03d/f%d", d, f), Typeflag: tar.TypeReg, Mode: 0o666, Size: int64(len(b)), ModTime: mtime}
+			if err := tw.WriteHeader(hdr); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.WriteString(tw, b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	if err := extractTar(root, &buf, nil, t.Logf); err != nil {
+		t.Fatal(err)
+	}
+	for d := range dirs {
+		for f := range perDir {
+			p := filepath.Join(dir, fmt.Sprintf("d%03d/f%d", d, f))
+			got, err := os.ReadFile(p)
+			if err != nil || string(got) != body(d, f) {
+				t.Fatalf("%s: %q, %v", p, got, err)
+			}
+			fi, err := os.Stat(p)
+			if err != nil || fi.Mode().Perm() != 0o666 || !fi.ModTime().Equal(mtime) {
+				t.Fatalf("%s: mode %v, mtime %v, %v", p, fi.Mode(), fi.ModTime(), err)
+			}
+		}
 	}
 }

@@ -2,10 +2,10 @@ package fsxfer
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"errors"
 	"io"
-	"os"
 
 	"golang.org/x/sys/unix"
 )
@@ -29,57 +29,73 @@ func (f *FS) WriteTar(ctx context.Context, dir string, w io.Writer) error {
 	}
 	buf := getBuf()
 	defer putBuf(buf)
-	tw := tar.NewWriter(w)
+	// Headers and small files go out in large writes: one per 256 KiB, not two per file.
+	bw := bufio.NewWriterSize(w, tarBufSize)
+	tw := tar.NewWriter(bw)
 	links := map[fileKey]string{}
-	err = walk(ctx, fd(d), id.mnt, "", 0, func(e walkEntry) (bool, error) {
+	err = walkNoStat(ctx, fd(d), id.mnt, func(e walkEntry) (bool, error) {
 		if len(e.rel) > f.cfg.MaxNameBytes {
 			return false, ErrNameTooLong
 		}
-		hdr := &tar.Header{
-			Name:    e.rel,
-			Mode:    int64(e.st.Mode & 0o7777),
-			ModTime: timeOf(e.st),
-			Uid:     int(e.st.Uid),
-			Gid:     int(e.st.Gid),
-		}
-		switch e.st.Mode & unix.S_IFMT {
+		switch e.typ {
 		case unix.S_IFDIR:
-			hdr.Typeflag, hdr.Name = tar.TypeDir, e.rel+"/"
+			hdr := headerOf(e.rel+"/", e.st)
+			hdr.Typeflag = tar.TypeDir
 			return !e.mount, tw.WriteHeader(hdr)
 		case unix.S_IFLNK:
 			target, err := readlinkAt(e.dirfd, e.name)
 			if err != nil {
 				return false, nil // gone meanwhile
 			}
+			hdr := headerOf(e.rel, e.st)
 			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 			return false, tw.WriteHeader(hdr)
 		case unix.S_IFREG:
-			return false, f.tarFile(tw, e, hdr, links, *buf)
+			return false, f.tarFile(tw, e, links, *buf)
 		}
 		return false, nil
 	})
-	if err != nil {
-		return wrap("archive", rel, err)
+	if err == nil {
+		err = tw.Close()
 	}
-	return wrap("archive", rel, tw.Close())
+	if err == nil {
+		err = bw.Flush() // only a whole archive is flushed: a cut one is never completed
+	}
+	return wrap("archive", rel, err)
 }
 
-func (f *FS) tarFile(tw *tar.Writer, e walkEntry, hdr *tar.Header, links map[fileKey]string, buf []byte) error {
-	h, err := openFileAt(e.dirfd, e.name)
+// tarBufSize is the write buffer of WriteTar.
+const tarBufSize = 256 << 10
+
+func headerOf(name string, st *unix.Stat_t) *tar.Header {
+	return &tar.Header{
+		Name:    name,
+		Mode:    int64(st.Mode & 0o7777),
+		ModTime: timeOf(st),
+		Uid:     int(st.Uid),
+		Gid:     int(st.Gid),
+	}
+}
+
+// tarFile writes the regular file e, described by a stat of the open descriptor (the
+// walk did not stat it), read with bare system calls into buf.
+func (f *FS) tarFile(tw *tar.Writer, e walkEntry, links map[fileKey]string, buf []byte) error {
+	nfd, err := unix.Openat(e.dirfd, e.name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ELOOP) {
 		return nil // removed or replaced by a symlink meanwhile
 	}
 	if err != nil {
 		return err
 	}
-	defer h.Close()
+	defer unix.Close(nfd)
 	var st unix.Stat_t
-	if err := unix.Fstat(int(h.Fd()), &st); err != nil {
+	if err := unix.Fstat(nfd, &st); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || f.checkServable(&st) != nil {
 		return nil
 	}
+	hdr := headerOf(e.rel, &st)
 	if st.Nlink > 1 {
 		k := keyOf(&st)
 		if first, ok := links[k]; ok {
@@ -92,9 +108,19 @@ func (f *FS) tarFile(tw *tar.Writer, e walkEntry, hdr *tar.Header, links map[fil
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err
 	}
-	n, err := io.CopyBuffer(tw, io.LimitReader(h, st.Size), buf)
-	if err != nil {
-		return err
+	n := int64(0)
+	for n < st.Size {
+		b, err := readFD(nfd, buf, min(int64(len(buf)), st.Size-n))
+		if err != nil {
+			return err
+		}
+		if len(b) == 0 {
+			break // shrank while read
+		}
+		if _, err := tw.Write(b); err != nil {
+			return err
+		}
+		n += int64(len(b))
 	}
 	for n < st.Size { // shrank while read: pad to the announced size
 		m, err := tw.Write(zeroBlock[:min(int64(len(zeroBlock)), st.Size-n)])
@@ -104,14 +130,4 @@ func (f *FS) tarFile(tw *tar.Writer, e walkEntry, hdr *tar.Header, links map[fil
 		n += int64(m)
 	}
 	return nil
-}
-
-// openFileAt opens name in dirfd for reading without following a symlink and without
-// blocking on a FIFO.
-func openFileAt(dirfd int, name string) (*os.File, error) {
-	nfd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	return os.NewFile(uintptr(nfd), name), nil
 }

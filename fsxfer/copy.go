@@ -6,7 +6,6 @@ import (
 	"errors"
 	"hash"
 	"io"
-	"os"
 	"sync"
 )
 
@@ -24,13 +23,19 @@ func putBuf(b *[]byte) { bufPool.Put(b) }
 // zeroBlock is compared against to find holes; it is never written to.
 var zeroBlock [4096]byte
 
+// fileSink is what copyIn writes to: an *os.File, or a bare descriptor (rawFD).
+type fileSink interface {
+	WriteAt(b []byte, off int64) (int, error)
+	Truncate(size int64) error
+}
+
 // copyIn streams src into dst from offset off on, reserving quota before each chunk, and
 // returns the offset reached. All-zero 4 KiB blocks are skipped (left as holes), so
 // sparse files stay sparse; dst is truncated to the final size so a trailing hole
 // counts. When h is not nil the bytes are hashed in a second goroutine on the buffer
 // just written while the next one is read: double buffering keeps hashing off the
 // critical path. A read error other than io.EOF is returned with the offset reached.
-func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *reservation, h hash.Hash) (int64, error) {
+func copyIn(ctx context.Context, dst fileSink, off int64, src io.Reader, res *reservation, h hash.Hash) (int64, error) {
 	bufs := [2]*[]byte{getBuf(), getBuf()}
 	defer putBuf(bufs[0])
 	defer putBuf(bufs[1])
@@ -98,7 +103,7 @@ func copyIn(ctx context.Context, dst *os.File, off int64, src io.Reader, res *re
 // writeSparse writes b at off, skipping all-zero 4 KiB blocks (aligned on the file), and
 // reserves quota for what it writes. end is where the last write ended (off when all of
 // b was a hole).
-func writeSparse(dst *os.File, b []byte, off int64, res *reservation) (end int64, err error) {
+func writeSparse(dst fileSink, b []byte, off int64, res *reservation) (end int64, err error) {
 	end = off
 	for len(b) > 0 {
 		// The block containing off ends at the next 4 KiB boundary.

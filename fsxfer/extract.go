@@ -2,6 +2,7 @@ package fsxfer
 
 import (
 	"archive/tar"
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,7 +12,9 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -68,7 +71,9 @@ func (f *FS) ExtractTar(ctx context.Context, dir string, r io.Reader, encoding s
 	kept := int64(0)
 	defer func() { st.close(kept) }()
 
-	stats, err := st.extract(ctx, tar.NewReader(src))
+	// tar reads a 512-byte header, then each small file, on its own: from a buffer, not
+	// each from the request body.
+	stats, err := st.extract(ctx, tar.NewReader(bufio.NewReaderSize(src, tarBufSize)))
 	if err != nil {
 		return ArchiveStats{}, wrap("extract", rel, err)
 	}
@@ -380,44 +385,94 @@ func (s *staging) file(ctx context.Context, name string, hdr *tar.Header, tr *ta
 	if err != nil {
 		return err
 	}
-	nfd, err := unix.Openat(dirfd, path.Base(name), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	// Created with its final mode where the umask leaves it whole (no fchmod then): the
+	// staging directory keeps it from everyone meanwhile. A bare descriptor, not an
+	// os.File: no poller registration and no fcntl calls for a file written once.
+	mode := uint32(hdr.Mode) & 0o777
+	nfd, err := unix.Openat(dirfd, path.Base(name), unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, mode)
 	if err != nil {
 		return err
 	}
-	h := os.NewFile(uintptr(nfd), name)
-	defer h.Close()
-	if _, err := copyIn(ctx, h, 0, tr, s.res, nil); err != nil {
+	defer unix.Close(nfd)
+	if _, err := copyIn(ctx, rawFD(nfd), 0, tr, s.res, nil); err != nil {
 		return err
 	}
-	if err := unix.Fchmod(int(h.Fd()), uint32(hdr.Mode)&0o777); err != nil {
-		return err
-	}
-	if s.f.cfg.UID >= 0 {
-		if err := unix.Fchown(int(h.Fd()), s.f.cfg.UID, s.f.cfg.GID); err != nil {
+	if mode&processUmask() != 0 {
+		if err := unix.Fchmod(nfd, mode); err != nil {
 			return err
 		}
 	}
-	return setMtime(int(h.Fd()), hdr.ModTime)
+	if s.f.cfg.UID >= 0 {
+		if err := unix.Fchown(nfd, s.f.cfg.UID, s.f.cfg.GID); err != nil {
+			return err
+		}
+	}
+	return setMtime(nfd, hdr.ModTime)
 }
 
+// rawFD is a descriptor copyIn writes to directly.
+type rawFD int
+
+func (r rawFD) WriteAt(b []byte, off int64) (int, error) {
+	n := 0
+	for n < len(b) {
+		k, err := unix.Pwrite(int(r), b[n:], off+int64(n))
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return n, err
+		}
+		if k == 0 {
+			return n, io.ErrShortWrite
+		}
+		n += k
+	}
+	return n, nil
+}
+
+func (r rawFD) Truncate(size int64) error { return unix.Ftruncate(int(r), size) }
+
+// processUmask is the daemon's umask (from /proc/self/status: reading it with umask(2)
+// would change it for a moment under other threads creating files). When it cannot be
+// read, every bit counts as masked, so modes are always set explicitly.
+var processUmask = sync.OnceValue(func() uint32 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0o777
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			if m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32); err == nil {
+				return uint32(m)
+			}
+		}
+	}
+	return 0o777
+})
+
 // finishDirs gives the staged directories their modes, owner and times, deepest first
-// so that setting a parent's mtime comes after its children were made.
+// so that setting a parent's mtime comes after its children were made. Every directory
+// in the staging tree was made by mkdirs (nobody else can write there: it is the daemon's,
+// mode 0700), so s.made lists them all without a walk.
 func (s *staging) finishDirs() error {
 	var all []string
-	err := walk(context.Background(), s.fd, mustMnt(s.fd), "", 0, func(e walkEntry) (bool, error) {
-		if e.st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			all = append(all, e.rel)
+	for name, isDir := range s.made {
+		if isDir && name != "." {
+			all = append(all, name)
 		}
-		return true, nil
-	})
-	if err != nil {
-		return err
 	}
+	// Deepest first; among equals by name, for a reproducible order.
+	slices.SortFunc(all, func(a, b string) int {
+		if c := strings.Count(b, "/") - strings.Count(a, "/"); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
 	explicit := make(map[string]stagedDir, len(s.dirs))
 	for _, d := range s.dirs {
 		explicit[d.name] = d
 	}
-	slices.Reverse(all) // walk lists parents first
 	for _, name := range all {
 		d, ok := explicit[name]
 		if !ok {

@@ -17,12 +17,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"golang.org/x/sys/unix"
 )
 
 // caseNames are the cases -only accepts, in the order they run.
@@ -36,6 +38,7 @@ func main() {
 		bin     = flag.String("bin", "bin/sidecar", "the daemon binary to measure (sidecar-init must sit next to it)")
 		verbose = flag.Bool("v", false, "log progress at debug level")
 		http1   = flag.Bool("http1", false, "make the client speak HTTP/1.1 instead of HTTP/2 (to attribute transfer costs)")
+		tree    = flag.Int("tree-files", 0, "files in the tree case (0: the size's default; 50 per directory)")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -54,6 +57,9 @@ func main() {
 	sz := fullSizes
 	if *quick {
 		sz = quickSizes
+	}
+	if *tree > 0 {
+		sz.treeFiles, sz.treeDirs = *tree, max(1, *tree/50)
 	}
 	if err := run(ctx, log, runConfig{bin: *bin, sizes: sz, cases: cases, out: *out, quick: *quick, http1: *http1}); err != nil {
 		log.Error("benchmark failed", "err", err)
@@ -112,6 +118,11 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 			log.Warn("temporary directory left behind", "dir", dir, "err", rerr)
 		}
 	}()
+	unshare, err := shareLeases(filepath.Join(dir, "leases"))
+	if err != nil {
+		return err
+	}
+	defer unshare(log)
 	b := &bench{log: log, dir: dir, sz: rc.sizes, quick: rc.quick, http1: rc.http1}
 	b.machineBefore = readMachine()
 
@@ -197,4 +208,27 @@ var quickSizes = sizes{
 	fileBytes: 64 << 20, cipherProbeBytes: 128 << 20, treeFiles: 1000, treeDirs: 20, streamBytes: 64 << 20,
 	leases: 20, loadFor: 5 * time.Second, reps: 10, bigReps: 3, treeReps: 2, treeWarmup: 0, ptyRounds: 100, scriptRuns: 100,
 	scaleHeld: []int{10, 100},
+}
+
+// shareLeases makes the daemon's work root a shared mount (a bind mount of itself), so the
+// lease filesystems the daemon mounts under it also appear in sshd's mount namespace
+// (made earlier, as a slave: see sshdCommand), where the ssh peers of the tree case
+// write. The returned func unmounts it once the daemon has released its leases.
+func shareLeases(dir string) (func(*slog.Logger), error) {
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return nil, fmt.Errorf("bind mount the work root: %w", err)
+	}
+	undo := func(log *slog.Logger) {
+		if err := unix.Unmount(dir, 0); err != nil {
+			log.Warn("work root still mounted", "dir", dir, "err", err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED, ""); err != nil {
+		undo(slog.Default())
+		return nil, fmt.Errorf("make the work root shared: %w", err)
+	}
+	return undo, nil
 }

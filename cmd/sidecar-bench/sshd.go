@@ -136,6 +136,8 @@ Subsystem sftp internal-sftp
 // case would measure the rc file, not OpenSSH. So when root's shell has an rc file, sshd
 // runs in a private mount namespace where an empty file is bound over it: the host is
 // untouched and the mount dies with sshd (unshare and sh exec, so the pid is sshd's).
+// The namespace is a slave of the host's, so the lease filesystems the daemon mounts
+// later are visible to ssh sessions too (the tree case writes into a lease's workdir).
 func sshdCommand(bin, conf, dir string) (*exec.Cmd, string, error) {
 	home, err := os.UserHomeDir()
 	if err != nil {
@@ -149,7 +151,7 @@ func sshdCommand(bin, conf, dir string) (*exec.Cmd, string, error) {
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {
 		return nil, "", err
 	}
-	return exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+	return exec.Command("unshare", "--mount", "--propagation", "slave", "--", "sh", "-c",
 		`mount --bind "$1" "$2" && exec "$3" -D -e -f "$4"`, "sh", empty, rc, bin, conf), rc, nil
 }
 
