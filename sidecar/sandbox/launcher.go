@@ -249,7 +249,6 @@ func (s *Sandbox) dropLauncher(le *lease) {
 // send gives the launcher its command: kind, then the sealed command and its standard
 // descriptors (nil ones /dev/null).
 func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error {
-	defer l.sock.Close()
 	b, err := initproc.EncodeLaunch(cmd)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -275,5 +274,10 @@ func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error 
 	if tty {
 		kind[0] = initproc.LaunchTTY
 	}
-	return unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0)
+	if err := unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0); err != nil {
+		return err
+	}
+	l.sock.Close()
+	l.sock = nil
+	return nil
 }

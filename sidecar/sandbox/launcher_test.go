@@ -77,13 +77,13 @@ func testLauncherTTY(t *testing.T, s *Sandbox) {
 	if !s.coldStart {
 		readyLauncher(t, s, l.ID)
 	}
-	cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"/bin/sh", "-c", `tty; echo $TERM; ps -o tty= -p $$`}, TTY: true})
+	cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"/bin/sh", "-c", `tty; echo $TERM; : </dev/tty && echo controlling`}, TTY: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
 	out := strings.ReplaceAll(runTTY(t, s, l.ID, cmd, tr), "\r", "")
-	if !strings.Contains(out, "/dev/pts/0\nxterm-256color\npts/0\n") {
+	if !strings.Contains(out, "/dev/pts/0\nxterm-256color\ncontrolling\n") {
 		t.Errorf("TTY command printed %q, want its tty as controlling terminal", out)
 	}
 }

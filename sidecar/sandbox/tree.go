@@ -82,7 +82,13 @@ func (t *tree) Start() error {
 	defer t.s.refillLauncher(t.le) // the next command's, made while this one runs
 	if files, ok := t.stdio(); ok {
 		if l := t.s.takeLauncher(t.le); l != nil {
-			return t.startLaunched(l, files)
+			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
+			if err == nil {
+				return t.startLaunched(l)
+			}
+			// It died since it said it was ready: the plain start Command prepared.
+			t.s.log.Debug("launcher gone before its command", "lease", t.leaseID, "err", err)
+			t.s.discardLauncher(t.le, l)
 		}
 	}
 	err := t.s.startHelper(t.le, t.cmd, t.child, t.parentFiles)
@@ -115,8 +121,8 @@ func (t *tree) stdio() ([3]*os.File, bool) {
 	return files, true
 }
 
-// startLaunched gives the command to launcher l, which becomes the command's process.
-func (t *tree) startLaunched(l *launcher, files [3]*os.File) error {
+// startLaunched makes launcher l, which has its command, the command's process.
+func (t *tree) startLaunched(l *launcher) error {
 	closeAll(t.parentFiles) // of the plain start prepared by Command
 	t.parentFiles = nil
 	t.report.Close()
@@ -125,11 +131,6 @@ func (t *tree) startLaunched(l *launcher, files [3]*os.File) error {
 	}
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
-	if err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files); err != nil {
-		_ = l.proc.Kill()
-		_ = t.cmd.Wait()
-		return &SetupError{Step: "launch", Msg: err.Error()}
-	}
 	return t.readReport()
 }
 
