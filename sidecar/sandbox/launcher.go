@@ -37,6 +37,10 @@ import (
 // starts the plain way.
 const launcherWait = time.Second
 
+// launchersAtOnce bounds the launchers being made at once, daemon-wide: a restart adopting
+// a thousand leases makes theirs a few at a time, not a thousand forks in one go.
+const launchersAtOnce = 4
+
 // maxLauncherFailures is how many launchers in a row may fail before a lease stops making
 // them (a lease at its pids limit, say): its commands start the plain way, and each one
 // that does allows one more try.
@@ -91,6 +95,8 @@ func (s *Sandbox) refillLauncher(le *lease) {
 	le.launcher = l
 	le.jobs.Go(func() {
 		defer close(l.made)
+		s.launching <- struct{}{}
+		defer func() { <-s.launching }()
 		if l.err = s.startLauncher(le, l); l.err != nil {
 			s.launcherFailed(le, l)
 		}

@@ -129,8 +129,9 @@ type Sandbox struct {
 	shell    string // $SHELL of lease processes
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
-	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
-	coldStart   bool       // Config.ColdStart
+	owner       *ownerLock    // the lock on the cgroup parent (owner.go), nil without Config.Owner
+	coldStart   bool          // Config.ColdStart
+	launching   chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -199,7 +200,8 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), coldStart: cfg.ColdStart}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), coldStart: cfg.ColdStart,
+		launching: make(chan struct{}, launchersAtOnce)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {
