@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,48 +18,49 @@ import (
 // A helper that cannot join its command's cgroup (the spare child cgroup the next exec
 // takes is removed under the daemon) fails the exec with sandbox_setup_failed naming the
 // step, not with exit 125. On v1 the helper reports it; on v2 the daemon cannot clone
-// into it. Run with each helper by the sandbox tests; here, the one deployed.
+// into it. The lease's launcher, set up ahead (sidecar/sandbox/launcher.go), is killed
+// first, so that the exec starts the plain way. Run with each helper by the sandbox tests;
+// here, the one deployed.
 func TestExecSetupFailure(t *testing.T) {
 	needRoot(t)
 	d := startDaemon(t)
 	ctx := context.Background()
 	l := d.acquire("setup-failure")
-	// The first exec makes its child cgroup and one spare, p1 and p2 in either order.
-	r := must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"cat", "/proc/self/cgroup"}}))(t)
-	var used string
-	for _, line := range strings.Split(r.Stdout, "\n") {
-		if _, path, ok := strings.Cut(line, l.ID()+"/"); ok {
-			used = path
-		}
-	}
-	spare := map[string]string{"p1": "p2", "p2": "p1"}[used]
-	if spare == "" {
-		t.Fatalf("child cgroup of the first exec not p1 or p2: %q", r.Stdout)
-	}
+	must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t)
 	dirs := cgroupDirs("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
-	if v2 := "/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID(); len(dirs) == 0 {
-		dirs = []string{v2}
-	} else if _, err := os.Stat(filepath.Join(v2, spare)); err == nil {
-		dirs = append(dirs, v2)
+	if len(dirs) == 0 {
+		dirs = []string{"/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID()}
 	}
-	// The spare is made in the background: wait until it exists in every hierarchy.
+	// Made in the background: a spare (empty) and the next command's launcher (one process).
+	var spares []string
+	launcher := 0
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		n := 0
-		for _, dir := range dirs {
-			if _, err := os.Stat(filepath.Join(dir, spare)); err == nil {
-				n++
-			}
-		}
-		if n == len(dirs) {
+		spares, launcher = childCgroups(t, dirs)
+		if len(spares) > 0 && launcher != 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("spare child cgroup %s never appeared under %v", spare, dirs)
+			t.Fatalf("no spare and launcher under %v: %v, %d", dirs, spares, launcher)
 		}
 	}
 	for _, dir := range dirs {
-		if err := syscall.Rmdir(filepath.Join(dir, spare)); err != nil {
-			t.Fatal(err)
+		for _, c := range spares {
+			if err := syscall.Rmdir(filepath.Join(dir, c)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := syscall.Kill(launcher, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		// Gone, or a zombie (the daemon reaps it when the exec finds it dead).
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(launcher) + "/stat")
+		if _, rest, _ := strings.Cut(string(b), ") "); err != nil || strings.HasPrefix(rest, "Z") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("launcher %d still alive", launcher)
 		}
 	}
 	_, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}})
@@ -71,6 +73,41 @@ func TestExecSetupFailure(t *testing.T) {
 	if r := must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t); r.ExitCode != 0 {
 		t.Fatalf("exec after the failure: %+v", r)
 	}
+}
+
+// childCgroups lists a lease's empty child cgroups (present in every one of dirs) and the
+// pid of the one process found in a child, if exactly one is.
+func childCgroups(t *testing.T, dirs []string) (empty []string, pid int) {
+	t.Helper()
+	entries, err := os.ReadDir(dirs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		everywhere := true
+		for _, dir := range dirs {
+			if _, err := os.Stat(filepath.Join(dir, e.Name())); err != nil {
+				everywhere = false
+			}
+		}
+		b, err := os.ReadFile(filepath.Join(dirs[0], e.Name(), "cgroup.procs"))
+		if err != nil || !everywhere {
+			continue
+		}
+		if procs := strings.Fields(string(b)); len(procs) == 0 {
+			empty = append(empty, e.Name())
+		} else {
+			pids = append(pids, procs...)
+		}
+	}
+	if len(pids) == 1 {
+		pid, _ = strconv.Atoi(pids[0])
+	}
+	return empty, pid
 }
 
 // cgroupDirs globs a lease's cgroup in every v1 hierarchy, once per hierarchy: co-mounted

@@ -14,6 +14,7 @@
  *   fd 3  sealed memfd: "sidecar-init/1\0" (key "\0" value "\0")*
  *   fd 4  report pipe: on failure "<code> <stage>: <message>", then exit <code>
  *   fd 5  the lease's network namespace, when the config says "netns"
+ *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
@@ -21,6 +22,14 @@
  * /workspace (nosuid,nodev; last), oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
  * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
  * an execvp-like PATH search.
+ *
+ * A launcher (config key "await", no argv/env/dir) does every step but the last ahead of
+ * time, then says "R" on fd 6 and waits there for one message: a byte, 'p' (pipes) or 't'
+ * (a terminal to make its controlling one), and four descriptors: a sealed memfd holding
+ * the command ("sidecar-init/1\0" then argv, env and dir keys only), stdin, stdout, stderr.
+ * It takes them on 0-2, enters dir and execs. End of file instead: the daemon let it go;
+ * it exits 0. So a command starts with no fork, cgroup move, mount or filter build on its
+ * path, in the cgroup, namespaces and Landlock domain it was born into.
  *
  * Security rules: every system call is checked; every length is bounded; untrusted data
  * is only ever a "%s" argument; on any doubt the helper exits 125 with a report.
@@ -36,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -48,7 +58,8 @@
 #include <seccomp.h>
 #endif
 
-enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5 };
+enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5, LAUNCH_FD = 6 };
+enum { CONFIG_FULL, CONFIG_LAUNCH }; /* what parse_config accepts */
 enum { EXIT_SETUP = 125, EXIT_CANNOT_EXEC = 126, EXIT_NOT_FOUND = 127 };
 enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
 
@@ -155,7 +166,7 @@ struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *work_dir;
 	long uid, gid, ll_min_abi, ll_max_abi;
-	int netns, landlock, have_uid, have_gid, seccomp;
+	int netns, landlock, have_uid, have_gid, seccomp, await;
 	long rlimit[NRLIMITS];
 	int have_rlimit[NRLIMITS];
 };
@@ -189,17 +200,17 @@ __attribute__((noreturn, format(printf, 3, 4))) static void fail(int code, const
 
 #define FAIL_ERRNO(stage, what, arg) fail(EXIT_SETUP, stage, "%s %s: %s", what, arg, strerror(errno))
 
-/* read_config reads the sealed memfd on CONFIG_FD into a NUL-terminated buffer. */
-static char *read_config(size_t *len)
+/* read_config reads the sealed memfd fd into a NUL-terminated buffer and closes fd. */
+static char *read_config(int fd, size_t *len)
 {
-	int seals = fcntl(CONFIG_FD, F_GET_SEALS);
+	int seals = fcntl(fd, F_GET_SEALS);
 	if (seals < 0)
 		fail(EXIT_SETUP, "config", "seals: %s", strerror(errno));
 	int want = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
 	if ((seals & want) != want)
 		fail(EXIT_SETUP, "config", "config is not sealed");
 	struct stat st;
-	if (fstat(CONFIG_FD, &st) < 0)
+	if (fstat(fd, &st) < 0)
 		fail(EXIT_SETUP, "config", "stat: %s", strerror(errno));
 	if (st.st_size < 0 || st.st_size > MAX_CONFIG_SIZE)
 		fail(EXIT_SETUP, "config", "bad config: too large");
@@ -210,7 +221,7 @@ static char *read_config(size_t *len)
 	size_t got = 0;
 	/* Read one byte past the size: a sealed file cannot grow, so more is an error. */
 	while (got <= size) {
-		ssize_t r = read(CONFIG_FD, buf + got, size + 1 - got);
+		ssize_t r = read(fd, buf + got, size + 1 - got);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0)
@@ -221,7 +232,7 @@ static char *read_config(size_t *len)
 	}
 	if (got != size)
 		fail(EXIT_SETUP, "config", "bad config: size changed");
-	if (close(CONFIG_FD) < 0)
+	if (close(fd) < 0)
 		fail(EXIT_SETUP, "config", "close: %s", strerror(errno));
 	buf[size] = '\0';
 	*len = size;
@@ -273,8 +284,9 @@ static long parse_id_once(int *seen, const char *key, const char *v)
 }
 
 /* parse_config splits buf (len bytes, NUL at buf[len]) into c. Two passes: count the list
- * entries, allocate exactly, then fill; strings stay in buf. */
-static void parse_config(char *buf, size_t len, struct config *c)
+ * entries, allocate exactly, then fill; strings stay in buf. mode CONFIG_LAUNCH accepts a
+ * launched command: argv, env and dir only. */
+static void parse_config(char *buf, size_t len, struct config *c, int mode)
 {
 	memset(c, 0, sizeof *c);
 	if (len == 0 || buf[len - 1] != '\0')
@@ -285,7 +297,7 @@ static void parse_config(char *buf, size_t len, struct config *c)
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
 		int seen_passwd = 0, seen_group = 0, seen_work = 0;
-		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0;
+		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
 		while (off < len) {
@@ -296,6 +308,8 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				fail(EXIT_SETUP, "config", "bad config: key without value");
 			char *v = buf + off;
 			off += strlen(v) + 1;
+			if (mode == CONFIG_LAUNCH && strcmp(key, "argv") != 0 && strcmp(key, "env") != 0 && strcmp(key, "dir") != 0)
+				fail(EXIT_SETUP, "config", "bad config: \"%s\" in a launched command", key);
 			struct list *l = list_for(c, key);
 			if (l != NULL) {
 				if (pass == 1)
@@ -334,6 +348,12 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				if (strcmp(one, "1") != 0)
 					fail(EXIT_SETUP, "config", "bad config: netns: not 1");
 				c->netns = 1;
+			} else if (strcmp(key, "await") == 0) {
+				const char *one;
+				set_once(&one, &seen_await, key, v);
+				if (strcmp(one, "1") != 0)
+					fail(EXIT_SETUP, "config", "bad config: await: not 1");
+				c->await = 1;
 			} else if (strcmp(key, "seccomp") == 0) {
 				const char *one;
 				set_once(&one, &seen_seccomp, key, v);
@@ -362,12 +382,18 @@ static void parse_config(char *buf, size_t len, struct config *c)
 				lists[i]->n = 0;
 			}
 			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->work_dir = NULL;
-			c->netns = c->seccomp = 0;
+			c->netns = c->seccomp = c->await = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
 		}
-		if (c->argv.n == 0 || c->argv.v[0][0] == '\0')
+		if (c->await) {
+			if (c->argv.n != 0 || c->env.n != 0 || seen_dir)
+				fail(EXIT_SETUP, "config", "bad config: await with a command");
+		} else if (c->argv.n == 0 || c->argv.v[0][0] == '\0') {
 			fail(EXIT_SETUP, "config", "bad config: empty argv");
+		}
+		if (mode == CONFIG_LAUNCH)
+			return;
 		if (!seen_uid || !seen_gid)
 			fail(EXIT_SETUP, "config", "bad config: no uid or gid");
 		if (seen_rules && !seen_ll)
@@ -756,16 +782,64 @@ __attribute__((noreturn)) static void exec_target(const struct config *c)
 	fail(EXIT_NOT_FOUND, "exec", "%s: executable file not found in $PATH", name);
 }
 
+/* await_launch is a launcher's wait: it says it is ready, then takes the command and its
+ * standard descriptors from the launch socket (top of file) into c, and enters its
+ * directory. Everything here is allowed by the seccomp filter already in force. */
+static void await_launch(struct config *c)
+{
+	char kind = 'R';
+	if (write(LAUNCH_FD, &kind, 1) != 1)
+		fail(EXIT_SETUP, "setup", "launch: ready: %s", strerror(errno));
+	union {
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {.iov_base = &kind, .iov_len = 1};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+	ssize_t n;
+	do
+		n = recvmsg(LAUNCH_FD, &m, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n == 0)
+		_exit(0); /* the daemon let this launcher go */
+	if (n < 0)
+		fail(EXIT_SETUP, "setup", "launch: receive: %s", strerror(errno));
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || (kind != 'p' && kind != 't') || h == NULL ||
+	    h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS || h->cmsg_len != CMSG_LEN(4 * sizeof(int)))
+		fail(EXIT_SETUP, "setup", "launch: bad message");
+	int fds[4];
+	memcpy(fds, CMSG_DATA(h), sizeof fds);
+	/* 0-2 are the launcher's /dev/null, so the received descriptors are all above 2. */
+	for (int i = 0; i < 3; i++)
+		if (dup2(fds[i + 1], i) < 0 || close(fds[i + 1]) < 0)
+			fail(EXIT_SETUP, "setup", "launch: descriptor %d: %s", i, strerror(errno));
+	if (kind == 't' && ioctl(0, TIOCSCTTY, 0) < 0)
+		fail(EXIT_SETUP, "setup", "launch: controlling terminal: %s", strerror(errno));
+	size_t len;
+	char *buf = read_config(fds[0], &len);
+	struct config cmd;
+	parse_config(buf, len, &cmd, CONFIG_LAUNCH);
+	c->argv = cmd.argv;
+	c->env = cmd.env;
+	c->dir = cmd.dir;
+	if (c->dir != NULL && c->dir[0] != '\0' && chdir(c->dir) < 0)
+		fail(EXIT_SETUP, "setup", "chdir %s: %s", c->dir, strerror(errno));
+	(void)close(LAUNCH_FD);
+}
+
 int main(void)
 {
 	size_t len;
 	struct config c;
-	char *buf = read_config(&len);
-	parse_config(buf, len, &c);
+	char *buf = read_config(CONFIG_FD, &len);
+	parse_config(buf, len, &c, CONFIG_FULL);
 #ifdef SIDECAR_INIT_PARSE_ONLY
 	/* Test builds only (package sandbox's FuzzHelperConfigParity): stop once parsed. */
 	return 0;
 #endif
 	setup(&c);
+	if (c.await)
+		await_launch(&c);
 	exec_target(&c);
 }

@@ -31,6 +31,22 @@ func (s *Sandbox) takeChild(le *lease) (string, error) {
 	return s.newChild(le)
 }
 
+// returnSpare gives back a child cgroup taken for a command that went to a launcher
+// instead: never entered, it is as good as new.
+func (s *Sandbox) returnSpare(le *lease, name string) {
+	s.mu.Lock()
+	keep := !s.closed && s.leases[le.spec.ID] == le
+	if keep {
+		le.spare = append(le.spare, name)
+	}
+	s.mu.Unlock()
+	if !keep {
+		if err := s.cg.removeChild(le.spec.ID, name); err != nil {
+			s.log.Warn("remove spare child cgroup", "lease", le.spec.ID, "cgroup", name, "err", err)
+		}
+	}
+}
+
 // refillLocked starts making spares up to spareChildren; s.mu is held. Background work
 // is counted in le.jobs only while the lease is live, so Teardown and Close, which stop
 // that first, can wait for all of it.
@@ -124,6 +140,7 @@ func (s *Sandbox) Close() error {
 	}
 	for _, le := range les {
 		le.jobs.Wait()
+		s.dropLauncher(le)
 		s.mu.Lock()
 		spare := le.spare
 		le.spare = nil

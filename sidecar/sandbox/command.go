@@ -18,8 +18,10 @@ var errNotFound = exec.ErrNotFound
 
 // Command prepares spec to run in the lease: the returned command starts the helper, which
 // enters the command's own child cgroup, the lease's namespaces, uid and Landlock policy
-// before it execs argv. Bad input is ErrInvalid (ErrOutsideWorkdir for Dir), a missing
-// executable wraps exec.ErrNotFound, and nothing is created for either.
+// before it execs argv — or, when the lease has a launcher ready (launcher.go), hands the
+// command to that helper, which did all of it ahead of time. Bad input is ErrInvalid
+// (ErrOutsideWorkdir for Dir), a missing executable wraps exec.ErrNotFound, and nothing is
+// created for either.
 //
 // The caller sets Stdin/Stdout/Stderr (or starts it with creack/pty, which adds Setctty
 // to the SysProcAttr set here; replacing SysProcAttr makes the helper refuse to run),
@@ -28,10 +30,8 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
 	var l LeaseSpec
-	var netns *os.File
-	var pts, passwd, group string
 	if le != nil {
-		l, netns, pts, passwd, group = le.spec, le.netns, le.pts, le.passwd, le.group
+		l = le.spec
 	}
 	s.mu.Unlock()
 	if le == nil {
@@ -63,45 +63,8 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		return nil, nil, err
 	}
 
-	cfg := initproc.Config{
-		Argv: spec.Argv, Env: env, Dir: dir, UID: l.UID, GID: l.GID,
-		Landlock: s.landlockPolicy(l),
-		Seccomp:  s.caps.Seccomp,
-	}
-	if s.strict() {
-		// Not in isolation none: a daemon that is not root could not raise a hard limit
-		// below one of these (a 1,024-file hard limit, say), and every command would fail.
-		cfg.Rlimits = LeaseRlimits
-	}
-	attr := &syscall.SysProcAttr{Setsid: true}
-	if s.caps.PrivateTmp {
-		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
-		cfg.PTSDir = pts
-		cfg.Passwd, cfg.Group, cfg.WorkDir = passwd, group, l.Workdir
-		attr.Cloneflags = syscall.CLONE_NEWNS
-	}
-	t := &tree{s: s, leaseID: leaseID}
-	if s.cg != nil {
-		if t.child, err = s.takeChild(le); err != nil {
-			return nil, nil, fmt.Errorf("sandbox: lease %s: child cgroup: %w", leaseID, err)
-		}
-		cfg.CgroupProcs = s.cg.joinFiles(leaseID, t.child)
-		if d := s.cg.childDir(leaseID, t.child); d != "" {
-			// v2: clone3(CLONE_INTO_CGROUP) puts the helper there atomically.
-			fd, err := os.Open(d)
-			if err != nil {
-				t.Close()
-				return nil, nil, &SetupError{Step: "join cgroup", Msg: err.Error()}
-			}
-			t.parentFiles = append(t.parentFiles, fd)
-			attr.UseCgroupFD, attr.CgroupFD = true, int(fd.Fd())
-		}
-	}
-	files, err := t.helperFiles(&cfg, netns)
-	if err != nil {
-		t.Close()
-		return nil, nil, err
-	}
+	cfg := s.helperConfig(le)
+	cfg.Argv, cfg.Env, cfg.Dir = spec.Argv, env, dir
 	cmd := &exec.Cmd{
 		Path: s.helper,
 		Args: []string{s.helper, HelperArg},
@@ -110,11 +73,146 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		Env: []string{},
 		// Where the helper starts, as root, before it enters its namespace's view.
 		Dir:         hostDir,
-		ExtraFiles:  files,
-		SysProcAttr: attr,
+		SysProcAttr: s.helperAttr(),
 	}
-	t.cmd = cmd
+	t := &tree{s: s, leaseID: leaseID, le: le, cmd: cmd, tty: spec.TTY,
+		launch: initproc.Launch{Argv: spec.Argv, Env: env, Dir: dir}}
+	if s.cg != nil {
+		if t.child, err = s.takeChild(le); err != nil {
+			return nil, nil, fmt.Errorf("sandbox: lease %s: child cgroup: %w", leaseID, err)
+		}
+	}
+	// Ready for cmd.Start too (tests use it): Tree.Start may still give the command to a
+	// launcher instead, and then undoes this.
+	if t.parentFiles, t.report, err = s.prepareHelper(le, cmd, &cfg, t.child, nil); err != nil {
+		t.Close()
+		return nil, nil, err
+	}
 	return cmd, t, nil
+}
+
+// helperConfig is the lease-wide part of a helper's config: all but the command and its
+// cgroup.
+func (s *Sandbox) helperConfig(le *lease) initproc.Config {
+	s.mu.Lock()
+	l, pts, passwd, group := le.spec, le.pts, le.passwd, le.group
+	s.mu.Unlock()
+	cfg := initproc.Config{
+		UID: l.UID, GID: l.GID,
+		Landlock: s.landlockPolicy(l),
+		Seccomp:  s.caps.Seccomp,
+	}
+	if s.strict() {
+		// Not in isolation none: a daemon that is not root could not raise a hard limit
+		// below one of these (a 1,024-file hard limit, say), and every command would fail.
+		cfg.Rlimits = LeaseRlimits
+	}
+	if s.caps.PrivateTmp {
+		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
+		cfg.PTSDir = pts
+		cfg.Passwd, cfg.Group, cfg.WorkDir = passwd, group, l.Workdir
+	}
+	return cfg
+}
+
+func (s *Sandbox) helperAttr() *syscall.SysProcAttr {
+	attr := &syscall.SysProcAttr{Setsid: true}
+	if s.caps.PrivateTmp {
+		attr.Cloneflags = syscall.CLONE_NEWNS
+	}
+	return attr
+}
+
+// prepareHelper completes cmd for the helper with config cfg in child cgroup child ("":
+// none); extra is the launch socket of a launcher (nil otherwise). It returns the daemon's
+// copies of what the helper inherits, to close once it has started, and the read end of
+// its report pipe.
+func (s *Sandbox) prepareHelper(le *lease, cmd *exec.Cmd, cfg *initproc.Config, child string, extra *os.File) (parentFiles []*os.File, report *os.File, err error) {
+	defer func() {
+		if err != nil {
+			closeAll(parentFiles)
+			if report != nil {
+				report.Close()
+			}
+			parentFiles, report = nil, nil
+		}
+	}()
+	if child != "" {
+		cfg.CgroupProcs = s.cg.joinFiles(le.spec.ID, child)
+		if d := s.cg.childDir(le.spec.ID, child); d != "" {
+			// v2: clone3(CLONE_INTO_CGROUP) puts the helper there atomically.
+			fd, err := os.Open(d)
+			if err != nil {
+				return nil, nil, &SetupError{Step: "join cgroup", Msg: err.Error()}
+			}
+			parentFiles = append(parentFiles, fd)
+			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(fd.Fd())
+		}
+	}
+	s.mu.Lock()
+	netns := le.netns
+	s.mu.Unlock()
+	cfg.NetNS = netns != nil
+	b, err := initproc.Encode(cfg)
+	if err != nil {
+		return parentFiles, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	config, err := sealedMemfd("sidecar-init-config", b)
+	if err != nil {
+		return parentFiles, nil, err
+	}
+	parentFiles = append(parentFiles, config)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return parentFiles, nil, err
+	}
+	parentFiles = append(parentFiles, w)
+	cmd.ExtraFiles = []*os.File{config, w, netns} // a nil netns: fd 5 closed
+	if extra != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, extra)
+	}
+	return parentFiles, r, nil
+}
+
+// startHelper starts a prepared helper and closes the daemon's copies of its files.
+func (s *Sandbox) startHelper(le *lease, cmd *exec.Cmd, child string, parentFiles []*os.File) error {
+	err := cmd.Start()
+	closeAll(parentFiles)
+	if err != nil && cmd.SysProcAttr.UseCgroupFD {
+		if _, serr := os.Stat(s.cg.childDir(le.spec.ID, child)); serr != nil {
+			// v2: clone3 could not enter a child cgroup removed under it.
+			return &SetupError{Step: "join cgroup", Msg: err.Error()}
+		}
+	}
+	return err
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// sealedMemfd is b in a sealed memfd: nothing can change it between here and the helper
+// reading it.
+func sealedMemfd(name string, b []byte) (*os.File, error) {
+	mfd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(mfd), name)
+	_, err = f.Write(b)
+	if err == nil {
+		_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL)
+	}
+	if err == nil {
+		_, err = f.Seek(0, 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	return f, nil
 }
 
 // newChild creates the command's child cgroup, skipping names left by an earlier run.
@@ -131,43 +229,6 @@ func (s *Sandbox) newChild(le *lease) (string, error) {
 		return name, err
 	}
 	return "", errors.New("no free child cgroup name")
-}
-
-// helperFiles makes the helper's descriptors 3 (config in a sealed memfd), 4 (report pipe)
-// and 5 (network namespace), keeping the daemon's ends in t.
-func (t *tree) helperFiles(cfg *initproc.Config, netns *os.File) ([]*os.File, error) {
-	cfg.NetNS = netns != nil
-	b, err := initproc.Encode(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	mfd, err := unix.MemfdCreate("sidecar-init-config", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("memfd: %w", err)
-	}
-	config := os.NewFile(uintptr(mfd), "sidecar-init-config")
-	t.parentFiles = append(t.parentFiles, config)
-	if _, err := config.Write(b); err != nil {
-		return nil, err
-	}
-	if _, err := config.Seek(0, 0); err != nil {
-		return nil, err
-	}
-	// Sealed: nothing can change the config between here and the helper reading it.
-	if _, err := unix.FcntlInt(config.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL); err != nil {
-		return nil, fmt.Errorf("memfd seal: %w", err)
-	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	t.report = r
-	t.parentFiles = append(t.parentFiles, w)
-	files := []*os.File{config, w}
-	if netns != nil {
-		files = append(files, netns)
-	}
-	return files, nil
 }
 
 // landlockPolicy is the lease's filesystem view: its workdir and /tmp read-write, system

@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -217,13 +218,38 @@ func run(t testing.TB, s *Sandbox, leaseID string, spec Spec) result {
 	if err != nil {
 		t.Fatalf("Command(%q): %v", spec.Argv, err)
 	}
+	return runPrepared(t, cmd, tr)
+}
+
+// runPrepared starts a command made by Command, waits for it and closes its tree.
+func runPrepared(t testing.TB, cmd *exec.Cmd, tr Tree) result {
+	t.Helper()
+	spec := Spec{Argv: cmd.Args}
 	defer tr.Close()
+	// Pipes of its own, as package process has: a launcher can take those.
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := tr.Start(); err != nil {
+	var copying sync.WaitGroup
+	for _, o := range []struct {
+		dst *bytes.Buffer
+		fd  *io.Writer
+	}{{&stdout, &cmd.Stdout}, {&stderr, &cmd.Stderr}} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		*o.fd = w
+		defer w.Close()
+		copying.Go(func() { o.dst.ReadFrom(r); r.Close() })
+	}
+	err := tr.Start()
+	cmd.Stdout.(*os.File).Close()
+	cmd.Stderr.(*os.File).Close()
+	if err != nil {
+		copying.Wait()
 		t.Fatalf("Start(%q): %v", spec.Argv, err)
 	}
 	err = cmd.Wait()
+	copying.Wait() // as exec.Cmd waits for its copying
 	r := result{stdout: stdout.String(), stderr: stderr.String(), oom: tr.OOMKilled()}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {

@@ -67,6 +67,9 @@ type Config struct {
 	// (owner.go) and fails with ErrParentOwned while another running daemon holds it.
 	// "" claims nothing (tests that run many sandboxes on one parent).
 	Owner string
+	// ColdStart makes every command start the plain way, without launchers (launcher.go):
+	// for benchmarks that compare the two.
+	ColdStart bool
 }
 
 // Caps says which isolation is in force (shown in /v1/info).
@@ -126,7 +129,9 @@ type Sandbox struct {
 	shell    string // $SHELL of lease processes
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
-	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
+	owner       *ownerLock    // the lock on the cgroup parent (owner.go), nil without Config.Owner
+	coldStart   bool          // Config.ColdStart
+	launching   chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -148,6 +153,10 @@ type lease struct {
 	// when their Tree closed (leftovers.go).
 	leftovers map[string]bool
 	filling   int // spares being made
+	// launcher is the helper made ahead for the lease's next command (launcher.go);
+	// launcherFailures counts those that failed in a row.
+	launcher         *launcher
+	launcherFailures int
 	// jobs is the background cgroup work on this lease; added to only while the lease is
 	// in Sandbox.leases and the Sandbox is not closed.
 	jobs sync.WaitGroup
@@ -191,7 +200,8 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell()}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), coldStart: cfg.ColdStart,
+		launching: make(chan struct{}, launchersAtOnce)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {
@@ -416,6 +426,17 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		}
 	}
 
+	le, err := s.register(l, pts, passwd, group)
+	if err != nil {
+		return err
+	}
+	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "network", l.Network)
+	s.refillLauncher(le) // the first command's
+	return nil
+}
+
+// register records a provisioned lease, making its network namespace if it needs one.
+func (s *Sandbox) register(l LeaseSpec, pts, passwd, group string) (*lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	le := s.leases[l.ID]
@@ -427,12 +448,11 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if l.Network == "none" && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
-			return fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
+			return nil, fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
 		}
 		le.netns = ns
 	}
-	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "network", l.Network)
-	return nil
+	return le, nil
 }
 
 // ownDir hands a lease directory to its uid. It must be a real directory, not a symlink.
@@ -468,6 +488,7 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	var errs []error
 	if le != nil {
 		le.jobs.Wait() // no spare is being made, nor a child removed, under our feet
+		s.dropLauncher(le)
 	}
 	if s.cg != nil {
 		if _, err := s.cg.killLease(ctx, leaseID); err != nil {
@@ -495,11 +516,14 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
-	var removedOOM int64
+	var removedOOM, launchers int64
 	var removing map[string]bool
 	if le != nil {
 		removedOOM = le.oomKills
 		removing = maps.Clone(le.removing)
+		if le.launcher.started() {
+			launchers = le.launcher.tasks()
+		}
 	}
 	s.mu.Unlock()
 	if le == nil {
@@ -510,6 +534,7 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	}
 	u, err := s.cg.usage(leaseID, removing)
 	u.OOMKills += removedOOM
+	u.Pids = max(u.Pids-launchers, 0) // the launcher is the daemon's doing, not the lease's
 	return u, err
 }
 

@@ -58,31 +58,84 @@ func (e *SetupError) Error() string { return "sandbox: setup failed at " + e.Ste
 type tree struct {
 	s       *Sandbox
 	leaseID string
-	child   string // child cgroup name, "" without cgroups
+	le      *lease
+	launch  initproc.Launch // the command
+	tty     bool
+	child   string // child cgroup name, set by Start; "" without cgroups
 	cmd     *exec.Cmd
 
 	report      *os.File   // read end of the helper's report pipe
-	parentFiles []*os.File // the daemon's copies of what the helper inherits
+	parentFiles []*os.File // the daemon's copies of what the helper inherits, until it starts
 
 	started   bool // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
 	closeOnce sync.Once
 	closeErr  error
 }
 
-// Start starts the helper and reads its report pipe, which closes empty when the target
-// is exec'd: no round trip beyond the start itself.
+// Start hands the command to the lease's launcher when one is ready (launcher.go), else
+// starts a helper for it; then it reads the helper's report pipe, which closes empty when
+// the target is exec'd: no round trip beyond the start itself.
 func (t *tree) Start() error {
-	err := t.cmd.Start()
-	t.closeParentFiles()
-	if err != nil {
-		if t.cmd.SysProcAttr.UseCgroupFD {
-			if _, serr := os.Stat(t.s.cg.childDir(t.leaseID, t.child)); serr != nil {
-				// v2: clone3 could not enter a child cgroup removed under it.
-				return &SetupError{Step: "join cgroup", Msg: err.Error()}
+	if t.cmd.Process != nil {
+		return errors.New("sandbox: command already started")
+	}
+	defer t.s.refillLauncher(t.le) // the next command's, made while this one runs
+	if files, ok := t.stdio(); ok {
+		if l := t.s.takeLauncher(t.le); l != nil {
+			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
+			if err == nil {
+				return t.startLaunched(l)
 			}
+			// It died since it said it was ready: the plain start Command prepared.
+			t.s.log.Debug("launcher gone before its command", "lease", t.leaseID, "err", err)
+			t.s.discardLauncher(t.le, l)
 		}
+	}
+	err := t.s.startHelper(t.le, t.cmd, t.child, t.parentFiles)
+	t.parentFiles = nil
+	if err != nil {
 		return err
 	}
+	if err := t.readReport(); err != nil {
+		return err
+	}
+	t.s.mu.Lock()
+	t.le.launcherFailures = min(t.le.launcherFailures, maxLauncherFailures-1) // the lease can fork: one more try
+	t.s.mu.Unlock()
+	return nil
+}
+
+// stdio is the command's standard descriptors as files (nil: /dev/null), which a launcher
+// can be given; false if one is another reader or writer (exec.Cmd would copy it).
+func (t *tree) stdio() ([3]*os.File, bool) {
+	var files [3]*os.File
+	for i, v := range []any{t.cmd.Stdin, t.cmd.Stdout, t.cmd.Stderr} {
+		switch f := v.(type) {
+		case nil:
+		case *os.File:
+			files[i] = f
+		default:
+			return files, false
+		}
+	}
+	return files, true
+}
+
+// startLaunched makes launcher l, which has its command, the command's process.
+func (t *tree) startLaunched(l *launcher) error {
+	closeAll(t.parentFiles) // of the plain start prepared by Command
+	t.parentFiles = nil
+	t.report.Close()
+	if t.child != "" {
+		t.s.returnSpare(t.le, t.child) // never entered
+	}
+	t.child, t.report = l.child, l.report
+	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
+	return t.readReport()
+}
+
+// readReport reads the helper's report pipe to its end: empty when the target was exec'd.
+func (t *tree) readReport() error {
 	msg, err := io.ReadAll(io.LimitReader(t.report, 4096))
 	if err != nil {
 		return err
@@ -97,20 +150,18 @@ func (t *tree) Start() error {
 		return nil
 	}
 	t.cmd.Wait()
-	// "setup: join cgroup: open …: no such file…" or "config: bad config…".
+	return parseSetupError(rest)
+}
+
+// parseSetupError reads "setup: join cgroup: open …: no such file…" or "config: bad
+// config…" from a helper's report.
+func parseSetupError(rest string) *SetupError {
 	stage, detail, _ := strings.Cut(rest, ": ")
 	step, _, _ := strings.Cut(detail, ": ")
 	if stage != "setup" || step == "" {
 		step = stage
 	}
 	return &SetupError{Step: step, Msg: rest}
-}
-
-func (t *tree) closeParentFiles() {
-	for _, f := range t.parentFiles {
-		f.Close()
-	}
-	t.parentFiles = nil
 }
 
 // Kill SIGKILLs the whole tree, setsid'd and double-forked descendants included, and
@@ -164,11 +215,11 @@ func (t *tree) OOMKilled() bool {
 // find a leftover again. Kill first for a command whose leftovers must not stay.
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
-		t.closeParentFiles()
+		closeAll(t.parentFiles)
 		if t.report != nil {
 			t.report.Close()
 		}
-		if t.cmd == nil { // Command failed half-way
+		if t.cmd.Process == nil { // never started
 			if t.child != "" {
 				t.closeErr = t.s.cg.removeChild(t.leaseID, t.child)
 			}

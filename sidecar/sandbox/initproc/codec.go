@@ -18,7 +18,8 @@ import (
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
 // policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
-// landlock_max_abi without "landlock" are an error. "seccomp" is "1" or absent; each
+// landlock_max_abi without "landlock" are an error. "seccomp" and "await" are "1" or absent
+// (with "await" there is no argv, env or dir: a launcher, launch.go); each
 // "rlimit_<name>" (a RlimitResources name) at most once. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
@@ -46,6 +47,7 @@ const (
 	keyGroup       = "group"
 	keyWorkDir     = "work_dir"
 	keyRlimit      = "rlimit_"
+	keyAwait       = "await"
 )
 
 var errConfig = errors.New("bad config")
@@ -53,8 +55,11 @@ var errConfig = errors.New("bad config")
 // Encode writes cfg in the helper's format. A string holding NUL, an empty argv[0] or an
 // id outside 0..2^31-1 is an error; the result is at most MaxConfigSize bytes.
 func Encode(cfg *Config) ([]byte, error) {
-	if len(cfg.Argv) == 0 || cfg.Argv[0] == "" {
+	if cfg.Await != (len(cfg.Argv) == 0) || !cfg.Await && cfg.Argv[0] == "" {
 		return nil, fmt.Errorf("%w: empty argv", errConfig)
+	}
+	if cfg.Await && (len(cfg.Env) > 0 || cfg.Dir != "") {
+		return nil, fmt.Errorf("%w: await with a command", errConfig)
 	}
 	var b bytes.Buffer
 	var err error
@@ -127,6 +132,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.Seccomp {
 		put(keySeccomp, "1")
+	}
+	if cfg.Await {
+		put(keyAwait, "1")
 	}
 	if err != nil {
 		return nil, err
@@ -202,6 +210,11 @@ func Decode(b []byte) (*Config, error) {
 				err = errors.New("not 1")
 			}
 			cfg.Seccomp = true
+		case keyAwait:
+			if v != "1" {
+				err = errors.New("not 1")
+			}
+			cfg.Await = true
 		case keyLandlock:
 			ll.MinABI, err = parseID(v)
 		case keyLandlockMax:
@@ -228,7 +241,9 @@ func Decode(b []byte) (*Config, error) {
 		}
 	}
 	switch {
-	case len(cfg.Argv) == 0 || cfg.Argv[0] == "":
+	case cfg.Await && (len(cfg.Argv) > 0 || len(cfg.Env) > 0 || seen[keyDir]):
+		return nil, fmt.Errorf("%w: await with a command", errConfig)
+	case !cfg.Await && (len(cfg.Argv) == 0 || cfg.Argv[0] == ""):
 		return nil, fmt.Errorf("%w: empty argv", errConfig)
 	case !seen[keyUID] || !seen[keyGID]:
 		return nil, fmt.Errorf("%w: no uid or gid", errConfig)

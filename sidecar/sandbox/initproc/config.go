@@ -19,6 +19,8 @@ const (
 	ReportFD = 4
 	// NetNSFD is the lease's network namespace, present when Config.NetNS is set.
 	NetNSFD = 5
+	// LaunchFD is a launcher's launch socket (Config.Await; launch.go), SOCK_SEQPACKET.
+	LaunchFD = 6
 )
 
 // Workspace is where lease processes see their workdir (Config.WorkDir). It must exist on
@@ -72,6 +74,9 @@ type Config struct {
 	Rlimits []Rlimit
 	// Seccomp installs package seccomp's filter, the last step before exec.
 	Seccomp bool
+	// Await makes the helper a launcher: Argv, Env and Dir are empty; it sets up
+	// everything else, then waits on LaunchFD for the command (launch.go).
+	Await bool
 }
 
 // Rlimit is one resource limit: Name is a key of RlimitResources.

@@ -3,7 +3,6 @@ package initproc
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"runtime"
 	"strconv"
@@ -27,6 +26,11 @@ func Main() {
 	if err := setup(cfg); err != nil {
 		fail(ExitSetup, "setup", err)
 	}
+	if cfg.Await {
+		if err := awaitLaunch(cfg); err != nil {
+			fail(ExitSetup, "setup", err)
+		}
+	}
 	code, err := execTarget(cfg)
 	fail(code, "exec", err)
 }
@@ -34,16 +38,7 @@ func Main() {
 // readConfig reads the sealed memfd on ConfigFD; a descriptor that is not one (or could
 // still change) is refused.
 func readConfig() (*Config, error) {
-	seals, err := unix.FcntlInt(ConfigFD, unix.F_GET_SEALS, 0)
-	if err != nil {
-		return nil, fmt.Errorf("config seals: %w", err)
-	}
-	if want := unix.F_SEAL_WRITE | unix.F_SEAL_GROW | unix.F_SEAL_SHRINK; seals&want != want {
-		return nil, errors.New("config is not sealed")
-	}
-	f := os.NewFile(ConfigFD, "config")
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxConfigSize+1))
+	b, err := readSealed(ConfigFD)
 	if err != nil {
 		return nil, err
 	}

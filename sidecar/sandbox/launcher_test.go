@@ -1,0 +1,111 @@
+package sandbox
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// readyLauncher waits for the lease's launcher to be made and returns it.
+func readyLauncher(t *testing.T, s *Sandbox, leaseID string) *launcher {
+	t.Helper()
+	s.settle()
+	s.mu.Lock()
+	l := s.leases[leaseID].launcher
+	s.mu.Unlock()
+	if !l.started() {
+		t.Fatalf("lease %s has no launcher running: %+v", leaseID, l)
+	}
+	return l
+}
+
+// A command goes to the launcher made ahead for it: it runs as that process, in that
+// launcher's own new child cgroup, and the next command gets a new launcher.
+func TestLauncherRunsTheNextCommand(t *testing.T) { forEachHelper(t, testLauncherRunsTheNextCommand) }
+
+func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
+	l := newTestLease(t, s, nil)
+	if s.coldStart {
+		s.settle()
+		if s.leases[l.ID].launcher != nil {
+			t.Fatal("a launcher with ColdStart")
+		}
+		return
+	}
+	seen := map[int]bool{}
+	for i := range 3 {
+		first := readyLauncher(t, s, l.ID)
+		cmd, tr, err := s.Command(l.ID, sh(`echo $$; cat /proc/self/cgroup; id -u; pwd`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := runPrepared(t, cmd, tr)
+		out := lines(r.stdout)
+		if len(out) < 3 {
+			t.Fatalf("command %d: %+v", i, r)
+		}
+		if pid, _ := strconv.Atoi(out[0]); pid != first.proc.Pid || seen[pid] {
+			t.Errorf("command %d ran as pid %s, want the launcher's %d (used once)", i, out[0], first.proc.Pid)
+		}
+		seen[first.proc.Pid] = true
+		if got := tr.(*tree).child; got != first.child || !strings.Contains(r.stdout, "/"+first.child+"\n") {
+			t.Errorf("command %d in child cgroup %s (%q), want the launcher's %s", i, got, r.stdout, first.child)
+		}
+		if uid := out[len(out)-2]; uid != strconv.Itoa(l.UID) || out[len(out)-1] != Workspace {
+			t.Errorf("command %d: uid %s in %s, want %d in %s", i, uid, out[len(out)-1], l.UID, Workspace)
+		}
+	}
+	if u, err := s.Usage(l.ID); err != nil || u.Pids != 0 {
+		t.Errorf("Usage = %+v, %v: the launcher counted as the lease's", u, err)
+	}
+	// Teardown ends and reaps the launcher with the lease.
+	last := readyLauncher(t, s, l.ID)
+	if err := s.Teardown(context.Background(), l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if alive(last.proc.Pid) {
+		t.Errorf("launcher %d survived Teardown", last.proc.Pid)
+	}
+}
+
+// A TTY command through a launcher gets the terminal as its controlling one.
+func TestLauncherTTY(t *testing.T) { forEachHelper(t, testLauncherTTY) }
+
+func testLauncherTTY(t *testing.T, s *Sandbox) {
+	l := newTestLease(t, s, nil)
+	if !s.coldStart {
+		readyLauncher(t, s, l.ID)
+	}
+	cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"/bin/sh", "-c", `tty; echo $TERM; : </dev/tty && echo controlling`}, TTY: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	out := strings.ReplaceAll(runTTY(t, s, l.ID, cmd, tr), "\r", "")
+	if !strings.Contains(out, "/dev/pts/0\nxterm-256color\ncontrolling\n") {
+		t.Errorf("TTY command printed %q, want its tty as controlling terminal", out)
+	}
+}
+
+// A launcher that died while waiting costs nothing but a plain start: the command runs,
+// and a new launcher is made.
+func TestLauncherDeadFallsBack(t *testing.T) {
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, nil)
+	dead := readyLauncher(t, s, l.ID)
+	if err := dead.proc.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the launcher to exit", func() bool { return !alive(dead.proc.Pid) })
+	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) == strconv.Itoa(dead.proc.Pid) || r.exitCode != 0 {
+		t.Fatalf("after the launcher died: %+v", r)
+	}
+	next := readyLauncher(t, s, l.ID)
+	if next == dead {
+		t.Fatal("no new launcher")
+	}
+	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) != strconv.Itoa(next.proc.Pid) {
+		t.Errorf("the next command ran as %q, want the new launcher %d", r.stdout, next.proc.Pid)
+	}
+}
