@@ -22,6 +22,9 @@ import (
 // fileModeHeader is the X-File-Mode value: octal permission bits.
 func fileModeHeader(m fs.FileMode) string { return fmt.Sprintf("%04o", m.Perm()) }
 
+// bulkBodyBytes is the size from which WriteFile sends on the bulk HTTP/1.1 transport.
+const bulkBodyBytes = 1 << 20
+
 // WriteFile writes data as the file at p atomically, creating missing parent directories.
 // The daemon checks the body against its digest. mode 0 keeps the daemon's default.
 func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.FileMode) error {
@@ -38,7 +41,7 @@ func (l *Lease) WriteFile(ctx context.Context, p string, data []byte, mode fs.Fi
 		data = []byte{}
 	}
 	return l.c.doJSON(ctx, request{method: http.MethodPut, path: fp, query: url.Values{"mkdirs": {"1"}},
-		header: h, body: data, lease: l, idempotent: true}, nil)
+		header: h, body: data, lease: l, idempotent: true, bulk: len(data) >= bulkBodyBytes}, nil)
 }
 
 // ReadFile returns the whole file at p, verified against the daemon's digest.

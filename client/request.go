@@ -28,7 +28,7 @@ type request struct {
 	token      string    // credential; empty uses the client's
 	lease      *Lease    // the handle whose credential the call uses; it keeps refreshed tokens
 	idempotent bool
-	bulk       bool // a large download: sent on the HTTP/1.1 client when there is one
+	bulk       bool // a large body either way: sent on the HTTP/1.1 client when there is one
 }
 
 // do sends r, retrying as its policy allows, and returns a 2xx response whose body the

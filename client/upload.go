@@ -108,7 +108,7 @@ func (l *Lease) patch(ctx context.Context, fp string, q url.Values, h http.Heade
 		progress(offset, size)
 	}
 	resp, err := l.c.do(ctx, request{method: http.MethodPatch, path: fp, query: q, header: h,
-		stream: body, length: size - offset, lease: l})
+		stream: body, length: size - offset, lease: l, bulk: true})
 	if err != nil {
 		return err
 	}

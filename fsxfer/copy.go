@@ -7,6 +7,8 @@ import (
 	"hash"
 	"io"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // bufSize is the unit of streaming: large enough that one read and one write move a lot,
@@ -27,6 +29,7 @@ var zeroBlock [4096]byte
 type fileSink interface {
 	WriteAt(b []byte, off int64) (int, error)
 	Truncate(size int64) error
+	Fd() uintptr // for the flusher
 }
 
 // copyIn streams src into dst from offset off on, reserving quota before each chunk, and
@@ -34,11 +37,19 @@ type fileSink interface {
 // sparse files stay sparse; dst is truncated to the final size so a trailing hole
 // counts. When h is not nil the bytes are hashed in a second goroutine on the buffer
 // just written while the next one is read: double buffering keeps hashing off the
-// critical path. A read error other than io.EOF is returned with the offset reached.
-func copyIn(ctx context.Context, dst fileSink, off int64, src io.Reader, res *reservation, h hash.Hash) (int64, error) {
+// critical path. A big file is flushed to disk while it streams (see flusher), so the
+// caller's fsync finds little left to do. A read error other than io.EOF is returned
+// with the offset reached.
+func copyIn(ctx context.Context, dst fileSink, off int64, src io.Reader, res *reservation, h hash.Hash) (_ int64, err error) {
 	bufs := [2]*[]byte{getBuf(), getBuf()}
 	defer putBuf(bufs[0])
 	defer putBuf(bufs[1])
+	fl := startFlusher(dst)
+	defer func() {
+		if ferr := fl.stop(); err == nil {
+			err = ferr
+		}
+	}()
 
 	var hashed chan []byte // buffers handed to the hasher
 	var free chan int      // indexes of buffers the hasher is done with
@@ -75,6 +86,7 @@ func copyIn(ctx context.Context, dst fileSink, off int64, src io.Reader, res *re
 			}
 			written = end
 			off += int64(n)
+			fl.wrote(n)
 			if h != nil {
 				hashed <- buf[:n]
 			}
@@ -132,4 +144,66 @@ func writeSparse(dst fileSink, b []byte, off int64, res *reservation) (end int64
 		end = off
 	}
 	return end, nil
+}
+
+// flushEvery is how far the data written may run ahead of the disk. The fsync before a
+// write is acknowledged has to wait for every byte not yet on disk, and on this VM's disk
+// even data the kernel already wrote back costs its share of the cache flush (a 256 MiB
+// file written at 300 MB/s then fsynced: 150-250 ms; flushed every 16 MiB while it came
+// in: under 1 ms left). Below it, a file is flushed by its final fsync alone, as before.
+const flushEvery = 16 << 20
+
+// flusher runs fdatasync on a file in the background each time another flushEvery bytes
+// have been written to it, one at a time (a flush asked for while one runs is dropped:
+// the next covers it). It only moves work earlier: durability still comes from the
+// caller's fsync. Linux reports a writeback error to one fsync of the file only, so an
+// error seen here is kept and returned by stop.
+type flusher struct {
+	fd      int
+	pending int64
+	kick    chan struct{}
+	done    chan struct{}
+	err     error // set by the goroutine; read after done
+}
+
+// fdatasync is the flusher's system call; tests count or fail it.
+var fdatasync = unix.Fdatasync
+
+func startFlusher(f fileSink) *flusher { return &flusher{fd: int(f.Fd())} }
+
+// wrote counts n more bytes written and starts a flush when flushEvery have piled up.
+func (fl *flusher) wrote(n int) {
+	fl.pending += int64(n)
+	if fl.pending < flushEvery {
+		return
+	}
+	fl.pending = 0
+	if fl.kick == nil { // the first flush of a big file starts the goroutine
+		fl.kick, fl.done = make(chan struct{}, 1), make(chan struct{})
+		go fl.run()
+	}
+	select {
+	case fl.kick <- struct{}{}:
+	default: // one is queued already
+	}
+}
+
+func (fl *flusher) run() {
+	defer close(fl.done)
+	for range fl.kick {
+		if err := fdatasync(fl.fd); err != nil && fl.err == nil {
+			fl.err = err
+		}
+	}
+}
+
+// stop waits for the flush in progress (the file may be closed after) and returns the
+// first error a flush met.
+func (fl *flusher) stop() error {
+	if fl.kick == nil {
+		return nil
+	}
+	close(fl.kick)
+	<-fl.done
+	return fl.err
 }

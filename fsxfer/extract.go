@@ -433,6 +433,8 @@ func (r rawFD) WriteAt(b []byte, off int64) (int, error) {
 
 func (r rawFD) Truncate(size int64) error { return unix.Ftruncate(int(r), size) }
 
+func (r rawFD) Fd() uintptr { return uintptr(r) }
+
 // processUmask is the daemon's umask (from /proc/self/status: reading it with umask(2)
 // would change it for a moment under other threads creating files). When it cannot be
 // read, every bit counts as masked, so modes are always set explicitly.
