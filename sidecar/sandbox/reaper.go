@@ -25,6 +25,10 @@ func BecomeSubreaper() error {
 	return nil
 }
 
+// reapInterval is the least time between two reaping passes: a zombie holds one of its
+// lease's pids for at most about that long.
+const reapInterval = 50 * time.Millisecond
+
 // RunReaper reaps orphaned zombie children until ctx ends, on SIGCHLD and every second.
 //
 // It never steals a child that os/exec is waiting for: Go's os.StartProcess holds a pidfd
@@ -47,6 +51,14 @@ func RunReaper(ctx context.Context, log *slog.Logger) {
 	for {
 		if n := ReapOrphans(); n > 0 {
 			log.Debug("reaped orphaned processes", "count", n)
+		}
+		// A pass reads the stat of every child (each lease's launcher is one) and the
+		// fdinfo of every descriptor: at most one pass per reapInterval, however many
+		// children exit meanwhile (SIGCHLDs coalesce in the channel).
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(reapInterval):
 		}
 		select {
 		case <-ctx.Done():
