@@ -199,7 +199,7 @@ func (q *Quotas) Attach(ctx context.Context, dir string, bytes int64) error {
 	} else if err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
-	if err := mountImage(img, dir); err != nil {
+	if err := mountImage(img, dir, fresh); err != nil {
 		if fresh {
 			_ = os.Remove(img)
 		}
@@ -259,7 +259,11 @@ func (q *Quotas) Detach(ctx context.Context, dir string) error {
 	// The device was attached with autoclear: it detaches when the filesystem's last user
 	// goes. detachImage clears what is still bound to the image (never a device number
 	// reused meanwhile by another lease: it goes by the backing file).
-	if err := detachImage(img); err != nil {
+	dev := ""
+	if mounted {
+		dev = m.Source
+	}
+	if err := detachImageFrom(img, dev); err != nil {
 		return fmt.Errorf("disk: lease %s: %w", id, err)
 	}
 	if err := os.Remove(img); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -79,8 +79,11 @@ func makeImage(ctx context.Context, mkfs, img string, bytes int64) error {
 // image. Otherwise img is attached to a free device with autoclear, so the device detaches
 // by itself when the filesystem is unmounted and its last user gone: no loop device
 // outlives its mount, even after a lazy unmount.
-func mountImage(img, dir string) error {
+func mountImage(img, dir string, fresh bool) error {
 	for range 3 {
+		if fresh {
+			break // made by this process and never attached: no device can be bound to it
+		}
 		devs, err := loopsOf(img)
 		if err != nil {
 			return err
@@ -225,10 +228,20 @@ func loopsOf(img string) ([]string, error) {
 // this lease was mounted; the kernel drops those copies when the lease package removes
 // the (then unmounted) directory, since a mount point removed in one namespace is
 // unmounted in all others (TestDiskQuotaReleaseWhileAnotherLeaseRuns).
-func detachImage(img string) error {
+func detachImage(img string) error { return detachImageFrom(img, "") }
+
+// detachImageFrom is detachImage knowing the device img was mounted from ("": unknown,
+// every loop device is looked at).
+func detachImageFrom(img, dev string) error {
 	deadline := time.Now().Add(250 * time.Millisecond)
 	for {
 		devs, err := loopsOf(img)
+		if dev != "" {
+			devs, err = nil, nil
+			if b, _ := loopBacking(dev); b == img {
+				devs = []string{dev}
+			}
+		}
 		if err != nil || len(devs) == 0 {
 			return err
 		}
@@ -247,6 +260,22 @@ func detachImage(img string) error {
 // mount and umount act in (mountinfo reads /proc/thread-self: /proc/self is the main
 // thread's, where a goroutine that unshared its namespace and exited locked can leave it).
 func mountAt(dir string) (*mountinfo.Info, bool, error) {
+	// Fast path, whatever the number of mounts (one per lease): statx says whether dir is a
+	// mount root, and a block device's number names it in sysfs.
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx); err != nil {
+		return nil, false, fmt.Errorf("disk: %w", err)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+			return nil, false, nil
+		}
+		link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", stx.Dev_major, stx.Dev_minor))
+		if err == nil && strings.HasPrefix(filepath.Base(link), "loop") {
+			return &mountinfo.Info{Mountpoint: dir, Source: "/dev/" + filepath.Base(link)}, true, nil
+		}
+		// Not a loop device (a bind mount, a tmpfs…): mountinfo names it.
+	}
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != dir, false })
 	if err != nil {
 		return nil, false, fmt.Errorf("disk: %w", err)
@@ -288,7 +317,7 @@ func (q *Quotas) probeLoop(ctx context.Context) error {
 		return err
 	}
 	defer os.Remove(img)
-	if err := mountImage(img, point); err != nil {
+	if err := mountImage(img, point, true); err != nil { // just made
 		return err
 	}
 	if err := unmount(point); err != nil {
