@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
 
 // Defaults and bounds.
@@ -32,6 +34,15 @@ const (
 // for when a process it left behind keeps a pipe open; then the run is done (the reply is
 // written) and later output is dropped. docs/api.md states it as part of the contract.
 const outputGrace = 200 * time.Millisecond
+
+// LosslessAttachWait bounds how long a process started with StartRequest.Lossless keeps
+// its output for a lossless viewer that has not come yet.
+const LosslessAttachWait = apitype.LosslessAttachWaitSeconds * time.Second
+
+// losslessTail bounds how long output is still collected after the main process exited
+// while a lossless viewer keeps reading it (see run.wait): a viewer reading steadily
+// behind a leftover that writes forever must not keep the process from ending.
+const losslessTail = 10 * time.Second
 
 // readSize is the size of the pooled buffers output pipes are read with.
 const readSize = 32 << 10
