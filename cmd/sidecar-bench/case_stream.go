@@ -26,7 +26,7 @@ func (b *bench) caseStream(ctx context.Context) error {
 	s, err := interleave(ctx, 1, b.sz.bigReps,
 		contender{name: "sidecar", run: func(ctx context.Context) (time.Duration, error) {
 			start := time.Now()
-			got, lost, err := streamOnce(ctx, l, argv)
+			got, lost, err := streamOnce(ctx, l, argv, false)
 			d := time.Since(start)
 			if err == nil && got+lost != n {
 				err = fmt.Errorf("read %d and lost %d of %d bytes", got, lost, n)
@@ -55,13 +55,37 @@ func (b *bench) caseStream(ctx context.Context) error {
 	}
 	b.add(row{name: fmt.Sprintf("stream %s of stdout (Start + attach, delivered)", sizeName(n)), unit: throughput(float64(n), "MB/s"),
 		sidecar: s[0], peerName: "ssh, multiplexed", peer: s[1], floorName: "local pipe", floor: s[2]})
+
+	// Lossless: the process waits for the reader (backpressure, as ssh does), so every
+	// byte arrives and the row is plain bytes over time.
+	var losslessLost int64
+	s, err = interleave(ctx, 1, b.sz.bigReps,
+		timed("sidecar", func(ctx context.Context) error {
+			got, lost, err := streamOnce(ctx, l, argv, true)
+			if err == nil && got != n {
+				err = fmt.Errorf("lossless: read %d of %d bytes (lost %d)", got, n, lost)
+			}
+			losslessLost += lost
+			return err
+		}),
+		timed("ssh", func(ctx context.Context) error {
+			return countedRun(b.ssh.ssh(ctx, "bench-mux", "head -c "+fmt.Sprint(n)+" /dev/zero"), n)
+		}),
+		timed("pipe", func(ctx context.Context) error { return countedRun(exec.CommandContext(ctx, argv[0], argv[1:]...), n) }))
+	if err != nil {
+		return err
+	}
+	b.note("stream, lossless: %d bytes lost over %d runs (must be 0).", losslessLost, b.sz.bigReps)
+	b.add(row{name: fmt.Sprintf("stream %s of stdout (Start + lossless attach)", sizeName(n)), unit: throughput(float64(n), "MB/s"),
+		sidecar: s[0], peerName: "ssh, multiplexed", peer: s[1], floorName: "local pipe", floor: s[2]})
 	return nil
 }
 
-// streamOnce starts argv in the lease, reads its stdout and stderr to the end and returns
-// how many stdout bytes arrived and how many the attach lost.
-func streamOnce(ctx context.Context, l *client.Lease, argv []string) (got, lost int64, err error) {
-	p, err := l.Start(ctx, apitype.StartRequest{Argv: argv})
+// streamOnce starts argv in the lease (lossless: held for the attach), reads its stdout
+// and stderr to the end and returns how many stdout bytes arrived and how many the attach
+// lost.
+func streamOnce(ctx context.Context, l *client.Lease, argv []string, lossless bool) (got, lost int64, err error) {
+	p, err := l.Start(ctx, apitype.StartRequest{Argv: argv, Lossless: lossless})
 	if err != nil {
 		return 0, 0, err
 	}

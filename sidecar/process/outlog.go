@@ -41,6 +41,7 @@ type outLog struct {
 	space    chan struct{}      // closed when a hold moves or goes, for a waiting writer
 	released bool               // the run is done: writers never wait again
 	waiting  int                // writers waiting for a hold now, see holding
+	wakeAt   int64              // a waiting writer is woken once every hold reached this
 	waited   bool               // a writer waited since the last holding
 }
 
@@ -98,6 +99,9 @@ func (l *outLog) waitForRoom(n int64) {
 		if l.space == nil {
 			l.space = make(chan struct{})
 		}
+		// Wake once the readers freed half the buffer, not at every chunk they take:
+		// a writer and reader handing single chunks back and forth cost a switch each.
+		l.wakeAt = min(l.end, keep+l.limit/2)
 		space := l.space
 		l.waiting++
 		l.waited = true
@@ -172,7 +176,9 @@ func (l *outLog) moveHold(h *hold, pos int64) {
 		return
 	}
 	h.pos = pos
-	l.freeSpace()
+	if l.space != nil && l.minHold() >= l.wakeAt {
+		l.freeSpace()
+	}
 }
 
 // dropHold lets the bytes h kept go (a lossless reader left). Safe for a hold already gone.
