@@ -36,7 +36,7 @@ func (b *bench) caseStream(ctx context.Context) error {
 			}
 			delivered += got
 			dropped += lost
-			// The daemon never blocks a process on its viewers (docs/api.md): a reader that
+			// The daemon never blocks a process on a lossy viewer (docs/api.md): a reader that
 			// falls behind loses bytes. Scale the time to what delivering all n bytes at the
 			// same rate would take, so the row shows bytes actually delivered per second.
 			return time.Duration(float64(d) * float64(n) / float64(got)), nil
@@ -50,7 +50,7 @@ func (b *bench) caseStream(ctx context.Context) error {
 	}
 	if dropped > 0 {
 		b.note("stream: the attach dropped %.1f%% of the output (%d of %d bytes, counted in bytes_lost): the daemon "+
-			"never blocks a process on a slow viewer, so `head` outran the reader; the row counts delivered bytes only, "+
+			"never blocks a process on a slow lossy viewer, so `head` outran the reader; the row counts delivered bytes only, "+
 			"while ssh is lossless and backpressures `head`.", 100*float64(dropped)/float64(delivered+dropped), dropped, delivered+dropped)
 	}
 	b.add(row{name: fmt.Sprintf("stream %s of stdout (Start + attach, delivered)", sizeName(n)), unit: throughput(float64(n), "MB/s"),
