@@ -230,6 +230,10 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 		r.logger.Warn("reading process output", "err", err)
 		return
 	}
+	if f != r.pty {
+		// Best effort: a host whose pipe-max-size is lower keeps its default pipes.
+		_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize) })
+	}
 	pr := &pooledReader{rc: rc}
 	pr.readFD = pr.read // one method value per pump, not one closure per read
 	for {
