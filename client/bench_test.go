@@ -19,13 +19,28 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
 
-// BenchmarkAttachThroughput: output through a loopback TLS websocket into Stdout.
+// BenchmarkAttachThroughput: output through a loopback TLS websocket into Stdout, as a
+// lossy and as a lossless viewer (the same bytes; lossless only adds the mode check).
 func BenchmarkAttachThroughput(b *testing.B) {
+	for _, lossless := range []bool{false, true} {
+		name := "lossy"
+		if lossless {
+			name = "lossless"
+		}
+		b.Run(name, func(b *testing.B) { benchAttach(b, lossless) })
+	}
+}
+
+func benchAttach(b *testing.B, lossless bool) {
 	const total = 64 << 20
 	frame := append([]byte{apitype.ChannelStdout}, bytes.Repeat([]byte("x"), 32<<10)...)
 	c, _ := newTestClient(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		up := websocket.Upgrader{Subprotocols: []string{apitype.StreamProtocolV5}, ReadBufferSize: wsBufferSize, WriteBufferSize: wsBufferSize}
-		conn, err := up.Upgrade(w, r, nil)
+		h := http.Header{apitype.HeaderOutputMode: {apitype.OutputModeLossy}}
+		if r.URL.Query().Get("lossless") == "1" {
+			h.Set(apitype.HeaderOutputMode, apitype.OutputModeLossless)
+		}
+		conn, err := up.Upgrade(w, r, h)
 		if err != nil {
 			return
 		}
@@ -39,7 +54,7 @@ func BenchmarkAttachThroughput(b *testing.B) {
 	}))
 	b.SetBytes(total)
 	for b.Loop() {
-		p, err := c.OpenLease("L1", "tok").Attach(context.Background(), "p1", 0)
+		p, err := c.OpenLease("L1", "tok").AttachWith(context.Background(), "p1", AttachOptions{Lossless: lossless})
 		if err != nil {
 			b.Fatal(err)
 		}

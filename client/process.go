@@ -46,6 +46,13 @@ const (
 // concurrently and to EOF (as with os/exec pipes): output is delivered with backpressure,
 // so an unread stream stalls the other and the status. A TTY process writes to Stdout only.
 //
+// A lossy handle (the default) never slows the process: when the reader falls behind the
+// daemon's replay buffer, the bytes it missed are counted by Lost. A lossless handle
+// (AttachOptions.Lossless, StartRequest.Lossless, ExecStreamRequest.Lossless) makes the
+// daemon hold the process instead: it blocks in write until this reader has taken its
+// output, for every viewer; Lost then counts only what was gone before it attached or
+// while it was reconnecting.
+//
 // When the connection drops, the handle reattaches by itself (bounded retries with
 // backoff) at the offset it had reached, so output has no gap and no duplicate; bytes the
 // daemon's replay buffer no longer held are counted by Lost. Stdin bytes written while the
@@ -59,6 +66,7 @@ type Process struct {
 	id       string
 	tty      bool
 	reattach bool // false: the process ended with the connection (a non-detached exec stream)
+	lossless bool // ask the daemon to hold the process for this handle (?lossless=1)
 
 	ctx    context.Context // ends with Close or the end of the process
 	cancel context.CancelFunc
@@ -89,14 +97,33 @@ type attachment struct {
 	procID string
 }
 
-// Attach watches process pid from output offset since (0: everything still buffered).
+// Attach watches process pid from output offset since (0: everything still buffered),
+// lossy: see Process.
 func (l *Lease) Attach(ctx context.Context, pid string, since int64) (*Process, error) {
-	return l.attach(ctx, pid, since, false)
+	return l.attach(ctx, pid, AttachOptions{Since: since}, false)
+}
+
+// AttachOptions says how AttachWith watches a process.
+type AttachOptions struct {
+	// Since is the output offset to start from: 0 for everything still buffered, -1 for
+	// live output only.
+	Since int64
+	// Lossless makes the daemon slow the process down to this reader rather than drop
+	// bytes it has not read (see Process). A daemon without lossless attach is refused
+	// with an error wrapping errors.ErrUnsupported.
+	Lossless bool
+}
+
+// AttachWith watches process pid as o says.
+func (l *Lease) AttachWith(ctx context.Context, pid string, o AttachOptions) (*Process, error) {
+	return l.attach(ctx, pid, o, false)
 }
 
 // attach starts the handle's reader only once everything it reads (tty) is set.
-func (l *Lease) attach(ctx context.Context, pid string, since int64, tty bool) (*Process, error) {
+func (l *Lease) attach(ctx context.Context, pid string, o AttachOptions, tty bool) (*Process, error) {
+	since := o.Since
 	p := newProcess(l, pid, tty, true)
+	p.lossless = o.Lossless
 	a, err := p.dialRetry(ctx, since, l.c.retry)
 	if err != nil {
 		p.cancel()
@@ -106,8 +133,10 @@ func (l *Lease) attach(ctx context.Context, pid string, since int64, tty bool) (
 	return p, nil
 }
 
-// Start starts a background process and attaches to it from offset 0. Only a request with
-// a client-chosen ID is retried: the daemon returns the same process for the same ID.
+// Start starts a background process and attaches to it from offset 0, losslessly with
+// req.Lossless (the daemon holds the output from its first byte for this attach). Only a
+// request with a client-chosen ID is retried: the daemon returns the same process for
+// the same ID.
 func (l *Lease) Start(ctx context.Context, req apitype.StartRequest) (*Process, error) {
 	var proc apitype.Process
 	err := l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "processes"), json: req,
@@ -115,7 +144,7 @@ func (l *Lease) Start(ctx context.Context, req apitype.StartRequest) (*Process, 
 	if err != nil {
 		return nil, err
 	}
-	p, err := l.attach(ctx, proc.PID, 0, req.TTY)
+	p, err := l.attach(ctx, proc.PID, AttachOptions{Lossless: req.Lossless}, req.TTY)
 	if err != nil {
 		return nil, fmt.Errorf("client: process %s started but attach failed: %w", proc.PID, err)
 	}
@@ -140,6 +169,9 @@ type ExecStreamRequest struct {
 	// KillLeftovers kills what the process leaves behind once it exits; otherwise that
 	// stays in the lease (Lease.Leftovers) until the lease ends.
 	KillLeftovers bool
+	// Lossless: the process waits for this reader rather than drop output (see Process),
+	// from its first byte.
+	Lossless bool
 }
 
 // ExecStream starts argv and attaches to it at once (what `sidecar shell` uses). Unless
@@ -159,6 +191,7 @@ func (l *Lease) ExecStream(ctx context.Context, req ExecStreamRequest) (*Process
 	flag("stdin", req.Stdin)
 	flag("detach", req.Detach)
 	flag("kill_leftovers", req.KillLeftovers)
+	flag("lossless", req.Lossless)
 	if req.Cwd != "" {
 		q.Set("cwd", req.Cwd)
 	}
@@ -180,6 +213,7 @@ func (l *Lease) ExecStream(ctx context.Context, req ExecStreamRequest) (*Process
 		q.Set("cols", strconv.Itoa(int(req.Cols)))
 	}
 	p := newProcess(l, "", req.TTY, req.Detach)
+	p.lossless = req.Lossless
 	// Not retried: a lost reply could leave a process started twice.
 	a, err := p.dial(ctx, leasePath(l.id, "exec"), q)
 	if err != nil {
@@ -221,8 +255,12 @@ func (p *Process) ID() string { return p.id }
 func (p *Process) Offset() int64 { return p.offset.Load() }
 
 // Lost counts output bytes this handle never delivered because the daemon no longer had
-// them when it reattached (or dropped them for a slow reader).
+// them when it reattached (or dropped them for a slow reader, unless lossless).
 func (p *Process) Lost() int64 { return p.lost.Load() }
+
+// Lossless reports whether the daemon holds the process for this handle rather than drop
+// output it has not read.
+func (p *Process) Lossless() bool { return p.lossless }
 
 // Wait returns the process's status once its output has been read and it has ended.
 func (p *Process) Wait(ctx context.Context) (apitype.Status, error) {
@@ -500,6 +538,9 @@ func (w stdinWriter) Close() error {
 // dialRetry attaches from offset since, retrying connection failures and 503s.
 func (p *Process) dialRetry(ctx context.Context, since int64, policy retryPolicy) (attachment, error) {
 	q := url.Values{"since": {strconv.FormatInt(since, 10)}}
+	if p.lossless {
+		q.Set("lossless", "1")
+	}
 	path := leasePath(p.lease.id, "processes", escapeID(p.id), "attach")
 	for attempt := 1; ; attempt++ {
 		a, err := p.dial(ctx, path, q)
@@ -507,7 +548,7 @@ func (p *Process) dialRetry(ctx context.Context, since int64, policy retryPolicy
 			return a, nil
 		}
 		var apiErr *APIError
-		if errors.As(err, &apiErr) && apiErr.Status != http.StatusServiceUnavailable {
+		if errors.As(err, &apiErr) && apiErr.Status != http.StatusServiceUnavailable || errors.Is(err, errors.ErrUnsupported) {
 			return a, err
 		}
 		if attempt >= policy.attempts || ctx.Err() != nil {
@@ -547,6 +588,12 @@ func (p *Process) dial(ctx context.Context, path string, q url.Values) (attachme
 	default:
 		conn.Close()
 		return attachment{}, fmt.Errorf("client: attach: the daemon chose subprotocol %q, want %s", conn.Subprotocol(), streamProtocolV5)
+	}
+	if p.lossless && resp.Header.Get(apitype.HeaderOutputMode) != apitype.OutputModeLossless {
+		// An older daemon ignores ?lossless: it would drop bytes this caller must not lose.
+		conn.Close()
+		return attachment{}, fmt.Errorf("client: attach: the daemon does not hold processes for lossless viewers (no %s: %s): %w",
+			apitype.HeaderOutputMode, apitype.OutputModeLossless, errors.ErrUnsupported)
 	}
 	a := attachment{conn: conn, procID: resp.Header.Get(apitype.HeaderProcessID)}
 	a.start, _ = strconv.ParseInt(resp.Header.Get(apitype.HeaderOutputOffset), 10, 64)

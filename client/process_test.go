@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -285,5 +286,44 @@ func TestCloseEndsWait(t *testing.T) {
 	defer cancel()
 	if _, err := p.Wait(ctx); err != ErrHandleClosed {
 		t.Fatalf("Wait after Close: %v", err)
+	}
+}
+
+// A lossless attach to a daemon that does not confirm the mode (one that predates it
+// ignores ?lossless) is refused at once, not retried, and not silently lossy; one that
+// confirms it is reported by Lossless.
+func TestAttachLosslessNeedsTheDaemon(t *testing.T) {
+	var dials int
+	var mu sync.Mutex
+	c, _ := newTestClient(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		dials++
+		mu.Unlock()
+		h := http.Header{}
+		if r.URL.Query().Get("lossless") == "1" && r.URL.Query().Get("since") == "5" {
+			h.Set(apitype.HeaderOutputMode, apitype.OutputModeLossless)
+		}
+		up := websocket.Upgrader{Subprotocols: []string{apitype.StreamProtocolV5}}
+		conn, err := up.Upgrade(w, r, h)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_ = conn.WriteMessage(websocket.BinaryMessage, append([]byte{apitype.ChannelStatus}, `{"status":"Success"}`...))
+	}))
+	l := c.OpenLease("L1", "tok")
+	if _, err := l.AttachWith(context.Background(), "p1", AttachOptions{Lossless: true}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("lossless attach to a daemon without the mode: %v", err)
+	}
+	if dials != 1 {
+		t.Fatalf("%d dials: a refused mode was retried", dials)
+	}
+	p, err := l.AttachWith(context.Background(), "p1", AttachOptions{Since: 5, Lossless: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if !p.Lossless() {
+		t.Fatal("Lossless() = false on a confirmed lossless attach")
 	}
 }

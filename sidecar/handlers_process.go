@@ -35,6 +35,7 @@ func startRequest(req apitype.StartRequest) process.StartRequest {
 		Stdin:       req.Stdin || req.TTY,
 
 		KillLeftovers: req.KillLeftovers,
+		Lossless:      req.Lossless,
 	}
 }
 
@@ -180,18 +181,47 @@ func (s *Server) handleAttach(w http.ResponseWriter, r *http.Request, _ principa
 			return badRequest("since must be an output offset (or -1 for live output only)")
 		}
 	}
+	lossless, err := queryLossless(r)
+	if err != nil {
+		return err
+	}
 	proto, err := streamProtocol(r)
 	if err != nil {
 		return err
 	}
-	sub, err := p.Subscribe(since)
+	subscribe := p.Subscribe
+	if lossless {
+		subscribe = p.SubscribeLossless
+	}
+	sub, err := subscribe(since)
 	if err != nil {
 		return err
 	}
 	h := http.Header{}
 	h.Set(apitype.HeaderOutputOffset, strconv.FormatInt(sub.Offset(), 10))
 	h.Set(apitype.HeaderBytesLost, strconv.FormatInt(sub.Lost(), 10))
+	h.Set(apitype.HeaderOutputMode, outputMode(sub))
 	return s.stream(w, r, proto, h, p, sub, false)
+}
+
+// queryLossless reads ?lossless=, which asks for a viewer the process waits for.
+func queryLossless(r *http.Request) (bool, error) {
+	v := r.URL.Query().Get("lossless")
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, badRequest("lossless must be a boolean (1 or 0)")
+	}
+	return b, nil
+}
+
+func outputMode(sub *process.Subscription) string {
+	if sub.Lossless() {
+		return apitype.OutputModeLossless
+	}
+	return apitype.OutputModeLossy
 }
 
 // handleExecStream starts a process and attaches to it in one round trip (what `sidecar
@@ -240,6 +270,9 @@ func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ prin
 	}
 	detach := queryBool(q.Get("detach"))
 	// Everything that can be refused is checked before anything is started.
+	if req.Lossless, err = queryLossless(r); err != nil {
+		return err
+	}
 	proto, err := streamProtocol(r)
 	if err != nil {
 		return err
@@ -249,7 +282,12 @@ func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ prin
 	if err != nil {
 		return err
 	}
-	sub, err := p.Subscribe(0)
+	// Lossless: the process has held its output since its first byte; this takes over.
+	subscribe := p.Subscribe
+	if req.Lossless {
+		subscribe = p.SubscribeLossless
+	}
+	sub, err := subscribe(0)
 	if err != nil {
 		_ = p.Kill()
 		return err
@@ -258,6 +296,7 @@ func (s *Server) handleExecStream(w http.ResponseWriter, r *http.Request, _ prin
 	h.Set(apitype.HeaderProcessID, p.ID())
 	h.Set(apitype.HeaderOutputOffset, "0")
 	h.Set(apitype.HeaderBytesLost, "0")
+	h.Set(apitype.HeaderOutputMode, outputMode(sub))
 	return s.stream(w, r, proto, h, p, sub, !detach)
 }
 

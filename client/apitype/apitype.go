@@ -69,6 +69,10 @@ const (
 	// HeaderOutputOffset, on a websocket attach's 101 response: the offset of the first
 	// output byte this attachment will deliver.
 	HeaderOutputOffset = "X-Output-Offset"
+	// HeaderOutputMode, on a websocket attach's 101 response: OutputModeLossless when the
+	// daemon holds the process for this viewer (?lossless=1), OutputModeLossy otherwise. A
+	// daemon that predates lossless attach sends no header.
+	HeaderOutputMode = "X-Output-Mode"
 	// HeaderProcessID, on the GET …/exec websocket's 101 response: the daemon's process id,
 	// for a later attach.
 	HeaderProcessID = "X-Process-Id"
@@ -336,7 +340,21 @@ type StartRequest struct {
 	IdleTimeoutSeconds float64 `json:"idle_timeout_seconds,omitempty"`
 	// KillLeftovers: as ExecRequest's, once the process exits.
 	KillLeftovers bool `json:"kill_leftovers,omitempty"`
+	// Lossless keeps the output from its first byte for the first lossless attach
+	// (?lossless=1), for at most LosslessAttachWaitSeconds: the process blocks once the
+	// replay buffer is full rather than lose bytes that viewer has not seen.
+	Lossless bool `json:"lossless,omitempty"`
 }
+
+// LosslessAttachWaitSeconds bounds how long a process started with Lossless waits for
+// its first lossless viewer before its output goes back to the lossy ring.
+const LosslessAttachWaitSeconds = 10
+
+// Output modes of an attach (HeaderOutputMode).
+const (
+	OutputModeLossy    = "lossy"
+	OutputModeLossless = "lossless"
+)
 
 // Process states.
 const (

@@ -23,6 +23,7 @@ func TestParseExec(t *testing.T) {
 		{args: []string{"-i", "-t", "--cwd", "src", "--env", "A=1", "--env", "B=x=y", "--timeout", "5s", "L1", "--", "sh", "-c", "echo --"},
 			want: execArgs{interactive: true, tty: true, cwd: "src", env: map[string]string{"A": "1", "B": "x=y"},
 				timeout: 5 * time.Second, lease: "L1", argv: []string{"sh", "-c", "echo --"}}},
+		{args: []string{"--lossless", "L1", "make"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"make"}}},
 		{args: []string{"L1"}, wantErr: true},
 		{args: []string{"L1", "--"}, wantErr: true},
 		{args: []string{"--env", "NOEQUALS", "L1", "true"}, wantErr: true},

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -170,6 +171,10 @@ func TestServeAndCLI(t *testing.T) {
 	}
 	if out, code = cli("piped\n", "exec", "-i", l.ID, "--", "cat"); code != 0 || out != "piped\n" {
 		t.Fatalf("exec -i: exit %d, out %q", code, out)
+	}
+	// Streamed losslessly: past the 1 MiB a captured exec keeps, every byte, in order.
+	if out, code = cli("", "exec", "--lossless", l.ID, "--", "seq", "1", "400000"); code != 0 || out != seqText(400000) {
+		t.Fatalf("exec --lossless: exit %d, %d bytes of output, want %d", code, len(out), len(seqText(400000)))
 	}
 	// A shell session: state carries from one run to the next; exit codes pass through.
 	sid, code := cli("", "shells", "new", l.ID)
@@ -341,4 +346,14 @@ func removeUnmounted(t *testing.T, dir string) {
 		return
 	}
 	_ = os.RemoveAll(dir)
+}
+
+// seqText is what `seq 1 n` prints.
+func seqText(n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		b.WriteString(strconv.Itoa(i))
+		b.WriteByte('\n')
+	}
+	return b.String()
 }

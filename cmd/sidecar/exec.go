@@ -35,6 +35,7 @@ const (
 // execArgs are the parsed arguments of `sidecar exec`.
 type execArgs struct {
 	interactive, tty bool
+	lossless         bool
 	cwd              string
 	env              map[string]string
 	timeout          time.Duration
@@ -42,7 +43,7 @@ type execArgs struct {
 	argv             []string
 }
 
-const execUsage = "usage: sidecar exec [-i] [-t] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE -- COMMAND [ARGS]"
+const execUsage = "usage: sidecar exec [-i] [-t] [--lossless] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE -- COMMAND [ARGS]"
 
 // parseExec reads flags up to LEASE; everything after LEASE (and an optional "--") is
 // the command, so its own flags stay its own.
@@ -52,6 +53,7 @@ func parseExec(args []string) (execArgs, error) {
 	var env multiFlag
 	fs.BoolVar(&a.interactive, "i", false, "attach stdin")
 	fs.BoolVar(&a.tty, "t", false, "allocate a terminal")
+	fs.BoolVar(&a.lossless, "lossless", false, "stream all output as it comes, with no size cap: the command is slowed to this reader rather than lose bytes (log streaming)")
 	fs.StringVar(&a.cwd, "cwd", "", "working directory, relative to the lease workdir")
 	fs.Var(&env, "env", "environment variable K=V (repeatable)")
 	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
@@ -90,7 +92,7 @@ func runExec(ctx context.Context, args []string) error {
 		return err
 	}
 	l := c.OpenLease(a.lease, "")
-	if a.interactive || a.tty {
+	if a.interactive || a.tty || a.lossless {
 		return runStream(ctx, l, a)
 	}
 	res, err := l.Exec(ctx, apitype.ExecRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TimeoutSeconds: a.timeout.Seconds()})
@@ -124,10 +126,10 @@ func exitFor(code int, sig string, timedOut bool) error {
 }
 
 // runStream runs a over the exec websocket: stdin forwarded with -i, a raw local terminal
-// and SIGWINCH resizes with -t.
+// and SIGWINCH resizes with -t, every output byte with --lossless.
 func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
 	req := client.ExecStreamRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive,
-		TimeoutSeconds: a.timeout.Seconds()}
+		TimeoutSeconds: a.timeout.Seconds(), Lossless: a.lossless}
 	stdinFd, stdoutFd := int(os.Stdin.Fd()), int(os.Stdout.Fd())
 	localTTY := a.tty && term.IsTerminal(stdinFd)
 	if a.tty && term.IsTerminal(stdoutFd) {
@@ -171,5 +173,8 @@ func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
 		return err
 	}
 	wg.Wait()
+	if n := p.Lost(); n > 0 {
+		fmt.Fprintf(os.Stderr, "sidecar: %d output bytes lost (the reader fell behind the daemon's buffer; --lossless slows the command instead)\n", n)
+	}
 	return exitFor(st.ExitCode, st.Signal, st.TimedOut)
 }

@@ -36,16 +36,30 @@ func BenchmarkSubscriptionThroughput(b *testing.B) {
 			}
 		}
 	})
-	b.Run("subscription", func(b *testing.B) {
+	for _, lossless := range []bool{false, true} {
+		name := "subscription"
+		if lossless {
+			name = "subscription-lossless"
+		}
+		b.Run(name, func(b *testing.B) { benchSubscription(b, script, total, lossless) })
+	}
+}
+
+// benchSubscription reads total bytes of script's output through one Subscription.
+func benchSubscription(b *testing.B, script Spec, total int64, lossless bool) {
+	{
 		m := newManager(b, Config{})
 		b.SetBytes(total)
 		var lost int64
 		for b.Loop() {
-			p, _, err := m.Start(b.Context(), "lease", StartRequest{Spec: script})
+			p, _, err := m.Start(b.Context(), "lease", StartRequest{Spec: script, Lossless: lossless})
 			if err != nil {
 				b.Fatal(err)
 			}
 			s, err := p.Subscribe(0)
+			if lossless {
+				s, err = p.SubscribeLossless(0)
+			}
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -66,7 +80,7 @@ func BenchmarkSubscriptionThroughput(b *testing.B) {
 			lost += s.Lost()
 		}
 		b.ReportMetric(float64(lost)/float64(b.N), "lost-bytes/op")
-	})
+	}
 }
 
 // BenchmarkIdleProcessMemory reports the daemon-side memory (heap and goroutine stacks)

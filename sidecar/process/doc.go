@@ -31,6 +31,15 @@
 //     lease is torn down. A leftover still holding a pipe is read from afterwards and
 //     its output dropped, so it never blocks on a full pipe nor dies of EPIPE, and no
 //     grandchild can keep a process from ending. A PTY is closed at the end of the run.
+//   - A lossless Subscription (SubscribeLossless) holds the bytes it has not read in
+//     the replay buffer: a pump that would drop them waits, the pipe fills and the
+//     process blocks in write, for every viewer; lossy ones still lose only their own
+//     bytes. Nothing beyond BufferBytes is queued. The wait ends when the subscription
+//     moves on or closes, at the Manager's Shutdown, and at the end of the run: after
+//     the main process exits, output is collected past outputGrace while a pump waits
+//     for such a reader, for at most losslessTail (10s) in all; what the ring then drops
+//     is counted in that reader's Lost. StartRequest.Lossless holds the output from
+//     byte 0 for the first lossless Subscription, for at most LosslessAttachWait.
 //   - KillLeftovers (ExecRequest, StartRequest) keeps the old behaviour: after the
 //     first grace the tree is killed (Tree.Kill), and what it left in the pipes is still
 //     read, bounded by another outputGrace.

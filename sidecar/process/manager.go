@@ -83,7 +83,7 @@ func New(cfg Config) (*Manager, error) {
 func finishedProcess(rec record, stop <-chan struct{}) *Process {
 	p := &Process{
 		id: rec.ID, lease: rec.Lease, argv: rec.Argv, tty: rec.TTY, startedAt: rec.StartedAt,
-		log: newOutLog(MinBufferBytes), stop: stop,
+		log: newOutLog(MinBufferBytes, stop), stop: stop,
 		ready: make(chan struct{}), done: make(chan struct{}),
 		state: rec.State, exit: rec.ExitCode, signal: rec.Signal, timedOut: rec.TimedOut,
 		oomKilled: rec.OOMKilled, endedAt: rec.EndedAt,
@@ -109,6 +109,11 @@ type StartRequest struct {
 	Stdin bool
 	// KillLeftovers kills what the process leaves behind once it exits, as ExecRequest's.
 	KillLeftovers bool
+	// Lossless holds the output from its first byte for the first lossless Subscription
+	// (SubscribeLossless), so a viewer attaching right after the start misses nothing:
+	// until it comes, or LosslessAttachWait passes, the process blocks once its output
+	// fills the replay buffer.
+	Lossless bool
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
@@ -173,12 +178,15 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 	}
 	p = &Process{
 		id: id, lease: leaseID, argv: slices.Clone(r.Spec.Argv), tty: r.Spec.TTY,
-		log: newOutLog(m.cfg.BufferBytes), stop: m.stop,
+		log: newOutLog(m.cfg.BufferBytes, m.stop), stop: m.stop,
 		ready: make(chan struct{}), done: make(chan struct{}),
 		state: apitype.ProcessRunning, rows: rows, cols: cols,
 	}
 	lp.procs[id] = p
 	m.mu.Unlock()
+	if r.Lossless {
+		p.log.holdFromStart(LosslessAttachWait)
+	}
 
 	logger := m.logger.With("lease", leaseID, "pid", id)
 	run, err := startRun(m.cfg.Execer, leaseID, runOptions{spec: r.Spec, rows: rows, cols: cols, stdinPipe: r.Stdin, killLeftovers: r.KillLeftovers},

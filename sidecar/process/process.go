@@ -169,7 +169,9 @@ func (p *Process) Redraw() error {
 	return nil
 }
 
-// Subscribe returns a reader of the output from offset since:
+// Subscribe returns a lossy reader of the output from offset since: the process never
+// waits for it, and bytes that leave the replay buffer before it reads them are counted
+// by Lost. Offsets:
 //   - since = -1: from the current end (live output only);
 //   - OutputStart <= since <= OutputOffset: from exactly there;
 //   - since < OutputStart: from OutputStart, with Lost() = OutputStart - since;
@@ -182,25 +184,37 @@ func (p *Process) Redraw() error {
 // repaint, so a lost range replays from OutputStart like a pipe. A process known only
 // from a previous daemon's record has no output: any since gives io.EOF at once.
 func (p *Process) Subscribe(since int64) (*Subscription, error) {
+	return p.subscribe(since, false)
+}
+
+// SubscribeLossless is Subscribe for a viewer that must get every byte from where it
+// starts: a writer that would drop a byte it has not read waits instead, so a slow
+// reader slows the process (its pipe fills and its writes block), for every viewer.
+// The replay buffer is the only queue: memory stays within Config.BufferBytes. Close
+// lets the process go on; so does the end of the run (see doc.go). Bytes already gone
+// when it subscribes are counted by Lost as with Subscribe. It takes over the hold of a
+// StartRequest.Lossless process.
+func (p *Process) SubscribeLossless(since int64) (*Subscription, error) {
+	return p.subscribe(since, true)
+}
+
+func (p *Process) subscribe(since int64, lossless bool) (*Subscription, error) {
 	if since < -1 {
 		return nil, fmt.Errorf("%w: since %d", ErrInvalid, since)
 	}
 	s := &Subscription{log: p.log, stop: p.stop, closed: make(chan struct{})}
+	live := p.run != nil && p.tty && p.running()
+	redraw := false
 	p.log.mu.Lock()
 	start, end := p.log.start, p.log.end
-	p.log.mu.Unlock()
-	if p.run == nil {
+	switch {
+	case p.run == nil:
 		// Known only from its record (a previous daemon's): no output is left, and the
 		// client's offset cannot be checked, so it just gets the end.
 		s.pos = end
-		return s, nil
-	}
-	if since > end {
+	case since > end:
+		p.log.mu.Unlock()
 		return nil, fmt.Errorf("%w: since %d is beyond the output offset %d", ErrInvalid, since, end)
-	}
-	live := p.tty && p.running()
-	redraw := false
-	switch {
 	case since == -1:
 		s.pos = end
 		redraw = live
@@ -214,6 +228,11 @@ func (p *Process) Subscribe(since int64) (*Subscription, error) {
 	default:
 		s.pos = since
 	}
+	if lossless && p.run != nil {
+		// Made with the position, under the same lock: no write can drop what lies between.
+		s.hold = p.log.subscribeHold(s.pos)
+	}
+	p.log.mu.Unlock()
 	if redraw {
 		if err := p.Redraw(); err != nil {
 			p.run.logger.Warn("redraw on attach", "pid", p.id, "err", err)

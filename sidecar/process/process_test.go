@@ -160,7 +160,7 @@ func TestSlowSubscriberLosesFastGetsAll(t *testing.T) {
 // The replay buffer stays within BufferBytes however much (and however finely) a
 // process writes, and memory stays flat.
 func TestRingBound(t *testing.T) {
-	const buffer = 128 << 10
+	const buffer = MinBufferBytes
 	m := newManager(t, Config{BufferBytes: buffer})
 	for _, tc := range []struct {
 		name   string

@@ -25,6 +25,16 @@ type output interface {
 	write(channel byte, p []byte) (woke bool)
 }
 
+// heldOutput is an output whose write may wait for its readers (outLog, with a lossless
+// subscription), which the run must let go of at its end.
+type heldOutput interface {
+	output
+	// holding reports whether a write waited for a reader since the last call.
+	holding() bool
+	// releaseWriters ends the waiting for good.
+	releaseWriters()
+}
+
 // readBufs are the pooled buffers output is read with; output copies what it keeps.
 var readBufs = sync.Pool{New: func() any { b := make([]byte, readSize); return &b }}
 
@@ -220,13 +230,21 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 		r.logger.Warn("reading process output", "err", err)
 		return
 	}
+	if f != r.pty {
+		// Best effort: a host whose pipe-max-size is lower keeps its default pipes.
+		_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, pipeSize) })
+	}
 	pr := &pooledReader{rc: rc}
 	pr.readFD = pr.read // one method value per pump, not one closure per read
 	for {
 		p, err := pr.next()
 		if len(p) > 0 {
 			r.lastOutput.Store(int64(time.Since(r.started)))
-			if out.write(channel, p) {
+			woke := out.write(channel, p)
+			// A lossless viewer may have made the write wait: the process was blocked
+			// on its pipe meanwhile, not idle.
+			r.lastOutput.Store(int64(time.Since(r.started)))
+			if woke {
 				// Let the woken reader run now. Reads from a full pipe never park this
 				// goroutine, so otherwise the reader waits for preemption (10 ms)
 				// while the ring overwrites what it was about to read.
@@ -314,23 +332,13 @@ func (r *run) wait(then func()) {
 
 	drained := make(chan struct{})
 	go func() { r.pumps.Wait(); close(drained) }()
-	grace := time.NewTimer(outputGrace)
-	select {
-	case <-drained:
-	case <-grace.C:
-	}
-	grace.Stop()
+	r.drain(drained)
 	r.oom = r.tree.OOMKilled()
 	if r.killLeftovers {
 		if err := r.tree.Kill(); err != nil {
 			r.logger.Warn("killing what a process left behind", "err", err)
 		}
-		grace.Reset(outputGrace)
-		select {
-		case <-drained:
-		case <-grace.C:
-		}
-		grace.Stop()
+		r.drain(drained)
 	}
 	r.out.detach()
 	if err := r.tree.Close(); err != nil {
@@ -345,6 +353,29 @@ func (r *run) wait(then func()) {
 	close(r.done)
 	if then != nil {
 		then()
+	}
+}
+
+// drain waits for the pumps to finish (drained) for outputGrace, and longer while a
+// lossless viewer is what keeps the pipes full (the pump waits for it), at most
+// losslessTail in all. A leftover holding a pipe ends the wait after one grace, as
+// without a lossless viewer; a stalled viewer is cut by its own write timeout, which
+// lets the pump go.
+func (r *run) drain(drained <-chan struct{}) {
+	bp, _ := r.out.out.(heldOutput)
+	grace := time.NewTimer(outputGrace)
+	defer grace.Stop()
+	deadline := time.Now().Add(losslessTail)
+	for {
+		select {
+		case <-drained:
+			return
+		case <-grace.C:
+		}
+		if bp == nil || !bp.holding() || time.Now().After(deadline) {
+			return
+		}
+		grace.Reset(outputGrace)
 	}
 }
 
@@ -365,8 +396,12 @@ func (g *gate) write(channel byte, p []byte) bool {
 	return g.out.write(channel, p)
 }
 
-// detach drops all later output; once it returns no write is in progress.
+// detach drops all later output; once it returns no write is in progress. A write
+// waiting for a lossless reader (outLog) is let go first.
 func (g *gate) detach() {
+	if h, ok := g.out.(heldOutput); ok {
+		h.releaseWriters()
+	}
 	g.mu.Lock()
 	g.off = true
 	g.mu.Unlock()

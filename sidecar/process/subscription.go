@@ -25,6 +25,7 @@ type Subscription struct {
 	pos  int64 // next offset to deliver; owned by the goroutine calling Next
 	lost atomic.Int64
 	stop <-chan struct{} // the Manager's shutdown
+	hold *hold           // a lossless subscription's: the bytes from pos on stay
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -51,6 +52,10 @@ func (s *Subscription) Next(ctx context.Context) (Chunk, error) {
 		default:
 		}
 		s.log.mu.Lock()
+		if s.hold != nil {
+			// What the last call returned has been handed on: let it go.
+			s.log.moveHold(s.hold, s.pos)
+		}
 		c, lost, ok, wait := s.log.readAt(s.pos)
 		s.log.mu.Unlock()
 		if lost > 0 {
@@ -76,8 +81,17 @@ func (s *Subscription) Next(ctx context.Context) (Chunk, error) {
 	}
 }
 
-// Close ends the subscription; a blocked Next returns ErrClosed. It is safe to call
-// more than once.
+// Lossless reports whether the process waits for this subscription rather than drop
+// bytes it has not read (SubscribeLossless).
+func (s *Subscription) Lossless() bool { return s.hold != nil }
+
+// Close ends the subscription; a blocked Next returns ErrClosed, and a process waiting
+// for this lossless subscription goes on. It is safe to call more than once.
 func (s *Subscription) Close() {
-	s.closeOnce.Do(func() { close(s.closed) })
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		if s.hold != nil {
+			s.log.dropHold(s.hold)
+		}
+	})
 }

@@ -451,15 +451,18 @@ export class LeaseHandle {
   }
 
   /** start starts a background process and attaches to it from offset 0; a dropped
-   * connection reattaches at the exact output offset. */
+   * connection reattaches at the exact output offset. With `lossless`, the daemon holds the
+   * output from its first byte for this handle, and the process waits for its reader. */
   async start(req: StartRequest): Promise<Process> {
     const info = await this.client.json<ProcessInfo>({ method: "POST", path: leasePath(this.id, "processes"), json: req, lease: this });
-    return this.attach(info.pid, 0, req.tty ?? false);
+    return this.attach(info.pid, 0, req.tty ?? false, { lossless: req.lossless ?? false });
   }
 
-  /** attach attaches to a background process from output offset since (-1: live only). */
-  async attach(pid: string, since = 0, tty = false): Promise<Process> {
-    const p = new Process(this, pid, tty, true);
+  /** attach attaches to a background process from output offset since (-1: live only).
+   * With `lossless`, the process waits for this reader rather than drop output it has not
+   * read (a daemon without lossless viewers is refused with UnsupportedError). */
+  async attach(pid: string, since = 0, tty = false, opts: { lossless?: boolean } = {}): Promise<Process> {
+    const p = new Process(this, pid, tty, true, undefined, opts.lossless ?? false);
     await p.connect(since);
     return p;
   }

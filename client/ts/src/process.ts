@@ -32,7 +32,12 @@ export interface ExecStreamOptions {
   detach?: boolean;
   timeoutSeconds?: number;
   idleTimeoutSeconds?: number;
+  /** the process waits for this reader rather than lose output (docs/api.md, Lossless viewers) */
+  lossless?: boolean;
 }
+
+/** UnsupportedError: the daemon does not offer what was asked (a lossless viewer). */
+export class UnsupportedError extends Error {}
 
 const CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_STATUS = 3, CH_RESIZE = 4, CH_CLOSE = 255;
 const PROTOCOL = "v5.channel.k8s.io";
@@ -53,6 +58,9 @@ export class Process {
   lost = 0;
   /** connections opened so far (1 + reattaches) */
   connections = 0;
+  /** whether the daemon holds the process for this handle rather than drop output it has
+   * not read: the socket is then paused while stdout or stderr is full (backpressure) */
+  readonly lossless: boolean;
 
   private readonly reattach: boolean;
   private readonly exec?: ExecStreamOptions;
@@ -63,12 +71,13 @@ export class Process {
   private result?: { status?: StreamStatus; error?: Error };
   private failures = 0;
 
-  constructor(lease: LeaseHandle, id: string, tty: boolean, reattach: boolean, exec?: ExecStreamOptions) {
+  constructor(lease: LeaseHandle, id: string, tty: boolean, reattach: boolean, exec?: ExecStreamOptions, lossless = false) {
     this.lease = lease;
     this.id = id;
     this.tty = tty;
     this.reattach = reattach;
     this.exec = exec;
+    this.lossless = lossless || (exec?.lossless ?? false);
   }
 
   /** wait resolves with the final status once the process has ended. */
@@ -142,6 +151,7 @@ export class Process {
       url.pathname = leasePath(this.lease.id, "processes", encodeURIComponent(this.id), "attach");
       q.set("since", String(since));
     }
+    if (this.lossless) q.set("lossless", "1");
     const token = this.lease.credential() || c.token;
     return new Promise((resolve, reject) => {
       // servername: a DNS fleet's member is dialled by address, verified by the name (ws
@@ -164,6 +174,12 @@ export class Process {
         if (typeof off === "string") start = Number(off);
         const pid = res.headers["x-process-id"];
         if (typeof pid === "string" && this.id === "") this.id = pid;
+        if (this.lossless && res.headers["x-output-mode"] !== "lossless") {
+          // An older daemon ignores ?lossless: it would drop bytes this caller must not lose.
+          upgraded = false;
+          ws.terminate();
+          reject(new UnsupportedError("the daemon does not hold processes for lossless viewers (no X-Output-Mode: lossless)"));
+        }
       });
       ws.on("unexpected-response", (_req, res) => {
         readAll(res, 64 << 10).then(
@@ -193,7 +209,13 @@ export class Process {
             }
             if (payload.length === 0) return;
             this.offset += payload.length;
-            (ch === CH_STDERR && !this.tty ? this.stderr : this.stdout).write(payload);
+            const out = ch === CH_STDERR && !this.tty ? this.stderr : this.stdout;
+            if (!out.write(payload) && this.lossless) {
+              // Stop reading the socket until the reader drained: TCP then backs up to
+              // the daemon, which holds the process.
+              ws.pause();
+              out.once("drain", () => ws.resume());
+            }
           } else if (ch === CH_STATUS) {
             const st = JSON.parse(payload.toString("utf8")) as StreamStatus;
             this.finish(st);

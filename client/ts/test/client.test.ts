@@ -228,6 +228,35 @@ test("20,000 counted lines arrive byte-identical through three dropped connectio
   await l.release();
 });
 
+test("a lossless viewer gets every byte and holds the process back while it does not read", { timeout: 120_000 }, async () => {
+  const l = await lease("lossless");
+  const total = 32 << 20;
+  const p: Process = await l.start({ argv: ["sh", "-c", `head -c ${total} /dev/urandom | tee out`], lossless: true });
+  assert.equal(p.lossless, true);
+  await eventually("output", async () => (await l.process(p.id)).output_offset > 0);
+  // Not reading stdout on purpose, for longer than a lossy process needs to write it all.
+  await new Promise((r) => setTimeout(r, 500));
+  const held = await l.process(p.id);
+  assert.equal(held.state, "running", "a lossless viewer that does not read let the process end");
+  assert.ok(held.output_offset < total, `process wrote ${held.output_offset} of ${total} bytes unread`);
+  const hash = createHash("sha256");
+  let got = 0;
+  p.stdout.on("data", (b: Buffer) => {
+    hash.update(b);
+    got += b.length;
+  });
+  p.stderr.resume();
+  const st = await p.wait();
+  await finished(p.stdout);
+  assert.equal(st.exit_code, 0);
+  assert.equal(got, total);
+  assert.equal(p.lost, 0);
+  assert.equal(st.bytes_lost ?? 0, 0);
+  const sum = await l.exec({ argv: ["sha256sum", "out"] });
+  assert.equal(hash.digest("hex"), sum.stdout.split(" ")[0]);
+  await l.release();
+});
+
 test("a PTY follows a resize", { timeout: 120_000 }, async () => {
   const l = await lease("pty");
   const p = await l.execStream({ argv: ["/bin/sh", "-c", "stty size; read x; stty size"], tty: true, stdin: true, rows: 24, cols: 80 });
