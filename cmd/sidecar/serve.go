@@ -21,6 +21,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
@@ -136,8 +137,11 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 			errs = append(errs, fmt.Errorf("SIDECAR_DEFAULT_LIMITS_%s must be positive and at most SIDECAR_MAX_LIMITS_%s", l.name, l.name))
 		}
 	}
-	if c.MaxOutputBytes < 1024 || c.OutputBufferBytes < 1024 {
-		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES and SIDECAR_OUTPUT_BUFFER_BYTES must be at least 1024"))
+	if c.MaxOutputBytes < 1024 {
+		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES must be at least 1024"))
+	}
+	if c.OutputBufferBytes < process.MinBufferBytes {
+		errs = append(errs, fmt.Errorf("SIDECAR_OUTPUT_BUFFER_BYTES must be at least %d (two reads of a process's output)", process.MinBufferBytes))
 	}
 	if c.MaxExecs < 1 || c.OutputBudgetBytes < 2*c.MaxOutputBytes {
 		errs = append(errs, errors.New("SIDECAR_MAX_EXECS_PER_LEASE must be positive and SIDECAR_OUTPUT_BUDGET_BYTES at least twice SIDECAR_MAX_OUTPUT_BYTES"))
