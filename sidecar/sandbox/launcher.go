@@ -33,10 +33,6 @@ import (
 // `ps` in the lease shows it as sidecar-init. It holds nothing of another command: what a
 // lease command could do to it, it could do to its own next command anyway.
 
-// launcherWait bounds how long a command waits for the launcher being made before it
-// starts the plain way.
-const launcherWait = time.Second
-
 // launchersAtOnce bounds the launchers being made at once, daemon-wide: a restart adopting
 // a thousand leases makes theirs a few at a time, not a thousand forks in one go.
 const launchersAtOnce = 4
@@ -135,41 +131,54 @@ func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
 	return nil
 }
 
-// takeLauncher returns the lease's launcher once it is ready, or nil: none, not ready
-// within launcherWait, or failed (then discarded).
+// takeLauncher returns the lease's launcher if it is ready, else nil at once: a command
+// never waits for a launcher (that would cost what a plain start costs, or more while
+// others are made). One still being made stays for a later command; a dead one is
+// discarded, and the lease may make a new one.
 func (s *Sandbox) takeLauncher(le *lease) *launcher {
 	s.mu.Lock()
 	l := le.launcher
-	le.launcher = nil
-	s.mu.Unlock()
 	if l == nil {
+		s.mu.Unlock()
 		return nil
 	}
-	deadline := time.Now().Add(launcherWait)
 	select {
 	case <-l.made:
-	case <-time.After(launcherWait):
-		go func() { <-l.made; s.discardLauncher(le, l) }()
-		return nil
+	default:
+		s.mu.Unlock()
+		return nil // being started
 	}
+	le.launcher = nil
+	s.mu.Unlock()
 	if l.err != nil {
 		return nil // counted and cleaned up by launcherFailed
 	}
-	ready, err := awaitReady(l.sock, time.Until(deadline))
-	if err != nil || !ready {
-		if err != nil {
-			s.launcherFailed(le, l)
+	ready, err := awaitReady(l.sock, 0)
+	switch {
+	case ready:
+		s.mu.Lock()
+		le.launcherFailures = 0
+		s.mu.Unlock()
+		return l
+	case err == nil: // still setting up: back in its place, unless the lease is going
+		s.mu.Lock()
+		keep := le.launcher == nil && !s.closed && s.leases[le.spec.ID] == le
+		if keep {
+			le.launcher = l
 		}
-		s.discardLauncher(le, l)
+		s.mu.Unlock()
+		if !keep {
+			s.discardLauncher(le, l)
+		}
 		return nil
 	}
-	s.mu.Lock()
-	le.launcherFailures = 0
-	s.mu.Unlock()
-	return l
+	s.launcherFailed(le, l)
+	s.discardLauncher(le, l)
+	return nil
 }
 
-// awaitReady waits up to d for a launcher's ready byte; an error if it exited instead.
+// awaitReady waits up to d for a launcher's ready byte (0: only looks); an error if it
+// exited instead.
 func awaitReady(sock *os.File, d time.Duration) (bool, error) {
 	fds := []unix.PollFd{{Fd: int32(sock.Fd()), Events: unix.POLLIN}}
 	for {

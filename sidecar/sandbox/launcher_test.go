@@ -5,9 +5,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
-// readyLauncher waits for the lease's launcher to be made and returns it.
+// readyLauncher waits for the lease's launcher to be ready (its ready byte waiting on the
+// socket, not read) and returns it.
 func readyLauncher(t *testing.T, s *Sandbox, leaseID string) *launcher {
 	t.Helper()
 	s.settle()
@@ -17,6 +20,11 @@ func readyLauncher(t *testing.T, s *Sandbox, leaseID string) *launcher {
 	if !l.started() {
 		t.Fatalf("lease %s has no launcher running: %+v", leaseID, l)
 	}
+	waitFor(t, "the launcher to be ready", func() bool {
+		fds := []unix.PollFd{{Fd: int32(l.sock.Fd()), Events: unix.POLLIN}}
+		n, _ := unix.Poll(fds, 0)
+		return n == 1
+	})
 	return l
 }
 
@@ -97,7 +105,11 @@ func TestLauncherDeadFallsBack(t *testing.T) {
 	if err := dead.proc.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the launcher to exit", func() bool { return !alive(dead.proc.Pid) })
+	waitFor(t, "the launcher to exit", func() bool { // its end of the socket closed
+		fds := []unix.PollFd{{Fd: int32(dead.sock.Fd()), Events: unix.POLLIN}}
+		unix.Poll(fds, 0)
+		return fds[0].Revents&unix.POLLHUP != 0
+	})
 	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) == strconv.Itoa(dead.proc.Pid) || r.exitCode != 0 {
 		t.Fatalf("after the launcher died: %+v", r)
 	}
