@@ -166,7 +166,7 @@ type streamHarness struct {
 }
 
 func newStreamHarness(tb testing.TB) *streamHarness {
-	procs, err := process.New(process.Config{Execer: plainExecer{}, BufferBytes: 64 << 10})
+	procs, err := process.New(process.Config{Execer: plainExecer{}, BufferBytes: process.MinBufferBytes})
 	if err != nil {
 		tb.Fatal(err)
 	}
