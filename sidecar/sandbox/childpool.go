@@ -31,8 +31,10 @@ func (s *Sandbox) takeChild(le *lease) (string, error) {
 	return s.newChild(le)
 }
 
-// returnSpare gives back a child cgroup taken for a command that went to a launcher
-// instead: never entered, it is as good as new.
+// returnSpare puts an empty, never entered child cgroup among the lease's spares (one just
+// made, or one taken for a command that went to a launcher instead), or removes it if the
+// lease is being torn down (Teardown waits for the job that made it before it removes the
+// lease).
 func (s *Sandbox) returnSpare(le *lease, name string) {
 	s.mu.Lock()
 	keep := !s.closed && s.leases[le.spec.ID] == le
@@ -64,19 +66,12 @@ func (s *Sandbox) makeSpare(le *lease) {
 	name, err := s.newChild(le)
 	s.mu.Lock()
 	le.filling--
-	keep := err == nil && !s.closed && s.leases[le.spec.ID] == le
-	if keep {
-		le.spare = append(le.spare, name)
-	}
 	s.mu.Unlock()
-	switch {
-	case err != nil:
+	if err != nil {
 		s.log.Warn("spare child cgroup", "lease", le.spec.ID, "err", err)
-	case !keep: // torn down meanwhile (Teardown waits for this job before it removes the lease)
-		if err := s.cg.removeChild(le.spec.ID, name); err != nil {
-			s.log.Warn("remove spare child cgroup", "lease", le.spec.ID, "cgroup", name, "err", err)
-		}
+		return
 	}
+	s.returnSpare(le, name)
 }
 
 // dropChild removes a finished command's child cgroup, which Kill has emptied: in the

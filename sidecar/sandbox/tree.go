@@ -61,7 +61,7 @@ type tree struct {
 	le      *lease
 	launch  initproc.Launch // the command
 	tty     bool
-	child   string // child cgroup name, set by Start; "" without cgroups
+	child   string // child cgroup name (the launcher's once Start gives it one); "" without cgroups
 	cmd     *exec.Cmd
 
 	report      *os.File   // read end of the helper's report pipe
