@@ -75,7 +75,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		Dir:         hostDir,
 		SysProcAttr: s.helperAttr(),
 	}
-	t := &tree{s: s, leaseID: leaseID, le: le, cmd: cmd, tty: spec.TTY,
+	t := &tree{s: s, leaseID: leaseID, le: le, cmd: cmd, tty: spec.TTY, ended: make(chan struct{}),
 		launch: initproc.Launch{Argv: spec.Argv, Env: env, Dir: dir}}
 	if s.cg != nil {
 		if t.child, err = s.takeChild(le); err != nil {

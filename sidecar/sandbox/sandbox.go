@@ -157,6 +157,7 @@ type lease struct {
 	// launcherFailures counts those that failed in a row.
 	launcher         *launcher
 	launcherFailures int
+	lastCommand      <-chan struct{} // the last command started: closed once it is over
 	// jobs is the background cgroup work on this lease; added to only while the lease is
 	// in Sandbox.leases and the Sandbox is not closed.
 	jobs sync.WaitGroup
@@ -431,7 +432,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "network", l.Network)
-	s.refillLauncher(le) // the first command's
+	s.refillLauncher(le, nil) // the first command's
 	return nil
 }
 

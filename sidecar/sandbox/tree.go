@@ -67,7 +67,8 @@ type tree struct {
 	report      *os.File   // read end of the helper's report pipe
 	parentFiles []*os.File // the daemon's copies of what the helper inherits, until it starts
 
-	started   bool // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
+	started   bool          // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
+	ended     chan struct{} // closed by Close: the command is over
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -79,7 +80,10 @@ func (t *tree) Start() error {
 	if t.cmd.Process != nil {
 		return errors.New("sandbox: command already started")
 	}
-	defer t.s.refillLauncher(t.le) // the next command's, made while this one runs
+	t.s.mu.Lock()
+	t.le.lastCommand = t.ended
+	t.s.mu.Unlock()
+	defer t.s.refillLauncher(t.le, t.ended) // the next command's
 	if files, ok := t.stdio(); ok {
 		if l := t.s.takeLauncher(t.le); l != nil {
 			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
@@ -215,6 +219,7 @@ func (t *tree) OOMKilled() bool {
 // find a leftover again. Kill first for a command whose leftovers must not stay.
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
+		defer close(t.ended)
 		closeAll(t.parentFiles)
 		if t.report != nil {
 			t.report.Close()
