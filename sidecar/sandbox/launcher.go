@@ -29,10 +29,9 @@ import (
 // instruction.
 //
 // Each lease keeps one launcher, made at Provision and again for each command that takes
-// one, once that command has ended or has run for launcherWhileRunning (an agent's commands
-// come one after another, with gaps). Making one while a short command runs would slow
-// that command: on two CPUs the helper's set-up and the command share them. A launcher is a process of the lease (one of
-// its pids, ~100 KiB of its memory; Usage leaves its pid out), running as the lease's uid:
+// one, once the lease is quiet (awaitQuiet: an agent's commands come with gaps). Made
+// while a short command runs, it would slow that command: on two CPUs the helper's set-up
+// and the command share them. A launcher is a process of the lease (one of its pids, ~100 KiB of its memory; Usage leaves its pid out), running as the lease's uid:
 // `ps` in the lease shows it as sidecar-init. It holds nothing of another command: what a
 // lease command could do to it, it could do to its own next command anyway.
 
@@ -96,9 +95,9 @@ func (l *launcher) tasks() int64 {
 }
 
 // refillLauncher makes the lease's next launcher in the background if it has none and may
-// have one: launcherAfterReply after ended closes (nil: after now), or after
-// launcherWhileRunning if it has not closed by then. The launcher counts as being made
-// meanwhile, so a command that comes starts the plain way and does not wait.
+// have one, once the lease is quiet after the command whose end is ended (nil: none). The
+// launcher counts as being made meanwhile, so a command that comes starts the plain way
+// and does not wait.
 func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
 	if s.cg == nil || !s.strict() || s.coldStart {
 		return
