@@ -95,7 +95,8 @@ func (l *launcher) tasks() int64 {
 }
 
 // refillLauncher makes the lease's next launcher in the background if it has none and may
-// have one, once the lease is quiet after the command whose end is ended (nil: none). The
+// have one, once the lease is quiet after the command whose end is ended (nil: none),
+// which it records as the lease's last command (awaitQuiet watches it). The
 // launcher counts as being made meanwhile, so a command that comes starts the plain way
 // and does not wait.
 func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
@@ -104,6 +105,9 @@ func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if ended != nil {
+		le.lastCommand = ended // a launcher waiting for quiet waits for this command too
+	}
 	if le.launcher != nil || le.launcherFailures >= maxLauncherFailures || s.closed || s.leases[le.spec.ID] != le {
 		return
 	}

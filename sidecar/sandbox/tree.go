@@ -80,10 +80,7 @@ func (t *tree) Start() error {
 	if t.cmd.Process != nil {
 		return errors.New("sandbox: command already started")
 	}
-	t.s.mu.Lock()
-	t.le.lastCommand = t.ended
-	t.s.mu.Unlock()
-	defer t.s.refillLauncher(t.le, t.ended) // the next command's
+	defer t.s.refillLauncher(t.le, t.ended) // the next command's; notes this one as the last
 	if files, ok := t.stdio(); ok {
 		if l := t.s.takeLauncher(t.le); l != nil {
 			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
