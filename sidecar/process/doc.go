@@ -36,8 +36,8 @@
 //     process blocks in write, for every viewer; lossy ones still lose only their own
 //     bytes. Nothing beyond BufferBytes is queued. The wait ends when the subscription
 //     moves on or closes, at the Manager's Shutdown, and at the end of the run: after
-//     the main process exits, output is collected past outputGrace while a pump waits
-//     for such a reader, for at most losslessTail (10s) in all; what the ring then drops
+//     the main process exits, output is collected past outputGrace while it still goes
+//     to such a reader (or a pump waits for one), for at most losslessTail (10s) in all; what the ring then drops
 //     is counted in that reader's Lost. StartRequest.Lossless holds the output from
 //     byte 0 for the first lossless Subscription, for at most LosslessAttachWait.
 //   - KillLeftovers (ExecRequest, StartRequest) keeps the old behaviour: after the

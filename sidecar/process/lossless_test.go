@@ -116,66 +116,44 @@ func TestLosslessSlowReaderGetsEverything(t *testing.T) {
 	}
 }
 
-// After the main process exits, what it left in the pipe is still collected for a
-// lossless reader that has not read it yet, past outputGrace.
+// After the main process exits, output still goes to a lossless reader past
+// outputGrace: while the pump waits for that reader, and then while the reader takes
+// the rest at its own pace. The stream comes from a process the main one leaves behind,
+// so that more of it is outstanding at the exit than the buffer holds; the main process
+// exits once the test closes its stdin, with the pump waiting.
 func TestLosslessTailAfterExit(t *testing.T) {
 	const buffer = 256 << 10
 	const total = 2 << 20
 	m := newManager(t, Config{BufferBytes: buffer})
-	p, copyPath := randomStream(t, m, total, false)
+	copyPath := filepath.Join(t.TempDir(), "sent")
+	script := "head -c " + strconv.Itoa(total) + ` /dev/urandom | tee "$0" & read -r x`
+	p := start(t, m, StartRequest{Spec: Spec{Argv: []string{"sh", "-c", script, copyPath}}, Lossless: true, Stdin: true})
 	sub, err := p.SubscribeLossless(0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Close()
-	// Read one chunk at a time, each only once the pump waits for this reader, until the
-	// main process exits: it then left more output than the buffer holds.
-	var got bytes.Buffer
-	exited := func() bool {
+	waitFor(t, "the pump to wait for the lossless reader", func() bool { return writerWaiting(p) })
+	if err := p.CloseStdin(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the main process to exit", func() bool {
 		select {
 		case <-p.run.exited:
 			return true
 		default:
 			return false
 		}
-	}
-	waitedAgain := func() bool {
-		p.log.mu.Lock()
-		defer p.log.mu.Unlock()
-		return p.log.waited
-	}
-	waitFor(t, "the pump to wait for the lossless reader", func() bool { return writerWaiting(p) })
-	for !exited() {
-		p.log.mu.Lock()
-		p.log.waited = false // the pump waits now: it sets this only once it waits again
-		held := sub.hold.pos
-		p.log.mu.Unlock()
-		c, err := sub.Next(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		got.Write(c.Data)
-		p.log.mu.Lock()
-		// Next lets go of what the call before returned, and wakes the pump once the
-		// hold reached where the pump asked to be woken.
-		woke := sub.hold.pos != held && sub.hold.pos >= p.log.wakeAt
-		p.log.mu.Unlock()
-		if woke {
-			waitFor(t, "the pump to wait again, or the exit", func() bool { return waitedAgain() || exited() })
-		}
-	}
-	if !writerWaiting(p) {
-		t.Fatalf("main process exited with %d bytes read and the pump not waiting", got.Len())
-	}
+	})
 	// Not a wait for a state: the reader stays away for longer than the grace on purpose.
 	time.Sleep(3 * outputGrace)
-	got.Write(readAll(t, sub))
+	got := readAll(t, sub)
 	sent, err := os.ReadFile(copyPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(got.Bytes(), sent) || sub.Lost() != 0 {
-		t.Fatalf("got %d of %d bytes (lost %d)", got.Len(), len(sent), sub.Lost())
+	if len(sent) != total || !bytes.Equal(got, sent) || sub.Lost() != 0 {
+		t.Fatalf("got %d of %d bytes (lost %d), the process sent %d", len(got), total, sub.Lost(), len(sent))
 	}
 }
 
@@ -227,6 +205,37 @@ func TestLosslessFromStart(t *testing.T) {
 	}
 	if !bytes.Equal(got, sent) || len(got) != total || sub.Lost() != 0 {
 		t.Fatalf("got %d of %d bytes (lost %d)", len(got), len(sent), sub.Lost())
+	}
+}
+
+// holding, which keeps a run collecting output after its main process exited, tells
+// output that still flows to a lossless reader (which a pump that once waited for it
+// must be let finish) from a pipe that only a silent leftover keeps open, and from
+// output with no lossless reader at all.
+func TestLosslessHoldingSeesOutputFlow(t *testing.T) {
+	l := newOutLog(MinBufferBytes, nil)
+	block := make([]byte, 4<<10)
+	l.write(1, block)
+	if l.holding() {
+		t.Fatal("holding with no lossless reader")
+	}
+	l.mu.Lock()
+	h := l.addHold(l.end) // a reader that has read everything so far
+	l.mu.Unlock()
+	if l.holding() {
+		t.Fatal("holding with nothing written since the reader came")
+	}
+	l.write(1, block) // room to spare: the writer does not wait
+	if !l.holding() {
+		t.Fatal("not holding while output flows to a lossless reader")
+	}
+	if l.holding() {
+		t.Fatal("still holding with nothing written since the last call")
+	}
+	l.dropHold(h)
+	l.write(1, block)
+	if l.holding() {
+		t.Fatal("holding after the lossless reader left")
 	}
 }
 

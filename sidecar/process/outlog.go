@@ -43,6 +43,7 @@ type outLog struct {
 	waiting  int                // writers waiting for a hold now, see holding
 	wakeAt   int64              // a waiting writer is woken once every hold reached this
 	waited   bool               // a writer waited since the last holding
+	fed      bool               // a write went in while held, since the last holding
 }
 
 // hold keeps the bytes from pos on in the ring.
@@ -66,6 +67,7 @@ func (l *outLog) write(ch byte, p []byte) (woke bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.waitForRoom(int64(len(p)))
+	l.fed = l.fed || len(l.holds) > 0 && !l.released
 	n := len(l.chunks)
 	if last := n - 1; last >= l.head && l.chunks[last].channel == ch && len(l.chunks[last].data)+len(p) <= readSize {
 		// Coalesce small writes of one channel. Growing in place never touches bytes a
@@ -231,14 +233,16 @@ func (l *outLog) releaseWriters() {
 	l.freeSpace()
 }
 
-// holding reports whether a writer waits for a lossless reader now or did since the
-// last call: after the main process exits, output keeps being collected while it does
-// (a lossless reader, not a leftover holding a pipe, is then what keeps the pipes full).
+// holding reports whether a writer waits for a lossless reader now, or waited for one
+// or wrote while one held the log since the last call: after the main process exits,
+// output keeps being collected while it does. A pump that waited for a reader must also
+// be let finish once that reader keeps up again, or the tail still in the pipe is lost;
+// a leftover that holds a pipe and writes nothing ends the collecting as without one.
 func (l *outLog) holding() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	h := l.waiting > 0 || l.waited
-	l.waited = false
+	h := l.waiting > 0 || l.waited || l.fed
+	l.waited, l.fed = false, false
 	return h
 }
 

@@ -29,7 +29,8 @@ type output interface {
 // subscription), which the run must let go of at its end.
 type heldOutput interface {
 	output
-	// holding reports whether a write waited for a reader since the last call.
+	// holding reports whether a write waited for, or went to, a lossless reader since
+	// the last call.
 	holding() bool
 	// releaseWriters ends the waiting for good.
 	releaseWriters()
@@ -356,8 +357,8 @@ func (r *run) wait(then func()) {
 	}
 }
 
-// drain waits for the pumps to finish (drained) for outputGrace, and longer while a
-// lossless viewer is what keeps the pipes full (the pump waits for it), at most
+// drain waits for the pumps to finish (drained) for outputGrace, and longer while
+// output still goes to a lossless viewer (or the pump waits for one), at most
 // losslessTail in all. A leftover holding a pipe ends the wait after one grace, as
 // without a lossless viewer; a stalled viewer is cut by its own write timeout, which
 // lets the pump go.
