@@ -147,10 +147,14 @@ func TestLosslessAttachSlowReader(t *testing.T) {
 
 // A lossless viewer that goes away (a reset, no close frame) lets its process run on to
 // its end; one that stalls is cut by the write timeout, which lets the process go too.
+// The viewer's socket keeps its usual window: through a tiny one a single 128 KiB frame
+// takes seconds to read (an ack round per few KiB), so the daemon would cut a viewer
+// that is reading, not stalled. The write timeout leaves the check that the viewer
+// holds the process seconds to run before a stalled one is cut.
 func TestLosslessViewerGoneReleases(t *testing.T) {
 	d := startFaultDaemon(t, func(c *daemon.Config) {
 		c.OutputBufferBytes = losslessBuffer
-		c.HTTP.WSWriteTimeout = time.Second
+		c.HTTP.WSWriteTimeout = 2 * time.Second
 		c.HTTP.WSPingInterval = time.Hour
 	})
 	l := d.acquire("lossless-gone")
@@ -162,7 +166,7 @@ func TestLosslessViewerGoneReleases(t *testing.T) {
 	}{{"reset", true}, {"stalled", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			randomOut(t, d, l, tc.name, total)
-			conn, tcp, _ := d.rawAttach(t, "/v1/leases/"+l.ID()+"/processes/"+tc.name+"/attach?since=0&lossless=1", true)
+			conn, tcp, _ := d.rawAttach(t, "/v1/leases/"+l.ID()+"/processes/"+tc.name+"/attach?since=0&lossless=1", false)
 			defer conn.Close()
 			if _, _, err := conn.ReadMessage(); err != nil {
 				t.Fatal(err)
