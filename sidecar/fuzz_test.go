@@ -140,6 +140,9 @@ func FuzzStreamFrames(f *testing.F) {
 	} {
 		f.Add(seed, true)
 	}
+	// v5 closes cat's stdin, then v4 must find a cat it cannot end: the harness waits
+	// out the first cat before the second run.
+	f.Add(bin(apitype.ChannelClose, apitype.ChannelStdin), true)
 	f.Add(bin(apitype.ChannelClose, apitype.ChannelStdin), false) // v4 has no close channel
 
 	h := newStreamHarness(f)
@@ -188,6 +191,16 @@ func (h *streamHarness) process() (*process.Process, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.p != nil {
+		// A v5 run may have closed cat's stdin: cat then ends on its own, a moment
+		// later. Wait that out, so that every run starts on a cat that can still read
+		// and the v4 check in run sees only what its own frames did.
+		if _, err := h.p.WriteStdin(nil); errors.Is(err, process.ErrStdinClosed) {
+			select {
+			case <-h.p.Done():
+			case <-time.After(10 * time.Second):
+				return nil, errors.New("cat did not end after its stdin was closed")
+			}
+		}
 		select {
 		case <-h.p.Done():
 		default:
