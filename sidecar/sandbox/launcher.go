@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -49,18 +50,23 @@ const launcherAfterReply = 3 * time.Millisecond
 // for a command that comes while it still runs (a server started in the background).
 const launcherWhileRunning = 20 * time.Millisecond
 
+// launcherCatchUp is how long a command waits for a launcher that is already being forked
+// and set up (a few ms when idle) before it starts the plain way.
+const launcherCatchUp = 15 * time.Millisecond
+
 // maxLauncherFailures is how many launchers in a row may fail before a lease stops making
 // them (a lease at its pids limit, say): its commands start the plain way, and each one
 // that does allows one more try.
 const maxLauncherFailures = 3
 
 type launcher struct {
-	child  string      // its child cgroup
-	proc   *os.Process // nil until started
-	sock   *os.File    // the daemon's end of the launch socket
-	report *os.File    // read end of its report pipe
-	made   chan struct{}
-	err    error // why it could not be started; set before made closes
+	child   string      // its child cgroup
+	proc    *os.Process // nil until started
+	sock    *os.File    // the daemon's end of the launch socket
+	report  *os.File    // read end of its report pipe
+	made    chan struct{}
+	forking atomic.Bool // past awaitQuiet and launchersAtOnce: being forked and set up
+	err     error       // why it could not be started; set before made closes
 
 	cancel     chan struct{} // closed by dropLauncher: not to be made after all
 	cancelOnce sync.Once
@@ -94,20 +100,28 @@ func (l *launcher) tasks() int64 {
 	return n
 }
 
+// noteCommand records a command that is about to start as the lease's last (ended closes
+// when it is over), before it starts: a launcher waiting for quiet (awaitQuiet) then
+// waits for this command too instead of being made beside its plain start. Noted after
+// the start (as for a few hours on 2026-12-02), a launcher whose quiet timer ran out
+// meanwhile was forked beside the plain start, and the two shared the CPUs.
+func (s *Sandbox) noteCommand(le *lease, ended <-chan struct{}) {
+	s.mu.Lock()
+	le.lastCommand = ended
+	s.mu.Unlock()
+}
+
 // refillLauncher makes the lease's next launcher in the background if it has none and may
-// have one, once the lease is quiet after the command whose end is ended (nil: none),
-// which it records as the lease's last command (awaitQuiet watches it). The
-// launcher counts as being made meanwhile, so a command that comes starts the plain way
-// and does not wait.
+// have one, once the lease is quiet after the command whose end is ended (nil: none;
+// noteCommand recorded it as the lease's last). A command that comes while it waits for
+// quiet starts the plain way; one that comes while it is forked catches up with it
+// (takeLauncher).
 func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
 	if s.cg == nil || !s.strict() || s.coldStart {
 		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ended != nil {
-		le.lastCommand = ended // a launcher waiting for quiet waits for this command too
-	}
 	if le.launcher != nil || le.launcherFailures >= maxLauncherFailures || s.closed || s.leases[le.spec.ID] != le {
 		return
 	}
@@ -121,6 +135,7 @@ func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
 		}
 		s.launching <- struct{}{}
 		defer func() { <-s.launching }()
+		l.forking.Store(true)
 		if l.err = s.startLauncher(le, l); l.err != nil {
 			s.launcherFailed(le, l)
 		}
@@ -192,29 +207,47 @@ func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
 	return nil
 }
 
-// takeLauncher returns the lease's launcher if it is ready, else nil at once: a command
-// never waits for a launcher (that would cost what a plain start costs, or more while
-// others are made). One still being made stays for a later command; a dead one is
-// discarded, and the lease may make a new one.
+// takeLauncher returns the lease's launcher once it is ready, else nil: a command never
+// waits for a launcher that has not been forked yet (one waiting for quiet, or behind
+// launchersAtOnce: that wait would cost what a plain start costs, or far more while others
+// are made). One already forked is waited for up to launcherCatchUp: a plain start beside
+// it shares the CPUs with it, so that both take twice as long (a lease's first exec, which
+// comes as its launcher is being made, took 20-30 ms that way against 7-9 ms). One not
+// ready by then stays for a later command; a dead one is discarded, and the lease may
+// make a new one.
 func (s *Sandbox) takeLauncher(le *lease) *launcher {
 	s.mu.Lock()
 	l := le.launcher
+	s.mu.Unlock()
 	if l == nil {
-		s.mu.Unlock()
 		return nil
 	}
+	deadline := time.Now().Add(launcherCatchUp)
 	select {
 	case <-l.made:
 	default:
+		if !l.forking.Load() {
+			return nil
+		}
+		catchUp := time.NewTimer(launcherCatchUp)
+		defer catchUp.Stop()
+		select {
+		case <-l.made:
+		case <-catchUp.C:
+			return nil
+		}
+	}
+	s.mu.Lock()
+	if le.launcher != l { // another command took it, or the lease is going
 		s.mu.Unlock()
-		return nil // being started
+		return nil
 	}
 	le.launcher = nil
 	s.mu.Unlock()
 	if l.err != nil {
 		return nil // counted and cleaned up by launcherFailed
 	}
-	ready, err := awaitReady(l.sock, 0)
+	ready, err := awaitReady(l.sock, time.Until(deadline))
 	switch {
 	case ready:
 		s.mu.Lock()

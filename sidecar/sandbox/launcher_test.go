@@ -2,11 +2,15 @@ package sandbox
 
 import (
 	"context"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 )
 
 // readyLauncher waits for the lease's launcher to be ready (its ready byte waiting on the
@@ -122,5 +126,90 @@ func TestLauncherDeadFallsBack(t *testing.T) {
 	}
 	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) != strconv.Itoa(next.proc.Pid) {
 		t.Errorf("the next command ran as %q, want the new launcher %d", r.stdout, next.proc.Pid)
+	}
+}
+
+// A launcher waiting for the lease to be quiet waits for a command noted meanwhile (Start
+// notes its command before starting it): it is not made beside that command's plain start.
+func TestAwaitQuietWaitsForANotedCommand(t *testing.T) {
+	s := &Sandbox{}
+	le := &lease{}
+	l := &launcher{made: make(chan struct{}), cancel: make(chan struct{})}
+	quiet := make(chan bool, 1)
+	go func() { quiet <- s.awaitQuiet(le, l, nil) }() // as Provision's refill does
+	running := make(chan struct{})
+	s.noteCommand(le, running) // before or after awaitQuiet looked: the same outcome
+	// Quiet comes at launcherAfterReply without the note, not before the command has run
+	// for launcherWhileRunning with it.
+	select {
+	case <-quiet:
+		t.Fatal("the launcher would be made while the noted command starts")
+	case <-time.After(launcherWhileRunning / 2):
+	}
+	close(running)
+	select {
+	case ok := <-quiet:
+		if !ok {
+			t.Fatal("awaitQuiet gave up without being canceled")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("awaitQuiet did not return after the command ended")
+	}
+}
+
+// fakeLauncher is a launcher of lease le that says ready when the test writes
+// initproc.LaunchReady to the returned end of its socket; made is left to the test.
+func fakeLauncher(t *testing.T, s *Sandbox, le *lease) (*launcher, *os.File) {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &launcher{made: make(chan struct{}), cancel: make(chan struct{}), sock: os.NewFile(uintptr(fds[0]), "launch")}
+	theirs := os.NewFile(uintptr(fds[1]), "launch")
+	t.Cleanup(func() { l.sock.Close(); theirs.Close() })
+	s.leases[le.spec.ID] = le
+	le.launcher = l
+	return l, theirs
+}
+
+// A command takes a launcher that is being forked once it is ready, rather than starting
+// the plain way beside it; one that is not yet forked (waiting for quiet) is left alone.
+func TestTakeLauncherCatchesUpWithOneBeingForked(t *testing.T) {
+	s := &Sandbox{leases: map[string]*lease{}}
+	le := &lease{spec: LeaseSpec{ID: "l"}}
+	l, theirs := fakeLauncher(t, s, le)
+
+	if got := s.takeLauncher(le); got != nil || le.launcher != l {
+		t.Fatalf("a launcher waiting for quiet was taken (%v) or dropped (%v)", got, le.launcher)
+	}
+
+	l.forking.Store(true)
+	go func() {
+		time.Sleep(launcherCatchUp / 5) // it finishes forking, then sets up, then says ready
+		close(l.made)
+		time.Sleep(launcherCatchUp / 5)
+		_, _ = theirs.Write([]byte{initproc.LaunchReady})
+	}()
+	if got := s.takeLauncher(le); got != l {
+		t.Fatalf("took %v, want the launcher that was being forked", got)
+	}
+	if le.launcher != nil {
+		t.Fatal("the taken launcher is still the lease's")
+	}
+}
+
+// A launcher that is made but not ready within launcherCatchUp stays for a later command.
+func TestTakeLauncherLeavesOneNotReady(t *testing.T) {
+	s := &Sandbox{leases: map[string]*lease{}}
+	le := &lease{spec: LeaseSpec{ID: "l"}}
+	l, theirs := fakeLauncher(t, s, le)
+	close(l.made)
+	if got := s.takeLauncher(le); got != nil || le.launcher != l {
+		t.Fatalf("a launcher not ready was taken (%v) or dropped (%v)", got, le.launcher)
+	}
+	_, _ = theirs.Write([]byte{initproc.LaunchReady})
+	if got := s.takeLauncher(le); got != l {
+		t.Fatalf("took %v once it was ready, want it", got)
 	}
 }

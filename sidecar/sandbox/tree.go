@@ -80,7 +80,8 @@ func (t *tree) Start() error {
 	if t.cmd.Process != nil {
 		return errors.New("sandbox: command already started")
 	}
-	defer t.s.refillLauncher(t.le, t.ended) // the next command's; notes this one as the last
+	t.s.noteCommand(t.le, t.ended)
+	defer t.s.refillLauncher(t.le, t.ended) // the next command's
 	if files, ok := t.stdio(); ok {
 		if l := t.s.takeLauncher(t.le); l != nil {
 			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
