@@ -249,6 +249,12 @@ func (s *Sandbox) takeLauncher(le *lease) *launcher {
 	}
 	ready, err := awaitReady(l.sock, time.Until(deadline))
 	switch {
+	case ready && l.child != "" && s.cg.childOOMKills(le.spec.ID, l.child) > 0:
+		// The kernel OOM-killed a process in its cgroup (made while the lease was at its
+		// memory limit): a command must start where only its own processes can have
+		// been killed (Tree.OOMKilled).
+		s.discardLauncher(le, l)
+		return nil
 	case ready:
 		s.mu.Lock()
 		le.launcherFailures = 0
@@ -335,7 +341,7 @@ func (s *Sandbox) discardLauncher(le *lease, l *launcher) {
 		}
 	}
 	if l.child != "" {
-		if err := s.dropChild(le.spec.ID, l.child); err != nil {
+		if err := s.dropEmptyChild(le.spec.ID, l.child); err != nil { // its OOM kills stay in the tally
 			s.log.Warn("remove launcher cgroup", "lease", le.spec.ID, "cgroup", l.child, "err", err)
 		}
 	}

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -211,5 +213,61 @@ func TestTakeLauncherLeavesOneNotReady(t *testing.T) {
 	_, _ = theirs.Write([]byte{initproc.LaunchReady})
 	if got := s.takeLauncher(le); got != l {
 		t.Fatalf("took %v once it was ready, want it", got)
+	}
+}
+
+// A launcher whose cgroup saw an OOM kill (made while the lease was at its memory limit) is
+// not given the next command: that command would be reported OOM-killed. Here a memory
+// hog is put in the ready launcher's cgroup, by hand, and killed there by the lease's limit.
+func TestLauncherAfterOOMKillIsNotUsed(t *testing.T) {
+	forEachHelper(t, testLauncherAfterOOMKillIsNotUsed)
+}
+
+func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
+	// 128 MiB, so that the hog is the lease's largest process when the limit stops it
+	// (the Go helper built with -race holds 36 MiB).
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.MemoryBytes = 128 << 20 })
+	if s.coldStart {
+		s.settle()
+		if s.leases[l.ID].launcher != nil {
+			t.Fatal("a launcher with ColdStart")
+		}
+		return
+	}
+	victim := readyLauncher(t, s, l.ID)
+	hog := exec.Command("sh", "-c", `read go; a=x; while :; do a="$a$a"; done`)
+	start, err := hog.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	procs := filepath.Join(cgroupDir(s, "memory", l.ID, victim.child), "cgroup.procs")
+	if err := os.WriteFile(procs, []byte(strconv.Itoa(hog.Process.Pid)), 0o644); err != nil {
+		_ = hog.Process.Kill()
+		t.Fatal(err)
+	}
+	_, _ = start.Write([]byte("\n"))
+	_ = hog.Wait() // killed by the lease's memory limit
+	if n := s.cg.childOOMKills(l.ID, victim.child); n == 0 {
+		t.Fatalf("the hog ended (%v) without an OOM kill in the launcher's cgroup", hog.ProcessState)
+	}
+	cmd, tr, err := s.Command(l.ID, sh(`echo $$`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := runPrepared(t, cmd, tr)
+	if r.oom || r.exitCode != 0 {
+		t.Fatalf("the command after the kill: %+v, want a clean exit", r)
+	}
+	if pid := strings.TrimSpace(r.stdout); pid == strconv.Itoa(victim.proc.Pid) || tr.(*tree).child == victim.child {
+		t.Fatalf("the command ran in the launcher whose cgroup saw the kill (pid %s, cgroup %s)", pid, victim.child)
+	}
+	if alive(victim.proc.Pid) {
+		t.Errorf("launcher %d was kept after its cgroup saw an OOM kill", victim.proc.Pid)
+	}
+	if u, err := s.Usage(l.ID); err != nil || u.OOMKills != 1 {
+		t.Errorf("Usage = %+v, %v; want the one OOM kill still counted", u, err)
 	}
 }
