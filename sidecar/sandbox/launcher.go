@@ -211,10 +211,9 @@ func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
 // waits for a launcher that has not been forked yet (one waiting for quiet, or behind
 // launchersAtOnce: that wait would cost what a plain start costs, or far more while others
 // are made). One already forked is waited for up to launcherCatchUp: a plain start beside
-// it shares the CPUs with it, so that both take twice as long (a lease's first exec, which
-// comes as its launcher is being made, took 20-30 ms that way against 7-9 ms). One not
-// ready by then stays for a later command; a dead one is discarded, and the lease may
-// make a new one.
+// it would share the CPUs with it and pay the whole set-up again, where waiting pays only
+// the rest of the launcher's. One not ready by then stays for a later command; a dead one
+// is discarded, and the lease may make a new one.
 func (s *Sandbox) takeLauncher(le *lease) *launcher {
 	s.mu.Lock()
 	l := le.launcher
