@@ -212,7 +212,7 @@ func (c *Compiled) allowsSomeAddress() bool {
 }
 
 // Allows is the decision on one connection: to addr:port, reached by the name host ("" for
-// an address the lease named itself). The deny set comes first, then allow_out (which wins
+// an address the lease named itself; port 0: any). The deny set comes first, then allow_out (which wins
 // over deny_out, as in E2B's API), then deny_out, then the egress mode.
 func (c *Compiled) Allows(d *Deny, host string, addr netip.Addr, port int) Verdict {
 	if c.Egress == EgressNone {

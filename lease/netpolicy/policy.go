@@ -170,7 +170,7 @@ func (r Rule) matchName(host string) bool {
 }
 
 func (r Rule) matches(host string, addr netip.Addr, port int) bool {
-	if r.Port != 0 && r.Port != port {
+	if r.Port != 0 && port > 0 && r.Port != port {
 		return false
 	}
 	if r.Prefix.IsValid() {
