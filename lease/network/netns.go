@@ -8,11 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// inNetNS runs fn on a thread switched into the network namespace ns: sockets fn makes
+// InNetNS runs fn on a thread switched into the network namespace ns: sockets fn makes
 // belong to ns for their whole life, wherever the goroutines that use them run later. If
 // switching back fails, the thread stays locked and ends with its goroutine, so no other
 // goroutine ever runs in the lease's namespace.
-func inNetNS(ns *os.File, fn func() error) error {
+func InNetNS(ns *os.File, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

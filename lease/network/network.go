@@ -196,7 +196,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 		return nil, err
 	}
 	var c net.Conn
-	err = inNetNS(ln.ns, func() error {
+	err = InNetNS(ln.ns, func() error {
 		var d net.Dialer
 		c, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(port)).String())
 		return err
@@ -208,7 +208,7 @@ func (m *Manager) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 }
 
 func (ln *leaseNet) listen() error {
-	return inNetNS(ln.ns, func() error {
+	return InNetNS(ln.ns, func() error {
 		tcp, err := net.Listen("tcp", ProxyAddr.String())
 		if err != nil {
 			return fmt.Errorf("proxy on %s: %w", ProxyAddr, err)

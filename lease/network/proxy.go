@@ -63,11 +63,9 @@ func (ln *leaseNet) proxyServer() *http.Server {
 			case r.Method == http.MethodConnect:
 				ln.connect(w, r)
 			case r.URL.IsAbs() && r.URL.Scheme == "http":
-				if !sameHost(r.Host, r.URL.Host) {
-					ln.count(false, r.URL.Host, "Host header names another server")
-					writeRefusal(w, &deniedError{r.URL.Host, "the Host header " + strconv.Quote(r.Host) + " names another server"})
-					return
-				}
+				// The request goes to the URL's server with the URL's host: a Host
+				// header naming another is replaced (net/http sets r.Host from an
+				// absolute URL), so it cannot steer the request elsewhere.
 				rp.ServeHTTP(w, r)
 			default:
 				http.Error(w, "sidecar: this is the lease's egress proxy: send absolute http:// requests or CONNECT host:port", http.StatusBadRequest)
@@ -293,11 +291,4 @@ func splitHostPort(hostport string, def int) (string, int, error) {
 		return "", 0, fmt.Errorf("port %q", p)
 	}
 	return host, port, nil
-}
-
-// sameHost compares a Host header with the request's URL host, default port included.
-func sameHost(header, urlHost string) bool {
-	h1, p1, _ := splitHostPort(header, 80)
-	h2, p2, _ := splitHostPort(urlHost, 80)
-	return strings.EqualFold(strings.TrimSuffix(h1, "."), strings.TrimSuffix(h2, ".")) && p1 == p2
 }
