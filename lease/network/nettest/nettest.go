@@ -11,8 +11,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sidecar-sandbox/sidecar/lease/network"
 )
@@ -39,10 +42,14 @@ func Require(t testing.TB) {
 // New makes a host whose address is in prefix (a /24 or wider, e.g. 198.51.100.0/24, a
 // documentation range the tests treat as public): a random /30 of it, so that tests in
 // parallel packages do not collide. extra addresses are added to the host's interface too
-// (169.254.169.254, say) with routes to them through the link.
+// (169.254.169.254, say) with routes to them through the link; one test at a time, across
+// packages, holds an extra address (a lock file per address, held until the test ends).
 func New(t testing.TB, prefix string, extra ...string) *Host {
 	t.Helper()
 	Require(t)
+	for _, e := range extra {
+		lockAddress(t, e)
+	}
 	p := netip.MustParsePrefix(prefix)
 	for try := 0; try < 20; try++ {
 		base := p.Addr().As4()
@@ -149,3 +156,17 @@ func NewNS(t testing.TB) *os.File {
 
 // InLease runs fn inside the namespace ns (a lease's, from NewNS).
 func InLease(ns *os.File, fn func() error) error { return network.InNetNS(ns, fn) }
+
+// lockAddress waits for, then holds until the test ends, the host-wide lock on addr.
+func lockAddress(t testing.TB, addr string) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "sidecar-nettest-"+addr+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
+}
