@@ -51,13 +51,16 @@ func New(t testing.TB, prefix string, extra ...string) *Host {
 		lockAddress(t, e)
 	}
 	p := netip.MustParsePrefix(prefix)
-	for try := 0; try < 20; try++ {
+	for try := 0; try < 200; try++ {
 		base := p.Addr().As4()
 		block := rand.IntN(1 << (30 - p.Bits()))
 		v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
 		v += uint32(block) << 2
 		peer := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v + 1)})
 		addr := peer.Next()
+		if !tryLockAddress(t, peer.String()) {
+			continue // another test's block
+		}
 		h := &Host{Name: fmt.Sprintf("sctest%06x", rand.IntN(1<<24)), Addr: addr, Peer: peer}
 		if err := h.create(extra); err != nil {
 			h.remove()
@@ -160,13 +163,27 @@ func InLease(ns *os.File, fn func() error) error { return network.InNetNS(ns, fn
 // lockAddress waits for, then holds until the test ends, the host-wide lock on addr.
 func lockAddress(t testing.TB, addr string) {
 	t.Helper()
+	flockAddress(t, addr, unix.LOCK_EX)
+}
+
+// tryLockAddress takes the lock on addr if no other test holds it.
+func tryLockAddress(t testing.TB, addr string) bool {
+	t.Helper()
+	return flockAddress(t, addr, unix.LOCK_EX|unix.LOCK_NB)
+}
+
+func flockAddress(t testing.TB, addr string, how int) bool {
 	f, err := os.OpenFile(filepath.Join(os.TempDir(), "sidecar-nettest-"+addr+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
 		f.Close()
+		if err == unix.EWOULDBLOCK {
+			return false
+		}
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() }) // closing releases the lock
+	return true
 }
