@@ -3,7 +3,10 @@
 // import it, so it depends on the standard library only.
 package apitype
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Version of the wire contract. The route prefix carries the major version.
 const APIVersion = "v1"
@@ -15,26 +18,32 @@ const Workspace = "/workspace"
 
 // Routes, as Go 1.22 ServeMux patterns without the method.
 const (
-	RouteHealthz            = "/healthz"
-	RouteReadyz             = "/readyz"
-	RouteDrain              = "/v1/drain"
-	RouteMetrics            = "/metrics"
-	RouteInfo               = "/v1/info"
-	RouteLeases             = "/v1/leases"
-	RouteLease              = "/v1/leases/{id}"
-	RouteLeaseRenew         = "/v1/leases/{id}/renew"
-	RouteCleanup            = "/v1/cleanup"
-	RouteExec               = "/v1/leases/{id}/exec"
-	RouteProcesses          = "/v1/leases/{id}/processes"
-	RouteProcess            = "/v1/leases/{id}/processes/{pid}"
-	RouteProcessSignal      = "/v1/leases/{id}/processes/{pid}/signal"
-	RouteProcessAttach      = "/v1/leases/{id}/processes/{pid}/attach"
-	RouteShells             = "/v1/leases/{id}/shells"
-	RouteShell              = "/v1/leases/{id}/shells/{sid}"
-	RouteShellRun           = "/v1/leases/{id}/shells/{sid}/run"
-	RouteLeftoverSignal     = "/v1/leases/{id}/leftovers/{pid}/signal"
-	RouteFiles              = "/v1/leases/{id}/files/{path...}"
-	RouteArchive            = "/v1/leases/{id}/archive/{path...}"
+	RouteHealthz        = "/healthz"
+	RouteReadyz         = "/readyz"
+	RouteDrain          = "/v1/drain"
+	RouteMetrics        = "/metrics"
+	RouteInfo           = "/v1/info"
+	RouteLeases         = "/v1/leases"
+	RouteLease          = "/v1/leases/{id}"
+	RouteLeaseRenew     = "/v1/leases/{id}/renew"
+	RouteCleanup        = "/v1/cleanup"
+	RouteExec           = "/v1/leases/{id}/exec"
+	RouteProcesses      = "/v1/leases/{id}/processes"
+	RouteProcess        = "/v1/leases/{id}/processes/{pid}"
+	RouteProcessSignal  = "/v1/leases/{id}/processes/{pid}/signal"
+	RouteProcessAttach  = "/v1/leases/{id}/processes/{pid}/attach"
+	RouteShells         = "/v1/leases/{id}/shells"
+	RouteShell          = "/v1/leases/{id}/shells/{sid}"
+	RouteShellRun       = "/v1/leases/{id}/shells/{sid}/run"
+	RouteLeftoverSignal = "/v1/leases/{id}/leftovers/{pid}/signal"
+	RouteFiles          = "/v1/leases/{id}/files/{path...}"
+	RouteArchive        = "/v1/leases/{id}/archive/{path...}"
+	RouteLeaseNetwork   = "/v1/leases/{id}/network"
+	RoutePorts          = "/v1/leases/{id}/ports/{port}/{path...}"
+	RoutePortForward    = "/v1/leases/{id}/port-forward/{port}"
+	// PortForwardProtocol is the websocket subprotocol of RoutePortForward: binary
+	// messages carry the TCP stream, both ways.
+	PortForwardProtocol     = "sidecar.port-forward.v1"
 	RouteScriptsRun         = "/v1/scripts/run"
 	ProblemContentType      = "application/problem+json"
 	ProblemTypePrefix       = "https://sidecar.dev/problems/"
@@ -123,6 +132,11 @@ const (
 	// CodeShellBusy (409): the shell session is running a command; sessions run one at a
 	// time (open another session for parallel work).
 	CodeShellBusy = "shell_busy"
+	// CodeInvalidNetworkPolicy: a network policy the daemon refuses (an entry it cannot
+	// read, or one in the deny set that only SIDECAR_NETWORK_PRIVATE_ALLOW opens).
+	CodeInvalidNetworkPolicy = "invalid_network_policy"
+	// CodePortUnreachable: nothing listens on that port inside the lease.
+	CodePortUnreachable = "port_unreachable"
 )
 
 // Problem is an RFC 9457 problem details body.
@@ -182,7 +196,8 @@ type Info struct {
 	// while its leases run to their end.
 	Draining bool `json:"draining"`
 	// Capacity is what is free now, for a client that places leases on several sidecars.
-	Capacity Capacity `json:"capacity"`
+	Capacity Capacity    `json:"capacity"`
+	Network  NetworkInfo `json:"network"`
 }
 
 // Capacity is the free room of one daemon, as GET /v1/info reports it. Memory is
@@ -212,18 +227,64 @@ type Limits struct {
 	DiskBytes     int64 `json:"disk_bytes,omitempty"`
 }
 
-// Network modes of a lease.
+// Egress modes of a lease's network policy.
 const (
-	NetworkHost = "host"
-	NetworkNone = "none"
+	EgressNone      = "none"      // nothing leaves the lease
+	EgressAllowlist = "allowlist" // only what AllowOut names
+	EgressInternet  = "internet"  // everything but DenyOut (the daemon's deny set always applies)
 )
+
+// NetworkPolicy is where a lease's connections may go: the acquire body's "network" and the
+// body of PUT /v1/leases/{id}/network. AllowOut and DenyOut entries are IPv4/IPv6
+// addresses or CIDRs ("203.0.113.0/24", "[2001:db8::/32]:443") or domain names
+// ("pypi.org", "*.pythonhosted.org"), each with an optional ":port". AllowOut wins over
+// DenyOut. Loopback, this host, other leases, private ranges, link-local (cloud metadata)
+// and port 25 stay closed under every policy (docs/api.md, "Network").
+type NetworkPolicy struct {
+	Egress   string   `json:"egress"`
+	AllowOut []string `json:"allow_out,omitempty"`
+	DenyOut  []string `json:"deny_out,omitempty"`
+}
+
+// UnmarshalJSON also takes the string form of a mode ("none"), as older clients send it.
+func (p *NetworkPolicy) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		*p = NetworkPolicy{Egress: s}
+		return nil
+	}
+	type plain NetworkPolicy
+	return json.Unmarshal(b, (*plain)(p))
+}
+
+// NetworkStats is a lease's traffic through the daemon since the daemon attached it.
+type NetworkStats struct {
+	BytesSent          int64 `json:"bytes_sent"`
+	BytesReceived      int64 `json:"bytes_received"`
+	ConnectionsAllowed int64 `json:"connections_allowed"`
+	ConnectionsDenied  int64 `json:"connections_denied"`
+	ConnectionsOpen    int64 `json:"connections_open"`
+}
+
+// NetworkInfo is the daemon's network set-up, in GET /v1/info.
+type NetworkInfo struct {
+	// Isolation: "namespace" (each lease in a network namespace of its own, egress
+	// through the daemon by policy) or "host" (leases share the host's network: no policy
+	// is enforced; SIDECAR_NETWORK_ISOLATION=host or isolation "none").
+	Isolation      string   `json:"isolation"`
+	DefaultEgress  string   `json:"default_egress"`
+	PrivateAllow   []string `json:"private_allow,omitempty"`
+	MaxConnections int      `json:"max_connections"` // per lease
+	// ProxyURL is what HTTP_PROXY and HTTPS_PROXY say inside a lease.
+	ProxyURL string `json:"proxy_url,omitempty"`
+}
 
 // AcquireRequest is the body of POST /v1/leases.
 type AcquireRequest struct {
 	SessionID  string            `json:"session_id"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
 	Limits     Limits            `json:"limits,omitempty"`
-	Network    string            `json:"network,omitempty"`
+	Network    *NetworkPolicy    `json:"network,omitempty"` // nil: the daemon's default (SIDECAR_NETWORK_DEFAULT)
 	Labels     map[string]string `json:"labels,omitempty"`
 }
 
@@ -254,7 +315,8 @@ type Lease struct {
 	SessionID      string            `json:"session_id"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	State          string            `json:"state"`
-	Network        string            `json:"network"`
+	Network        NetworkPolicy     `json:"network"`
+	NetworkStats   *NetworkStats     `json:"network_stats,omitempty"` // nil: the lease shares the host's network
 	CreatedAt      time.Time         `json:"created_at"`
 	ExpiresAt      time.Time         `json:"expires_at"`
 	LastActivityAt time.Time         `json:"last_activity_at"`

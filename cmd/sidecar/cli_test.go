@@ -48,7 +48,7 @@ func TestParseNewLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := newLeaseArgs{output: "json", req: apitype.AcquireRequest{SessionID: "sess-1", TTLSeconds: 3600,
-		Network: "none", Labels: map[string]string{"team": "ml", "env": "dev"}}}
+		Network: &apitype.NetworkPolicy{Egress: "none"}, Labels: map[string]string{"team": "ml", "env": "dev"}}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %+v", got)
 	}

@@ -182,17 +182,20 @@ func parseNewLease(args []string) (newLeaseArgs, error) {
 	if *ttl < 0 || *ttl%time.Second != 0 {
 		return newLeaseArgs{}, usagef("--ttl %v: want a positive whole number of seconds", *ttl)
 	}
+	var policy *apitype.NetworkPolicy
 	switch *network {
-	case "", apitype.NetworkNone, apitype.NetworkHost:
+	case "":
+	case apitype.EgressNone, apitype.EgressAllowlist, apitype.EgressInternet:
+		policy = &apitype.NetworkPolicy{Egress: *network}
 	default:
-		return newLeaseArgs{}, usagef("--network %q: want none or host", *network)
+		return newLeaseArgs{}, usagef("--network %q: want none, allowlist or internet", *network)
 	}
 	lbl, err := keyValues(labels, "--label")
 	if err != nil {
 		return newLeaseArgs{}, usageError{err.Error()}
 	}
 	return newLeaseArgs{
-		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: *network, Labels: lbl},
+		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: policy, Labels: lbl},
 		output: output.value,
 	}, nil
 }

@@ -161,10 +161,16 @@ func alive(pid int) bool {
 	return err != nil || flags&pfExiting == 0
 }
 
-func TestNetworkNone(t *testing.T) { forEachHelper(t, testNetworkNone) }
+func TestNetworkNamespace(t *testing.T) { forEachHelper(t, testNetworkNamespace) }
 
-func testNetworkNone(t *testing.T, s *Sandbox) {
-	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+func testNetworkNamespace(t *testing.T, s *Sandbox) {
+	const resolv = "nameserver 127.0.0.1\n"
+	l := newTestLease(t, s, func(l *LeaseSpec) {
+		l.Network = &LeaseNetwork{Env: []string{"HTTP_PROXY=http://127.0.0.1:3128"}, ResolvConf: resolv}
+	})
+	if r := run(t, s, l.ID, sh(`cat /etc/resolv.conf; echo "$HTTP_PROXY"`)); r.stdout != resolv+"http://127.0.0.1:3128\n" {
+		t.Errorf("the lease's resolv.conf and proxy: %q %s", r.stdout, r.stderr)
+	}
 	r := run(t, s, l.ID, sh(`tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; /usr/bin/python3 -c "
 import socket
 s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
@@ -186,13 +192,16 @@ socket.create_connection(s.getsockname()); print('lo up')"; readlink /proc/self/
 	if r := run(t, s, host.ID, Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r.stdout) != own {
 		t.Errorf("network host lease in %q, want the host's %q", r.stdout, own)
 	}
+	if ns, err := s.NetNS(l.ID); err != nil || ns == nil {
+		t.Errorf("NetNS: %v %v", ns, err)
+	}
 }
 
 // Teardown leaves no process, cgroup or network namespace.
 func TestTeardownLeavesNothing(t *testing.T) { forEachHelper(t, testTeardownLeavesNothing) }
 
 func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
-	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = &LeaseNetwork{} })
 	cmd, tr, err := s.Command(l.ID, sh(`(setsid sh -c 'sleep 100.1 & sleep 100.2' &); echo ready; sleep 100.3`))
 	if err != nil {
 		t.Fatal(err)
