@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -88,7 +87,7 @@ func startNetworkDaemon(t *testing.T, mods ...func(*daemon.Config)) *netWorld {
 	}
 	serveText(t, loop, "host loopback")
 	w.hostLoopback = loop.Addr().String()
-	resolver := fakeDNS(t, map[string]netip.Addr{"pub.example": w.pub.Addr, "neighbour.example": w.neighbour.Addr})
+	resolver := nettest.DNS(t, map[string]netip.Addr{"pub.example": w.pub.Addr, "neighbour.example": w.neighbour.Addr})
 	w.d = startDaemon(t, append([]func(*daemon.Config){func(c *daemon.Config) {
 		c.Network.Resolver = resolver
 	}}, mods...)...)
@@ -99,48 +98,6 @@ func serveText(t *testing.T, ln net.Listener, text string) {
 	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { fmt.Fprint(rw, text) })}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
-}
-
-// fakeDNS answers A questions for names on the test's loopback; it returns its address.
-func fakeDNS(t *testing.T, names map[string]netip.Addr) string {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			var p dnsmessage.Parser
-			h, err := p.Start(buf[:n])
-			if err != nil {
-				continue
-			}
-			q, err := p.Question()
-			if err != nil {
-				continue
-			}
-			a, ok := names[strings.TrimSuffix(q.Name.String(), ".")]
-			rc := dnsmessage.RCodeSuccess
-			if !ok {
-				rc = dnsmessage.RCodeNameError
-			}
-			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RCode: rc})
-			_ = b.StartQuestions()
-			_ = b.Question(q)
-			_ = b.StartAnswers()
-			if ok && q.Type == dnsmessage.TypeA {
-				_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}, dnsmessage.AResource{A: a.As4()})
-			}
-			out, _ := b.Finish()
-			_, _ = pc.WriteTo(out, from)
-		}
-	}()
-	return pc.LocalAddr().String()
 }
 
 func fetch(t *testing.T, l *client.Lease, url string) string {

@@ -67,7 +67,7 @@ type Config struct {
 
 // Stats are one lease's traffic through the daemon since it was attached.
 type Stats struct {
-	BytesSent, BytesReceived        int64
+	BytesSent, BytesReceived         int64
 	ConnectionsAllowed, Denied, Open int64
 }
 
@@ -115,12 +115,12 @@ func (m *Manager) Check(p netpolicy.Policy) error {
 
 // leaseNet is one lease's network: its namespace, policy, listeners and counters.
 type leaseNet struct {
-	id     string
-	m      *Manager
-	ns     *os.File
-	log    *slog.Logger
-	policy atomic.Pointer[netpolicy.Compiled]
-	stats  counters
+	id      string
+	m       *Manager
+	ns      *os.File
+	log     *slog.Logger
+	policy  atomic.Pointer[netpolicy.Compiled]
+	stats   counters
 	closers []func() error
 	conns   sync.Map // net.Conn → struct{}: closed on Detach
 }

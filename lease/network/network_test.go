@@ -19,8 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/dns/dnsmessage"
-
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/lease/network"
 	"github.com/sidecar-sandbox/sidecar/lease/network/nettest"
@@ -63,7 +61,7 @@ func newWorld(t *testing.T, p netpolicy.Policy, privateAllow ...string) *world {
 	for _, s := range privateAllow {
 		deny.PrivateAllow = append(deny.PrivateAllow, netip.MustParsePrefix(s))
 	}
-	w.m = network.New(network.Config{Deny: deny, Resolver: fakeResolver(t, names)})
+	w.m = network.New(network.Config{Deny: deny, Resolver: nettest.Resolver(nettest.DNS(t, names))})
 	t.Cleanup(w.m.Close)
 	if err := w.m.Attach(leaseID, w.ns, p); err != nil {
 		t.Fatal(err)
@@ -77,51 +75,6 @@ func serveHTTP(t *testing.T, ln net.Listener, name string) {
 	})}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { srv.Close() })
-}
-
-// fakeResolver answers A questions for names from a DNS server on the test's loopback.
-func fakeResolver(t *testing.T, names map[string]netip.Addr) *net.Resolver {
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			var p dnsmessage.Parser
-			h, err := p.Start(buf[:n])
-			if err != nil {
-				continue
-			}
-			q, err := p.Question()
-			if err != nil {
-				continue
-			}
-			a, ok := names[strings.TrimSuffix(q.Name.String(), ".")]
-			rc := dnsmessage.RCodeSuccess
-			if !ok {
-				rc = dnsmessage.RCodeNameError
-			}
-			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RCode: rc})
-			_ = b.StartQuestions()
-			_ = b.Question(q)
-			_ = b.StartAnswers()
-			if ok && q.Type == dnsmessage.TypeA {
-				_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}, dnsmessage.AResource{A: a.As4()})
-			}
-			out, _ := b.Finish()
-			_, _ = pc.WriteTo(out, from)
-		}
-	}()
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "udp", pc.LocalAddr().String())
-	}}
 }
 
 // dialInLease dials from inside the lease's namespace, as a lease process would.

@@ -58,11 +58,11 @@ func (s *sliceReader) Read(p []byte) (int, error) {
 // crypto/tls to read a ClientHello.
 type readOnlyConn struct{ r io.Reader }
 
-func (c readOnlyConn) Read(p []byte) (int, error)       { return c.r.Read(p) }
-func (readOnlyConn) Write(p []byte) (int, error)        { return len(p), nil }
-func (readOnlyConn) Close() error                       { return nil }
-func (readOnlyConn) LocalAddr() net.Addr                { return nil }
-func (readOnlyConn) RemoteAddr() net.Addr               { return nil }
-func (readOnlyConn) SetDeadline(time.Time) error        { return nil }
-func (readOnlyConn) SetReadDeadline(time.Time) error    { return nil }
-func (readOnlyConn) SetWriteDeadline(time.Time) error   { return nil }
+func (c readOnlyConn) Read(p []byte) (int, error)     { return c.r.Read(p) }
+func (readOnlyConn) Write(p []byte) (int, error)      { return len(p), nil }
+func (readOnlyConn) Close() error                     { return nil }
+func (readOnlyConn) LocalAddr() net.Addr              { return nil }
+func (readOnlyConn) RemoteAddr() net.Addr             { return nil }
+func (readOnlyConn) SetDeadline(time.Time) error      { return nil }
+func (readOnlyConn) SetReadDeadline(time.Time) error  { return nil }
+func (readOnlyConn) SetWriteDeadline(time.Time) error { return nil }

@@ -5,6 +5,7 @@
 package nettest
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
 	"github.com/sidecar-sandbox/sidecar/lease/network"
@@ -186,4 +188,62 @@ func flockAddress(t testing.TB, addr string, how int) bool {
 	}
 	t.Cleanup(func() { f.Close() }) // closing releases the lock
 	return true
+}
+
+// DNS answers A questions for names from a server on the test's loopback, NXDOMAIN for
+// other names, until the test ends; it returns the server's address.
+func DNS(t testing.TB, names map[string]netip.Addr) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if out := answerA(buf[:n], names); out != nil {
+				_, _ = pc.WriteTo(out, from)
+			}
+		}
+	}()
+	return pc.LocalAddr().String()
+}
+
+func answerA(query []byte, names map[string]netip.Addr) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(query)
+	if err != nil {
+		return nil
+	}
+	q, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	a, ok := names[strings.TrimSuffix(q.Name.String(), ".")]
+	rc := dnsmessage.RCodeSuccess
+	if !ok {
+		rc = dnsmessage.RCodeNameError
+	}
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RCode: rc})
+	_ = b.StartQuestions()
+	_ = b.Question(q)
+	_ = b.StartAnswers()
+	if ok && q.Type == dnsmessage.TypeA && a.Is4() {
+		_ = b.AResource(dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 5}, dnsmessage.AResource{A: a.As4()})
+	}
+	out, _ := b.Finish()
+	return out
+}
+
+// Resolver resolves through the DNS server at addr.
+func Resolver(addr string) *net.Resolver {
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "udp", addr)
+	}}
 }
