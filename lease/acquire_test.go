@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
+
 	"context"
 	"errors"
 	"runtime"
@@ -22,7 +24,7 @@ func TestAcquireCreatesLease(t *testing.T) {
 	if !validID(l.ID) || !strings.HasPrefix(l.ID, "l") || len(l.ID) != 27 {
 		t.Errorf("id %q: want l + 26 base32 chars", l.ID)
 	}
-	if l.SessionID != "s1" || l.Network != NetworkHost || l.Labels["app"] != "x" {
+	if l.SessionID != "s1" || l.Network.Egress != netpolicy.EgressInternet || l.Labels["app"] != "x" {
 		t.Errorf("lease = %+v", l)
 	}
 	if want := (Limits{MemoryBytes: 1 << 30, Pids: 50}); l.Limits != want {
@@ -149,7 +151,7 @@ func TestAcquireRejectsBadRequests(t *testing.T) {
 		{"session not utf-8", Request{SessionID: "a\xffb"}},
 		{"ttl over max", Request{SessionID: "s", TTL: time.Hour + time.Second}},
 		{"negative ttl", Request{SessionID: "s", TTL: -time.Second}},
-		{"unknown network", Request{SessionID: "s", Network: "bridge"}},
+		{"unknown network", Request{SessionID: "s", Network: netpolicy.Policy{Egress: "bridge"}}},
 		{"too many labels", Request{SessionID: "s", Labels: manyLabels}},
 		{"label key too long", Request{SessionID: "s", Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLen+1): "v"}}},
 		{"empty label key", Request{SessionID: "s", Labels: map[string]string{"": "v"}}},
@@ -170,11 +172,11 @@ func TestAcquireRejectsBadRequests(t *testing.T) {
 
 	// The bounds themselves are allowed.
 	l := mustAcquire(t, m, Request{
-		SessionID: strings.Repeat("é", MaxSessionIDLen), TTL: time.Hour, Network: NetworkNone,
+		SessionID: strings.Repeat("é", MaxSessionIDLen), TTL: time.Hour, Network: netpolicy.Policy{Egress: netpolicy.EgressNone},
 		Limits: Limits{MemoryBytes: 1 << 30, CPUMillicores: 1 << 40},
 		Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLen): strings.Repeat("v", MaxLabelValueLen)},
 	})
-	if !l.ExpiresAt.Equal(e.clock.Now().Add(time.Hour)) || l.Network != NetworkNone {
+	if !l.ExpiresAt.Equal(e.clock.Now().Add(time.Hour)) || l.Network.Egress != netpolicy.EgressNone {
 		t.Errorf("lease at the bounds = %+v", l)
 	}
 }

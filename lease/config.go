@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 )
 
 // Defaults for zero Config fields.
@@ -50,6 +51,17 @@ type Config struct {
 	RemoveDir func(dir string) error
 	// Disk gives each lease directory a filesystem bounded by Limits.DiskBytes; nil: none.
 	Disk Disk
+	// DefaultNetwork is the policy of a request without one; zero: egress internet.
+	DefaultNetwork netpolicy.Policy
+	// CheckNetwork validates a policy against the daemon's deny set (lease/network);
+	// nil checks the egress mode only.
+	CheckNetwork func(netpolicy.Policy) error
+}
+
+// NetworkSetter is a Provisioner that also applies a replaced network policy to a running
+// lease (Manager.SetNetwork).
+type NetworkSetter interface {
+	SetNetwork(ctx context.Context, l Lease) error
 }
 
 // Disk bounds a lease directory's size with the kernel (lease/disk). The lease package
@@ -77,6 +89,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxTTL == 0 {
 		c.MaxTTL = DefaultMaxTTL
+	}
+	if c.DefaultNetwork.IsZero() {
+		c.DefaultNetwork = netpolicy.Policy{Egress: netpolicy.EgressInternet}
 	}
 	if c.DefaultTTL < 0 || c.MaxTTL < c.DefaultTTL {
 		return c, fmt.Errorf("lease: need 0 < DefaultTTL (%v) <= MaxTTL (%v)", c.DefaultTTL, c.MaxTTL)

@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
+
 	"context"
 	"errors"
 	"os"
@@ -144,7 +146,7 @@ func TestJournalCorruptionIsRefused(t *testing.T) {
 // A record that reads back whole but holds a lease no daemon would write is refused too.
 func TestJournalBadLeaseIsRefused(t *testing.T) {
 	e, path, _, _, _, _ := journalAfterTwo(t)
-	bad := storedLease{ID: "../../etc", SessionID: "s", Network: NetworkHost, CreatedAt: time.Now(), ExpiresAt: time.Now()}
+	bad := storedLease{ID: "../../etc", SessionID: "s", Network: netpolicy.Policy{Egress: netpolicy.EgressInternet}, CreatedAt: time.Now(), ExpiresAt: time.Now()}
 	fi, _ := os.Stat(path)
 	j := &journal{path: path, size: fi.Size()}
 	if err := j.appendRecords(journalRecord{Put: &bad}); err != nil {
@@ -164,8 +166,8 @@ func TestUpgradeFromLeasesJSON(t *testing.T) {
 	}
 	now := e.clock.Now()
 	old := []Lease{
-		{ID: newID(), SessionID: "one", Network: NetworkHost, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, Labels: map[string]string{"k": "v"}},
-		{ID: newID(), SessionID: "two", Network: NetworkNone, CreatedAt: now.Add(time.Second), ExpiresAt: now.Add(time.Hour), LastActivityAt: now},
+		{ID: newID(), SessionID: "one", Network: netpolicy.Policy{Egress: netpolicy.EgressInternet}, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now, Labels: map[string]string{"k": "v"}},
+		{ID: newID(), SessionID: "two", Network: netpolicy.Policy{Egress: netpolicy.EgressNone}, CreatedAt: now.Add(time.Second), ExpiresAt: now.Add(time.Hour), LastActivityAt: now},
 	}
 	if err := saveState(e.cfg.StateDir, old); err != nil {
 		t.Fatal(err)
@@ -200,7 +202,7 @@ func TestUpgradeInterruptedJournalWins(t *testing.T) {
 	m := e.open()
 	kept := mustAcquire(t, m, Request{SessionID: "kept"})
 	now := e.clock.Now()
-	stale := Lease{ID: newID(), SessionID: "stale", Network: NetworkHost, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now}
+	stale := Lease{ID: newID(), SessionID: "stale", Network: netpolicy.Policy{Egress: netpolicy.EgressInternet}, CreatedAt: now, ExpiresAt: now.Add(time.Hour), LastActivityAt: now}
 	if err := saveState(e.cfg.StateDir, []Lease{stale}); err != nil {
 		t.Fatal(err)
 	}

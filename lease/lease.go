@@ -3,7 +3,10 @@ package lease
 import (
 	"maps"
 	"path/filepath"
+	"slices"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 )
 
 // Limits bound one lease. Zero in a Request means "the configured default".
@@ -14,17 +17,11 @@ type Limits struct {
 	DiskBytes     int64 `env:"DISK_BYTES"`
 }
 
-// Network modes.
-const (
-	NetworkHost = "host"
-	NetworkNone = "none"
-)
-
 // Lease is one session's sandbox. It is a value: the Manager hands out copies.
 type Lease struct {
 	ID, SessionID string
 	Labels        map[string]string
-	Network       string // NetworkHost or NetworkNone
+	Network       netpolicy.Policy // where its connections may go
 	Limits        Limits
 	UID, GID      int // 0: no per-lease uid
 	// Dir is WorkRoot/ID, mode 0711 and owned by the daemon. It holds work/ (0700, the
@@ -49,6 +46,8 @@ func (l Lease) Active(now time.Time) bool { return now.Before(l.ExpiresAt) }
 // clone returns a copy that shares no map with l.
 func (l Lease) clone() Lease {
 	l.Labels = maps.Clone(l.Labels)
+	l.Network.AllowOut = slices.Clone(l.Network.AllowOut)
+	l.Network.DenyOut = slices.Clone(l.Network.DenyOut)
 	return l
 }
 
@@ -57,7 +56,7 @@ type Request struct {
 	SessionID string
 	TTL       time.Duration
 	Limits    Limits
-	Network   string // "" means NetworkHost
+	Network   netpolicy.Policy // zero: Config.DefaultNetwork
 	Labels    map[string]string
 }
 

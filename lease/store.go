@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 )
 
 // stateVersion is the version of leases.json, the format before the journal
@@ -27,7 +29,7 @@ type storedLease struct {
 	ID             string            `json:"id"`
 	SessionID      string            `json:"session_id"`
 	Labels         map[string]string `json:"labels,omitempty"`
-	Network        string            `json:"network"`
+	Network        netpolicy.Policy  `json:"network"` // older states hold "host" or "none"
 	Limits         storedLimits      `json:"limits"`
 	UID            int               `json:"uid,omitempty"`
 	GID            int               `json:"gid,omitempty"`
@@ -59,8 +61,13 @@ func fromStored(s storedLease, workRoot string) (Lease, error) {
 	if err := checkSessionID(s.SessionID); err != nil {
 		return Lease{}, fmt.Errorf("lease %s: %w", s.ID, err)
 	}
-	if s.Network != NetworkHost && s.Network != NetworkNone {
-		return Lease{}, fmt.Errorf("lease %s: network %q", s.ID, s.Network)
+	if s.Network.Egress == "host" {
+		// A lease from before leases had networks of their own: it had the host's
+		// network, which the internet policy is closest to.
+		s.Network = netpolicy.Policy{Egress: netpolicy.EgressInternet}
+	}
+	if err := netpolicy.CheckSyntax(s.Network); err != nil {
+		return Lease{}, fmt.Errorf("lease %s: %w", s.ID, err)
 	}
 	if s.UID < 0 || s.GID < 0 || s.CreatedAt.IsZero() || s.ExpiresAt.IsZero() {
 		return Lease{}, fmt.Errorf("lease %s: bad uid, gid or times", s.ID)

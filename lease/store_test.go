@@ -1,6 +1,8 @@
 package lease
 
 import (
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
+
 	"context"
 	"errors"
 	"os"
@@ -52,7 +54,7 @@ func TestRestartKeepsLeasesAndTokens(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.UIDFirst, c.UIDLast = 400000, 400009 })
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	m := e.open()
-	kept := mustAcquire(t, m, Request{SessionID: "kept", TTL: time.Hour, Labels: map[string]string{"a": "b"}, Network: NetworkNone})
+	kept := mustAcquire(t, m, Request{SessionID: "kept", TTL: time.Hour, Labels: map[string]string{"a": "b"}, Network: netpolicy.Policy{Egress: netpolicy.EgressNone}})
 	short := mustAcquire(t, m, Request{SessionID: "short", TTL: time.Minute})
 	tokens, err := NewTokens(e.cfg.StateDir, secret)
 	if err != nil {
@@ -81,7 +83,7 @@ func TestRestartKeepsLeasesAndTokens(t *testing.T) {
 	want := kept
 	want.LastActivityAt = kept.CreatedAt.Add(30 * time.Second)
 	if got.ID != want.ID || got.SessionID != want.SessionID || got.Dir != want.Dir || got.UID != want.UID ||
-		got.Network != want.Network || got.Labels["a"] != "b" || got.Limits != want.Limits ||
+		got.Network.Egress != want.Network.Egress || got.Labels["a"] != "b" || got.Limits != want.Limits ||
 		!got.CreatedAt.Equal(want.CreatedAt) || !got.ExpiresAt.Equal(want.ExpiresAt) || !got.LastActivityAt.Equal(want.LastActivityAt) {
 		t.Errorf("after restart:\n got %+v\nwant %+v", got, want)
 	}

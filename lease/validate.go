@@ -2,6 +2,8 @@ package lease
 
 import (
 	"fmt"
+
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"strings"
 	"time"
 	"unicode"
@@ -26,12 +28,11 @@ func (c *Config) normalize(r Request) (Request, error) {
 		return r, err
 	}
 	r.TTL = ttl
-	switch r.Network {
-	case "":
-		r.Network = NetworkHost
-	case NetworkHost, NetworkNone:
-	default:
-		return r, fmt.Errorf("%w: network %q is neither %q nor %q", ErrInvalid, r.Network, NetworkHost, NetworkNone)
+	if r.Network.IsZero() {
+		r.Network = c.DefaultNetwork
+	}
+	if err := c.checkNetwork(r.Network); err != nil {
+		return r, err
 	}
 	if err := checkLabels(r.Labels); err != nil {
 		return r, err
@@ -42,6 +43,24 @@ func (c *Config) normalize(r Request) (Request, error) {
 	}
 	return r, nil
 }
+
+// checkNetwork refuses a policy the daemon cannot enforce: an error that is both ErrInvalid
+// and netpolicy.ErrInvalid, with netpolicy's message.
+func (c *Config) checkNetwork(p netpolicy.Policy) error {
+	check := netpolicy.CheckSyntax
+	if c.CheckNetwork != nil {
+		check = c.CheckNetwork
+	}
+	if err := check(p); err != nil {
+		return invalidPolicy{err}
+	}
+	return nil
+}
+
+type invalidPolicy struct{ error }
+
+func (e invalidPolicy) Unwrap() error      { return e.error }
+func (invalidPolicy) Is(target error) bool { return target == ErrInvalid }
 
 // ttl applies the default to a zero ttl and refuses one out of range.
 func (c *Config) ttl(ttl time.Duration) (time.Duration, error) {

@@ -18,7 +18,7 @@
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
- * bind the lease's devpts, its passwd and group files over /etc's, and its workdir on
+ * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, and its workdir on
  * /workspace (nosuid,nodev; last), oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
  * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
  * an execvp-like PATH search.
@@ -164,7 +164,7 @@ enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
-	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *work_dir;
+	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *work_dir;
 	long uid, gid, ll_min_abi, ll_max_abi;
 	int netns, landlock, have_uid, have_gid, seccomp, await;
 	long rlimit[NRLIMITS];
@@ -296,7 +296,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
-		int seen_passwd = 0, seen_group = 0, seen_work = 0;
+		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_work = 0;
 		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
@@ -331,6 +331,8 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				set_once(&c->passwd, &seen_passwd, key, v);
 			} else if (strcmp(key, "group") == 0) {
 				set_once(&c->group, &seen_group, key, v);
+			} else if (strcmp(key, "resolv") == 0) {
+				set_once(&c->resolv, &seen_resolv, key, v);
 			} else if (strcmp(key, "work_dir") == 0) {
 				set_once(&c->work_dir, &seen_work, key, v);
 			} else if (strcmp(key, "uid") == 0) {
@@ -381,7 +383,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 					fail(EXIT_SETUP, "config", "out of memory");
 				lists[i]->n = 0;
 			}
-			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->work_dir = NULL;
+			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->work_dir = NULL;
 			c->netns = c->seccomp = c->await = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
@@ -703,6 +705,8 @@ static void setup(const struct config *c)
 		bind_private(c, c->passwd, "/etc/passwd");
 	if (c->group != NULL && c->group[0] != '\0')
 		bind_private(c, c->group, "/etc/group");
+	if (c->resolv != NULL && c->resolv[0] != '\0')
+		bind_private(c, c->resolv, "/etc/resolv.conf");
 	/* Last of the mounts: no source path is ever looked up through /workspace. */
 	if (c->work_dir != NULL && c->work_dir[0] != '\0')
 		private_workspace(c);

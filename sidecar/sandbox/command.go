@@ -43,7 +43,11 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	if !s.caps.PrivateTmp {
 		tmp = l.TmpDir // no mount namespace: the lease's tmp dir is used where it is
 	}
-	env, err := buildEnv(s.identity(v), tmp, spec.TTY, spec.Env)
+	var netEnv []string
+	if l.Network != nil {
+		netEnv = l.Network.Env
+	}
+	env, err := buildEnv(s.identity(v), tmp, spec.TTY, netEnv, spec.Env)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -95,7 +99,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 // cgroup.
 func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 	s.mu.Lock()
-	l, pts, passwd, group := le.spec, le.pts, le.passwd, le.group
+	l, pts, passwd, group, resolv := le.spec, le.pts, le.passwd, le.group, le.resolv
 	s.mu.Unlock()
 	cfg := initproc.Config{
 		UID: l.UID, GID: l.GID,
@@ -111,6 +115,7 @@ func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
 		cfg.PTSDir = pts
 		cfg.Passwd, cfg.Group, cfg.WorkDir = passwd, group, l.Workdir
+		cfg.Resolv = resolv
 	}
 	return cfg
 }

@@ -38,15 +38,20 @@ func (s *Sandbox) identity(v view) identity {
 	return id
 }
 
-// buildEnv is the clean base environment with the request's on top, sorted. TERM is set
-// for a terminal only, as ssh and docker exec do.
-func buildEnv(id identity, tmp string, tty bool, req map[string]string) ([]string, error) {
+// buildEnv is the clean base environment, then the lease's (KEY=VALUE), with the request's
+// on top, sorted. TERM is set for a terminal only, as ssh and docker exec do.
+func buildEnv(id identity, tmp string, tty bool, lease []string, req map[string]string) ([]string, error) {
 	env := map[string]string{
 		"PATH": DefaultPath, "HOME": id.home, "LANG": "C.UTF-8", "SHELL": id.shell,
 		"USER": id.user, "LOGNAME": id.user, "TMPDIR": tmp,
 	}
 	if tty {
 		env["TERM"] = "xterm-256color"
+	}
+	for _, kv := range lease {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
 	}
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {

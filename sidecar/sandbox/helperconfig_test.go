@@ -160,10 +160,11 @@ func TestHelpersSetup(t *testing.T) {
 				t.Errorf("rlimits: %+v; want 100 and 0", r)
 			}
 			for dst, cfg := range map[string]initproc.Config{
-				"/dev/pts":    {Argv: []string{"true"}, PTSDir: "/nonexistent"},
-				"/etc/passwd": {Argv: []string{"true"}, Passwd: "/nonexistent"},
-				"/etc/group":  {Argv: []string{"true"}, Group: "/nonexistent"},
-				"/workspace":  {Argv: []string{"true"}, WorkDir: "/nonexistent"},
+				"/dev/pts":         {Argv: []string{"true"}, PTSDir: "/nonexistent"},
+				"/etc/passwd":      {Argv: []string{"true"}, Passwd: "/nonexistent"},
+				"/etc/group":       {Argv: []string{"true"}, Group: "/nonexistent"},
+				"/etc/resolv.conf": {Argv: []string{"true"}, Resolv: "/nonexistent"},
+				"/workspace":       {Argv: []string{"true"}, WorkDir: "/nonexistent"},
 			} {
 				if r := runHelper(t, helper, helperConfig(t, cfg), true); r.code != initproc.ExitSetup ||
 					r.report != "125 setup: refusing to mount "+dst+": not in a private mount namespace" {
@@ -214,7 +215,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 	full, err := initproc.Encode(&initproc.Config{
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
-		Passwd: "/u/passwd", Group: "/u/group", WorkDir: "/l/work",
+		Passwd: "/u/passwd", Group: "/u/group", Resolv: "/u/resolv.conf", WorkDir: "/l/work",
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: true,
 	})

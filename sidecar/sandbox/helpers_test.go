@@ -182,7 +182,6 @@ func newTestLeaseAs(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
 		GID:     300000 + n,
 		Workdir: filepath.Join(base, "work"),
 		TmpDir:  filepath.Join(base, "tmp"),
-		Network: "host",
 	}
 	for _, d := range []string{l.Workdir, l.TmpDir} {
 		if err := os.Mkdir(d, 0o700); err != nil {

@@ -63,7 +63,7 @@ func TestIsolationAtEachLandlockABI(t *testing.T) {
 // exactly from its ABI on, and checks what covers the gap below ABI 6.
 func testLandlockLayersHold(t *testing.T, s *Sandbox, abi int) {
 	l := newTestLease(t, s, nil)
-	n := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+	n := newTestLease(t, s, func(l *LeaseSpec) { l.Network = &LeaseNetwork{} })
 	probeL, probeN := installProbe(t, l), installProbe(t, n)
 	base := filepath.Dir(l.Workdir)
 

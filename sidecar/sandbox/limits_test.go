@@ -161,10 +161,16 @@ func alive(pid int) bool {
 	return err != nil || flags&pfExiting == 0
 }
 
-func TestNetworkNone(t *testing.T) { forEachHelper(t, testNetworkNone) }
+func TestNetworkNamespace(t *testing.T) { forEachHelper(t, testNetworkNamespace) }
 
-func testNetworkNone(t *testing.T, s *Sandbox) {
-	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+func testNetworkNamespace(t *testing.T, s *Sandbox) {
+	const resolv = "nameserver 127.0.0.1\n"
+	l := newTestLease(t, s, func(l *LeaseSpec) {
+		l.Network = &LeaseNetwork{Env: []string{"HTTP_PROXY=http://127.0.0.1:3128"}, ResolvConf: resolv}
+	})
+	if r := run(t, s, l.ID, sh(`cat /etc/resolv.conf; echo "$HTTP_PROXY"`)); r.stdout != resolv+"http://127.0.0.1:3128\n" {
+		t.Errorf("the lease's resolv.conf and proxy: %q %s", r.stdout, r.stderr)
+	}
 	r := run(t, s, l.ID, sh(`tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; /usr/bin/python3 -c "
 import socket
 s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
@@ -186,13 +192,53 @@ socket.create_connection(s.getsockname()); print('lo up')"; readlink /proc/self/
 	if r := run(t, s, host.ID, Spec{Argv: []string{"readlink", "/proc/self/ns/net"}}); strings.TrimSpace(r.stdout) != own {
 		t.Errorf("network host lease in %q, want the host's %q", r.stdout, own)
 	}
+	if ns, err := s.NetNS(l.ID); err != nil || ns == nil {
+		t.Errorf("NetNS: %v %v", ns, err)
+	}
+}
+
+// After a daemon restart, a lease whose processes still run is given back the namespace
+// they are in, so its servers stay reachable and its loopback stays shared.
+func TestNetNSAdoptedFromLiveProcesses(t *testing.T) {
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = &LeaseNetwork{} })
+		cmd, tr, err := s.Command(l.ID, sh(`readlink /proc/self/ns/net; exec sleep 100.4`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		first, _ := bufio.NewReader(out).ReadString('\n')
+		// What a restarted daemon has: the lease's processes, no descriptor of its own.
+		s.mu.Lock()
+		le := s.leases[l.ID]
+		le.netns.Close()
+		le.netns = nil
+		pts, passwd, group, resolv := le.pts, le.passwd, le.group, le.resolv
+		s.mu.Unlock()
+		if _, err := s.register(l, pts, passwd, group, resolv); err != nil {
+			t.Fatal(err)
+		}
+		ns, _ := s.NetNS(l.ID)
+		var st syscall.Stat_t
+		if err := syscall.Fstat(int(ns.Fd()), &st); err != nil {
+			t.Fatal(err)
+		}
+		if got := "net:[" + strconv.FormatUint(st.Ino, 10) + "]"; got != strings.TrimSpace(first) {
+			t.Errorf("adopted %s, the lease's processes are in %s", got, first)
+		}
+	})
 }
 
 // Teardown leaves no process, cgroup or network namespace.
 func TestTeardownLeavesNothing(t *testing.T) { forEachHelper(t, testTeardownLeavesNothing) }
 
 func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
-	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = &LeaseNetwork{} })
 	cmd, tr, err := s.Command(l.ID, sh(`(setsid sh -c 'sleep 100.1 & sleep 100.2' &); echo ready; sleep 100.3`))
 	if err != nil {
 		t.Fatal(err)

@@ -92,7 +92,17 @@ type LeaseSpec struct {
 	TmpDir   string // absolute; exists likewise; bind-mounted on /tmp for the lease's processes
 	// Limits; 0 means no limit at the lease level.
 	MemoryBytes, CPUMillicores, Pids int64
-	Network                          string // "host" (or "") | "none"
+	// Network puts the lease in a network namespace of its own (loopback only); nil
+	// leaves it on the host's network.
+	Network *LeaseNetwork
+}
+
+// LeaseNetwork is what a lease with a network namespace of its own is given to reach out:
+// the daemon serves its egress inside the namespace (lease/network), and lease processes
+// find it through Env and ResolvConf.
+type LeaseNetwork struct {
+	Env        []string // added to every lease process's environment (the proxy variables)
+	ResolvConf string   // the lease's /etc/resolv.conf; "": the host's
 }
 
 // Usage is a lease's resource use so far.
@@ -141,7 +151,8 @@ type Sandbox struct {
 // lease is what the daemon holds for a provisioned lease in this run.
 type lease struct {
 	spec     LeaseSpec
-	netns    *os.File // nil unless Network == "none"
+	netns    *os.File // the lease's network namespace; nil on the host's network
+	resolv   string   // the lease's resolv.conf; "" for the host's
 	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
 	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
 	group    string
@@ -376,14 +387,11 @@ func validateSpec(l LeaseSpec) error {
 	case l.UID < 0 || l.GID < 0:
 		return fmt.Errorf("%w: negative uid/gid", ErrInvalid)
 	}
-	if l.Network != "" && l.Network != "host" && l.Network != "none" {
-		return fmt.Errorf("%w: network %q", ErrInvalid, l.Network)
-	}
 	return nil
 }
 
 // Provision prepares a lease: its cgroup with limits (created or adopted), Workdir and
-// TmpDir owned by UID:GID with mode 0700, and a network namespace for Network "none". It
+// TmpDir owned by UID:GID with mode 0700, and a network namespace when Network is set. It
 // is idempotent, so the lease package calls it again after a daemon restart.
 func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if err := validateSpec(l); err != nil {
@@ -395,7 +403,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if !s.strict() && (l.UID != 0 || l.GID != 0) {
 		return fmt.Errorf("%w: uid switching needs strict isolation", ErrUnsupported)
 	}
-	if l.Network == "none" && !s.caps.NetworkIsolation {
+	if l.Network != nil && !s.caps.NetworkIsolation {
 		return fmt.Errorf("%w: network isolation", ErrUnsupported)
 	}
 	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
@@ -420,24 +428,25 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if err != nil {
 		return err
 	}
-	var passwd, group string
+	var passwd, group, resolv string
 	if s.userRoot != "" {
-		if passwd, group, err = s.writeUserFiles(l); err != nil {
+		if passwd, group, resolv, err = s.writeUserFiles(l); err != nil {
 			return err
 		}
 	}
 
-	le, err := s.register(l, pts, passwd, group)
+	le, err := s.register(l, pts, passwd, group, resolv)
 	if err != nil {
 		return err
 	}
-	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "network", l.Network)
+	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "netns", l.Network != nil)
 	s.refillLauncher(le, nil) // the first command's
 	return nil
 }
 
-// register records a provisioned lease, making its network namespace if it needs one.
-func (s *Sandbox) register(l LeaseSpec, pts, passwd, group string) (*lease, error) {
+// register records a provisioned lease, with its network namespace if it needs one: the
+// one its processes still hold after a daemon restart, else a new one.
+func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	le := s.leases[l.ID]
@@ -445,15 +454,30 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group string) (*lease, erro
 		le = &lease{}
 		s.leases[l.ID] = le
 	}
-	le.spec, le.pts, le.passwd, le.group = l, pts, passwd, group
-	if l.Network == "none" && le.netns == nil {
-		ns, err := newNetNS()
-		if err != nil {
-			return nil, fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
+	le.spec, le.pts, le.passwd, le.group, le.resolv = l, pts, passwd, group, resolv
+	if l.Network != nil && le.netns == nil {
+		ns := s.adoptNetNS(l.ID)
+		if ns == nil {
+			var err error
+			if ns, err = newNetNS(); err != nil {
+				return nil, fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
+			}
 		}
 		le.netns = ns
 	}
 	return le, nil
+}
+
+// NetNS is the lease's network namespace, for the daemon to serve and reach the lease in
+// it; nil for a lease on the host's network. The descriptor stays the sandbox's.
+func (s *Sandbox) NetNS(leaseID string) (*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	le := s.leases[leaseID]
+	if le == nil {
+		return nil, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
+	}
+	return le.netns, nil
 }
 
 // ownDir hands a lease directory to its uid. It must be a real directory, not a symlink.

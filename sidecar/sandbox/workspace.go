@@ -156,19 +156,26 @@ func (db userDB) files(uid, gid int) (passwd, group string) {
 // writeUserFiles writes lease id's passwd and group under the user root (root-owned, 0644,
 // each replaced atomically: a process binding them sees a whole file) and returns their
 // paths.
-func (s *Sandbox) writeUserFiles(l LeaseSpec) (passwd, group string, err error) {
+func (s *Sandbox) writeUserFiles(l LeaseSpec) (passwd, group, resolv string, err error) {
 	dir := filepath.Join(s.userRoot, l.ID)
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-		return "", "", fmt.Errorf("sandbox: lease %s users: %w", l.ID, err)
+		return "", "", "", fmt.Errorf("sandbox: lease %s users: %w", l.ID, err)
 	}
 	p, g := s.users.files(l.UID, l.GID)
 	passwd, group = filepath.Join(dir, "passwd"), filepath.Join(dir, "group")
-	for _, f := range []struct{ path, data string }{{passwd, p}, {group, g}} {
-		if err := writeFileAtomic(f.path, f.data); err != nil {
-			return "", "", fmt.Errorf("sandbox: lease %s users: %w", l.ID, err)
+	files := []struct{ path, data string }{{passwd, p}, {group, g}}
+	if l.Network != nil && l.Network.ResolvConf != "" {
+		if _, err := os.Stat("/etc/resolv.conf"); err == nil { // a bind needs its target
+			resolv = filepath.Join(dir, "resolv.conf")
+			files = append(files, struct{ path, data string }{resolv, l.Network.ResolvConf})
 		}
 	}
-	return passwd, group, nil
+	for _, f := range files {
+		if err := writeFileAtomic(f.path, f.data); err != nil {
+			return "", "", "", fmt.Errorf("sandbox: lease %s users: %w", l.ID, err)
+		}
+	}
+	return passwd, group, resolv, nil
 }
 
 func writeFileAtomic(path, data string) error {

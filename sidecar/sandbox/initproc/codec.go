@@ -45,6 +45,7 @@ const (
 	keyPTSDir      = "pts_dir"
 	keyPasswd      = "passwd"
 	keyGroup       = "group"
+	keyResolv      = "resolv"
 	keyWorkDir     = "work_dir"
 	keyRlimit      = "rlimit_"
 	keyAwait       = "await"
@@ -107,6 +108,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.Group != "" {
 		put(keyGroup, cfg.Group)
+	}
+	if cfg.Resolv != "" {
+		put(keyResolv, cfg.Resolv)
 	}
 	if cfg.WorkDir != "" {
 		put(keyWorkDir, cfg.WorkDir)
@@ -198,6 +202,8 @@ func Decode(b []byte) (*Config, error) {
 			cfg.Passwd = v
 		case keyGroup:
 			cfg.Group = v
+		case keyResolv:
+			cfg.Resolv = v
 		case keyWorkDir:
 			cfg.WorkDir = v
 		case keyNetNS:

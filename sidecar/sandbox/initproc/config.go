@@ -62,6 +62,9 @@ type Config struct {
 	// mount namespace, so that the lease's uid has a name for every tool, NSS or not.
 	Passwd string
 	Group  string
+	// Resolv is the lease's resolv.conf, naming the resolver the daemon runs inside the
+	// lease's network namespace, bound over /etc/resolv.conf likewise.
+	Resolv string
 	// WorkDir is the lease's workdir, bound on Workspace (nosuid, nodev) inside the
 	// private mount namespace, the last of the mounts: lease processes never need the
 	// host's path to it.

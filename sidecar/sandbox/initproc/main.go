@@ -77,7 +77,7 @@ func setup(cfg *Config) error {
 			return err
 		}
 	}
-	for _, b := range []struct{ src, dst string }{{cfg.Passwd, "/etc/passwd"}, {cfg.Group, "/etc/group"}} {
+	for _, b := range []struct{ src, dst string }{{cfg.Passwd, "/etc/passwd"}, {cfg.Group, "/etc/group"}, {cfg.Resolv, "/etc/resolv.conf"}} {
 		if b.src != "" {
 			if err := bindPrivate(cfg, b.src, b.dst); err != nil {
 				return err
@@ -205,8 +205,8 @@ func inPrivateNS(cfg *Config, dst string) error {
 	return nil
 }
 
-// bindPrivate binds src on dst in the private mount namespace (the lease's passwd and
-// group files over the host's).
+// bindPrivate binds src on dst in the private mount namespace (the lease's passwd, group
+// and resolv.conf files over the host's).
 func bindPrivate(cfg *Config, src, dst string) error {
 	if err := inPrivateNS(cfg, dst); err != nil {
 		return err
