@@ -233,3 +233,20 @@ func TestTokenAndBytes(t *testing.T) {
 		}
 	}
 }
+
+// [LOCAL:]REMOTE as kubectl port-forward reads it.
+func TestParsePortForward(t *testing.T) {
+	id, specs, err := parsePortForward([]string{"L1", "8000", "5433:5432", ":6379", "0:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []portSpec{{8000, 8000}, {5433, 5432}, {0, 6379}, {0, 80}}
+	if id != "L1" || !reflect.DeepEqual(specs, want) {
+		t.Errorf("got %q %v, want L1 %v", id, specs, want)
+	}
+	for _, bad := range [][]string{{"L1"}, {"L1", "0"}, {"L1", "8000:"}, {"L1", "a:80"}, {"L1", "70000:80"}, {"L1", "80:70000"}, {"L1", "-1:80"}} {
+		if _, _, err := parsePortForward(bad); !isUsageError(err) {
+			t.Errorf("%q: %v, want a usage error", bad, err)
+		}
+	}
+}

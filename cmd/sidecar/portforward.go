@@ -42,7 +42,7 @@ type portSpec struct{ local, remote int }
 func parsePortSpec(s string) (portSpec, error) {
 	localStr, remoteStr, hasLocal := strings.Cut(s, ":")
 	if !hasLocal {
-		remoteStr, localStr = localStr, localStr
+		remoteStr = localStr // REMOTE alone: the same port on both ends
 	}
 	remote, err := strconv.Atoi(remoteStr)
 	if err != nil || remote < 1 || remote > 65535 {
