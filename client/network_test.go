@@ -131,7 +131,7 @@ func TestDialPortErrors(t *testing.T) {
 	l := c.OpenLease("L1", "")
 	_, err := l.DialPort(context.Background(), 9)
 	var apiErr *APIError
-	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadGateway || apiErr.Code != apitype.CodePortUnreachable {
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadGateway || !errors.Is(err, ErrPortUnreachable) {
 		t.Errorf("nothing listening: %v, want 502 %s", err, apitype.CodePortUnreachable)
 	}
 	for _, port := range []int{0, -1, 65536} {
