@@ -217,8 +217,10 @@ func TestBadRequests(t *testing.T) {
 		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
 	})
 	t.Run("bad network", func(t *testing.T) {
-		status, hdr, body := d.raw("POST", "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "net", Network: "bridge"}), nil)
-		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
+		for _, bad := range []string{`"bridge"`, `"host"`, `{"egress":"allowlist","allow_out":["10.0.0.1"]}`, `{"egress":"internet","deny_out":["not a rule"]}`} {
+			status, hdr, body := d.raw("POST", "/v1/leases", testToken, strings.NewReader(`{"session_id":"net","network":`+bad+`}`), nil)
+			wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidNetworkPolicy)
+		}
 	})
 	t.Run("oversized body", func(t *testing.T) {
 		big := `{"session_id":"` + strings.Repeat("a", 8192) + `"}`

@@ -48,7 +48,7 @@ func TestLeftoverServerOutlivesItsExec(t *testing.T) {
 	}
 	d := startDaemon(t)
 	ctx := context.Background()
-	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "leftover-server", Network: apitype.NetworkNone})
+	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "leftover-server", Network: &apitype.NetworkPolicy{Egress: apitype.EgressNone}})
 	t.Cleanup(func() { _ = l.Release(context.Background()) })
 
 	// $! is the pid the lease sees; inspection must list the same number.
@@ -83,7 +83,7 @@ func TestLeftoverServerOutlivesItsExec(t *testing.T) {
 
 	// Only a leftover of this lease can be signalled: not the daemon, not another
 	// lease's leftover, not a pid that does not exist.
-	other := d.acquireOnce(apitype.AcquireRequest{SessionID: "leftover-other", Network: apitype.NetworkNone})
+	other := d.acquireOnce(apitype.AcquireRequest{SessionID: "leftover-other", Network: &apitype.NetworkPolicy{Egress: apitype.EgressNone}})
 	t.Cleanup(func() { _ = other.Release(context.Background()) })
 	res = must(other.Exec(ctx, sh(`sleep 1007.731 & echo $!`)))(t)
 	foreign, _ := strconv.Atoi(strings.TrimSpace(res.Stdout))

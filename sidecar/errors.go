@@ -15,6 +15,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -56,6 +57,7 @@ var sentinels = []struct {
 	status int
 	code   string
 }{
+	{netpolicy.ErrInvalid, http.StatusBadRequest, apitype.CodeInvalidNetworkPolicy},
 	{lease.ErrNotFound, http.StatusNotFound, apitype.CodeLeaseNotFound},
 	{lease.ErrExpired, http.StatusGone, apitype.CodeLeaseExpired},
 	{lease.ErrLimit, http.StatusTooManyRequests, apitype.CodeLeaseLimit},

@@ -18,6 +18,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -77,6 +78,21 @@ func (f *fakeLeases) Touch(string) {}
 
 func (f *fakeLeases) Renew(_ context.Context, id string, ttl time.Duration) (lease.Lease, error) {
 	return f.Get(id)
+}
+
+func (f *fakeLeases) SetNetwork(_ context.Context, id string, p netpolicy.Policy) (lease.Lease, error) {
+	if err := netpolicy.CheckSyntax(p); err != nil {
+		return lease.Lease{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.leases[id]
+	if !ok {
+		return lease.Lease{}, lease.ErrNotFound
+	}
+	l.Network = p
+	f.leases[id] = l
+	return l, nil
 }
 
 func (f *fakeLeases) Release(_ context.Context, id string) error {

@@ -9,6 +9,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/docs"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
@@ -81,7 +82,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ princip
 		SessionID: req.SessionID,
 		TTL:       time.Duration(req.TTLSeconds) * time.Second,
 		Limits:    leaseLimits(req.Limits),
-		Network:   req.Network,
+		Network:   requestedNetwork(req.Network),
 		Labels:    req.Labels,
 	})
 	if err != nil {
@@ -199,7 +200,7 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 		SessionID:      l.SessionID,
 		Labels:         l.Labels,
 		State:          state,
-		Network:        l.Network,
+		Network:        apitype.NetworkPolicy(l.Network),
 		CreatedAt:      l.CreatedAt,
 		ExpiresAt:      l.ExpiresAt,
 		LastActivityAt: l.LastActivityAt,
@@ -214,8 +215,24 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 		Processes: s.opts.Processes.Running(l.ID),
 	}
 	out.Usage = s.opts.Host.Usage(ctx, l)
+	if s.opts.Network != nil {
+		if st, ok := s.opts.Network.Stats(l.ID); ok {
+			out.NetworkStats = &apitype.NetworkStats{
+				BytesSent: st.BytesSent, BytesReceived: st.BytesReceived,
+				ConnectionsAllowed: st.ConnectionsAllowed, ConnectionsDenied: st.Denied, ConnectionsOpen: st.Open,
+			}
+		}
+	}
 	out.Leftovers, out.LeftoverCount = s.opts.Host.Leftovers(l)
 	return out
+}
+
+// requestedNetwork is a request's policy; nil takes the daemon's default.
+func requestedNetwork(p *apitype.NetworkPolicy) netpolicy.Policy {
+	if p == nil {
+		return netpolicy.Policy{}
+	}
+	return netpolicy.Policy(*p)
 }
 
 func leaseLimits(l apitype.Limits) lease.Limits {

@@ -61,6 +61,9 @@ func newMetrics(s *Server) *metrics {
 	if s.opts.Host != nil {
 		m.reg.MustRegister(isolationMetrics(s.opts.Host.Caps()))
 	}
+	if s.opts.Network != nil {
+		m.reg.MustRegister(newNetworkCollector(s.opts.Network))
+	}
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
 }
@@ -179,4 +182,28 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if s.opts.CertNotAfter != nil {
 		ch <- prometheus.MustNewConstMetric(c.expiry, prometheus.GaugeValue, float64(s.opts.CertNotAfter().Unix()))
 	}
+}
+
+// networkCollector reads the lease network's totals at scrape time.
+type networkCollector struct {
+	nw          Network
+	conns, byts *prometheus.Desc
+}
+
+func newNetworkCollector(nw Network) *networkCollector {
+	return &networkCollector{
+		nw:    nw,
+		conns: prometheus.NewDesc("sidecar_network_connections_total", "Outbound lease connections through the daemon, by verdict (allowed, denied).", []string{"verdict"}, nil),
+		byts:  prometheus.NewDesc("sidecar_network_bytes_total", "Bytes through the daemon's lease egress, by direction (sent by leases, received by leases).", []string{"direction"}, nil),
+	}
+}
+
+func (c *networkCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.conns; ch <- c.byts }
+
+func (c *networkCollector) Collect(ch chan<- prometheus.Metric) {
+	t := c.nw.Totals()
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(t.ConnectionsAllowed), "allowed")
+	ch <- prometheus.MustNewConstMetric(c.conns, prometheus.CounterValue, float64(t.Denied), "denied")
+	ch <- prometheus.MustNewConstMetric(c.byts, prometheus.CounterValue, float64(t.BytesSent), "sent")
+	ch <- prometheus.MustNewConstMetric(c.byts, prometheus.CounterValue, float64(t.BytesReceived), "received")
 }

@@ -52,6 +52,13 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}/stat/{path...}", leaseScope, s.handleStat)
 	s.route("GET /v1/leases/{id}/watch/{path...}", leaseScope, s.handleWatch)
 
+	s.route("PUT /v1/leases/{id}/network", sharedOnly, s.handleSetNetwork)
+	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
+		s.route(m+" /v1/leases/{id}/ports/{port}/{path...}", leaseScope, s.handlePorts)
+	}
+	s.route("GET /v1/leases/{id}/ports/{port}", leaseScope, s.handlePorts)
+	s.route("GET /v1/leases/{id}/port-forward/{port}", leaseScope, s.handlePortForward)
+
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
 
 	// The catch-all matches only what no route above does, so a routed request is

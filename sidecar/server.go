@@ -24,6 +24,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -70,6 +71,7 @@ type Leases interface {
 	Touch(id string)
 	Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error)
 	Release(ctx context.Context, id string) error
+	SetNetwork(ctx context.Context, id string, p netpolicy.Policy) (lease.Lease, error)
 }
 
 // Processes runs lease processes (process.Manager).
@@ -118,6 +120,7 @@ type ServerOptions struct {
 	Files          Files
 	Host           Host
 	Scripts        Scripts // nil: scripts disabled
+	Network        Network // nil: leases share the host's network
 	AllowedOrigins []string
 	Limits         HTTPLimits
 	Info           apitype.Info // static parts of GET /v1/info
@@ -150,6 +153,8 @@ type Server struct {
 	patterns []string
 	// draining refuses new leases (drain.go).
 	draining atomic.Bool
+	// portTransport carries the ports route's requests into leases (nil without Network).
+	portTransport *http.Transport
 }
 
 // NewServer builds the server and its routes; Listen and Serve start it.
@@ -168,6 +173,9 @@ func NewServer(opts ServerOptions) *Server {
 		mux:  http.NewServeMux(),
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
+	if opts.Network != nil {
+		s.portTransport = newPortTransport(opts.Network)
+	}
 	s.metrics = newMetrics(s)
 	s.routes()
 	s.http = &http.Server{

@@ -28,6 +28,21 @@ var (
 	DNSAddr   = netip.MustParseAddrPort("127.0.0.1:53")
 )
 
+// LeaseEnv is what every process of a lease with a network of its own finds in its
+// environment: the proxy that carries its egress. Programs that ignore these variables
+// have no route out.
+func LeaseEnv() []string {
+	proxy := "http://" + ProxyAddr.String()
+	noProxy := "localhost,127.0.0.1,::1"
+	return []string{
+		"HTTP_PROXY=" + proxy, "HTTPS_PROXY=" + proxy, "http_proxy=" + proxy, "https_proxy=" + proxy,
+		"NO_PROXY=" + noProxy, "no_proxy=" + noProxy,
+	}
+}
+
+// ResolvConf is a lease's /etc/resolv.conf: the resolver on its loopback.
+var ResolvConf = "nameserver " + DNSAddr.Addr().String() + "\n"
+
 // Defaults for zero Config fields.
 const (
 	DefaultMaxConnections = 256
@@ -48,10 +63,6 @@ type Config struct {
 	// Resolver resolves names for leases; nil: the host's.
 	Resolver *net.Resolver
 	Logger   *slog.Logger
-	// OnConn counts each decision for the metrics; nil: none.
-	OnConn func(allowed bool)
-	// OnBytes counts bytes leaving (sent) and entering (received) leases; nil: none.
-	OnBytes func(sent, received int64)
 }
 
 // Stats are one lease's traffic through the daemon since it was attached.
@@ -66,7 +77,18 @@ type Manager struct {
 	log    *slog.Logger
 	mu     sync.Mutex
 	leases map[string]*leaseNet
+	total  counters // every lease's, detached ones included, for the metrics
 }
+
+type counters struct{ sent, received, allowed, denied, open atomic.Int64 }
+
+func (c *counters) stats() Stats {
+	return Stats{BytesSent: c.sent.Load(), BytesReceived: c.received.Load(),
+		ConnectionsAllowed: c.allowed.Load(), Denied: c.denied.Load(), Open: c.open.Load()}
+}
+
+// Totals is the traffic of every lease since the Manager was made.
+func (m *Manager) Totals() Stats { return m.total.stats() }
 
 // New returns a Manager.
 func New(cfg Config) *Manager {
@@ -98,7 +120,7 @@ type leaseNet struct {
 	ns     *os.File
 	log    *slog.Logger
 	policy atomic.Pointer[netpolicy.Compiled]
-	stats  struct{ sent, received, allowed, denied, open atomic.Int64 }
+	stats  counters
 	closers []func() error
 	conns   sync.Map // net.Conn → struct{}: closed on Detach
 }
@@ -147,9 +169,7 @@ func (m *Manager) Stats(id string) (Stats, bool) {
 	if err != nil {
 		return Stats{}, false
 	}
-	s := &ln.stats
-	return Stats{BytesSent: s.sent.Load(), BytesReceived: s.received.Load(),
-		ConnectionsAllowed: s.allowed.Load(), Denied: s.denied.Load(), Open: s.open.Load()}, true
+	return ln.stats.stats(), true
 }
 
 // Detach stops the lease's listeners and cuts its open connections.

@@ -214,13 +214,12 @@ func (ln *leaseNet) dial(ctx context.Context, host string, port int) (net.Conn, 
 func (ln *leaseNet) count(allowed bool, dest, rule string) {
 	if allowed {
 		ln.stats.allowed.Add(1)
-	} else {
-		ln.stats.denied.Add(1)
-		ln.log.Info("lease connection denied", "audit", true, "destination", dest, "rule", rule)
+		ln.m.total.allowed.Add(1)
+		return
 	}
-	if ln.m.cfg.OnConn != nil {
-		ln.m.cfg.OnConn(allowed)
-	}
+	ln.stats.denied.Add(1)
+	ln.m.total.denied.Add(1)
+	ln.log.Info("lease connection denied", "audit", true, "destination", dest, "rule", rule)
 }
 
 func (ln *leaseNet) track(c net.Conn)   { ln.conns.Store(c, struct{}{}) }
@@ -229,6 +228,7 @@ func (ln *leaseNet) untrack(c net.Conn) { ln.conns.Delete(c) }
 // counted wraps an outbound connection: its bytes and its being open count for the lease.
 func (ln *leaseNet) counted(c net.Conn) net.Conn {
 	ln.stats.open.Add(1)
+	ln.m.total.open.Add(1)
 	cc := &countingConn{Conn: c, ln: ln}
 	ln.track(cc)
 	return cc
@@ -244,9 +244,7 @@ func (c *countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.ln.stats.received.Add(int64(n))
-		if f := c.ln.m.cfg.OnBytes; f != nil {
-			f(0, int64(n))
-		}
+		c.ln.m.total.received.Add(int64(n))
 	}
 	return n, err
 }
@@ -255,9 +253,7 @@ func (c *countingConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	if n > 0 {
 		c.ln.stats.sent.Add(int64(n))
-		if f := c.ln.m.cfg.OnBytes; f != nil {
-			f(int64(n), 0)
-		}
+		c.ln.m.total.sent.Add(int64(n))
 	}
 	return n, err
 }
@@ -272,6 +268,7 @@ func (c *countingConn) CloseWrite() error {
 func (c *countingConn) Close() error {
 	c.once.Do(func() {
 		c.ln.stats.open.Add(-1)
+		c.ln.m.total.open.Add(-1)
 		c.ln.untrack(c)
 	})
 	return c.Conn.Close()

@@ -73,6 +73,8 @@ type Config struct {
 	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"` // output all execs and shell commands hold in memory, daemon-wide
 	MaxShells         int   `env:"SIDECAR_MAX_SHELLS_PER_LEASE" envDefault:"8"`        // shell sessions per lease
 
+	Network NetworkConfig
+
 	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
 	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
 
@@ -91,6 +93,7 @@ type Daemon struct {
 	log *slog.Logger
 
 	sandbox *sandbox.Sandbox
+	network leaseNetwork
 	procs   *process.Manager
 	shells  *shell.Manager
 	disk    *disk.Quotas
@@ -221,7 +224,10 @@ func (d *Daemon) open(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk}
+	if d.network, err = cfg.Network.open(cfg.Isolation, d.sandbox.Caps(), log); err != nil {
+		return err
+	}
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Network: d.network.manager}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))
@@ -233,19 +239,21 @@ func (d *Daemon) open(ctx context.Context) error {
 	// Token expiry and lease expiry must read the same clock.
 	d.tokens = tokens.WithClock(cfg.Now)
 	if d.leases, err = lease.Open(ctx, lease.Config{
-		StateDir:      cfg.StateDir,
-		WorkRoot:      cfg.WorkRoot,
-		DefaultTTL:    cfg.DefaultTTL,
-		MaxTTL:        cfg.MaxTTL,
-		MaxLeases:     cfg.MaxLeases,
-		DefaultLimits: cfg.DefaultLimits,
-		MaxLimits:     cfg.MaxLimits,
-		UIDFirst:      cfg.UIDFirst,
-		UIDLast:       cfg.UIDLast,
-		Provisioner:   d.rt,
-		Disk:          d.disk,
-		Now:           cfg.Now,
-		Logger:        log.With("component", "lease"),
+		StateDir:       cfg.StateDir,
+		WorkRoot:       cfg.WorkRoot,
+		DefaultTTL:     cfg.DefaultTTL,
+		MaxTTL:         cfg.MaxTTL,
+		MaxLeases:      cfg.MaxLeases,
+		DefaultLimits:  cfg.DefaultLimits,
+		MaxLimits:      cfg.MaxLimits,
+		UIDFirst:       cfg.UIDFirst,
+		UIDLast:        cfg.UIDLast,
+		Provisioner:    d.rt,
+		Disk:           d.disk,
+		DefaultNetwork: d.network.def,
+		CheckNetwork:   d.network.check,
+		Now:            cfg.Now,
+		Logger:         log.With("component", "lease"),
 		OnEvent: func(e lease.Event) {
 			if s := d.srv.Load(); s != nil {
 				s.LeaseEvent(e)
@@ -336,6 +344,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 				MaxLimits:        apiLimits(cfg.MaxLimits),
 			},
 			Capabilities:  apitype.Capabilities{DiskQuota: d.disk.Mode()},
+			Network:       d.network.info,
 			DefaultLimits: apiLimits(cfg.DefaultLimits),
 			DefaultTTL:    int64(cfg.DefaultTTL.Seconds()),
 		},
@@ -343,6 +352,9 @@ func (d *Daemon) serve(ctx context.Context) error {
 	opts.CapacityMemoryBytes = capacityMemory(cfg.CapacityMemoryBytes)
 	if d.scripts != nil { // a nil *script.Runner in the interface would read as enabled
 		opts.Scripts = d.scripts
+	}
+	if d.network.manager != nil {
+		opts.Network = d.network.manager
 	}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
@@ -408,6 +420,9 @@ func (d *Daemon) Close(ctx context.Context) error {
 		d.wg.Wait()
 		if d.procs != nil {
 			d.procs.Shutdown(sctx)
+		}
+		if d.network.manager != nil {
+			d.network.manager.Close()
 		}
 		if d.sandbox != nil {
 			err = errors.Join(err, d.sandbox.Close()) // background cgroup work, spare cgroups

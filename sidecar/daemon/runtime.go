@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -10,6 +11,8 @@ import (
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/disk"
+	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
+	"github.com/sidecar-sandbox/sidecar/lease/network"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
@@ -25,6 +28,9 @@ type Runtime struct {
 	Shells     *shell.Manager // nil: none (its sessions die with their shells anyway)
 	UploadIdle time.Duration
 	Disk       *disk.Quotas // nil: usage is the fsxfer meter's scan
+	// Network serves each lease's egress inside its network namespace; nil: leases
+	// share the host's network (SIDECAR_NETWORK_ISOLATION=host, or isolation none).
+	Network *network.Manager
 
 	leases *lease.Manager // set once the lease table is open, before anything is served
 
@@ -32,9 +38,12 @@ type Runtime struct {
 	fss map[string]*fsxfer.FS
 }
 
-var _ lease.Provisioner = (*Runtime)(nil)
+var (
+	_ lease.Provisioner   = (*Runtime)(nil)
+	_ lease.NetworkSetter = (*Runtime)(nil)
+)
 
-func sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
+func (rt *Runtime) sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
 	return sandbox.LeaseSpec{
 		ID:            l.ID,
 		UID:           l.UID,
@@ -44,13 +53,44 @@ func sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
 		MemoryBytes:   l.Limits.MemoryBytes,
 		CPUMillicores: l.Limits.CPUMillicores,
 		Pids:          l.Limits.Pids,
-		Network:       l.Network,
+		Network:       rt.leaseNetwork(l),
 	}
 }
 
-// Provision sets the lease's sandbox up (idempotent: called again after a restart).
+// leaseNetwork is how a lease reaches out: through the daemon from a namespace of its own,
+// or, on the host's network, not at all for egress "none" (loopback only).
+func (rt *Runtime) leaseNetwork(l lease.Lease) *sandbox.LeaseNetwork {
+	switch {
+	case rt.Network != nil:
+		return &sandbox.LeaseNetwork{Env: network.LeaseEnv(), ResolvConf: network.ResolvConf}
+	case l.Network.Egress == netpolicy.EgressNone:
+		return &sandbox.LeaseNetwork{}
+	}
+	return nil
+}
+
+// Provision sets the lease's sandbox and network up (idempotent: called again after a
+// restart).
 func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
-	return rt.Sandbox.Provision(ctx, sandboxSpec(l))
+	if err := rt.Sandbox.Provision(ctx, rt.sandboxSpec(l)); err != nil {
+		return err
+	}
+	if rt.Network == nil {
+		return nil
+	}
+	ns, err := rt.Sandbox.NetNS(l.ID)
+	if err != nil {
+		return err
+	}
+	return rt.Network.Attach(l.ID, ns, l.Network)
+}
+
+// SetNetwork applies a lease's replaced policy to its connections from now on.
+func (rt *Runtime) SetNetwork(_ context.Context, l lease.Lease) error {
+	if rt.Network == nil {
+		return fmt.Errorf("%w: leases share the host's network (SIDECAR_NETWORK_ISOLATION=host, or isolation none): a policy cannot change on a running lease", sandbox.ErrUnsupported)
+	}
+	return rt.Network.SetPolicy(l.ID, l.Network)
 }
 
 // Teardown kills every process of the lease, closes its filesystem and removes its
@@ -60,6 +100,9 @@ func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
 		rt.Shells.ReleaseLease(l.ID) // first, so that no session outlives its shell in the table
 	}
 	rt.Processes.ReleaseLease(l.ID)
+	if rt.Network != nil {
+		rt.Network.Detach(l.ID)
+	}
 	rt.mu.Lock()
 	f := rt.fss[l.ID]
 	delete(rt.fss, l.ID)

@@ -34,8 +34,6 @@ type cgroupDriver interface {
 	// usage skips the child cgroups in counted (their OOM kills are already tallied).
 	usage(id string, counted map[string]bool) (Usage, error)
 	leases() ([]string, error)
-	// procsRoot is the cgroup directory whose tree holds every process of the lease.
-	procsRoot(id string) string
 }
 
 // Bounds on killing a cgroup: a cgroup that will not empty (a process stuck in the

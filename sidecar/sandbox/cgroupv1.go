@@ -298,5 +298,3 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 	}
 	return killed, fmt.Errorf("%s: %w", dir, errNotEmpty)
 }
-
-func (c *cgroupV1) procsRoot(id string) string { return c.dir("pids", id) }

@@ -195,5 +195,3 @@ func killV2(ctx context.Context, dir string) ([]int, error) {
 	}
 	return pids, nil
 }
-
-func (c *cgroupV2) procsRoot(id string) string { return c.dir(id) }

@@ -197,43 +197,6 @@ socket.create_connection(s.getsockname()); print('lo up')"; readlink /proc/self/
 	}
 }
 
-// After a daemon restart, a lease whose processes still run is given back the namespace
-// they are in, so its servers stay reachable and its loopback stays shared.
-func TestNetNSAdoptedFromLiveProcesses(t *testing.T) {
-	forEachHelper(t, func(t *testing.T, s *Sandbox) {
-		l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = &LeaseNetwork{} })
-		cmd, tr, err := s.Command(l.ID, sh(`readlink /proc/self/ns/net; exec sleep 100.4`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tr.Close()
-		out, _ := cmd.StdoutPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-		first, _ := bufio.NewReader(out).ReadString('\n')
-		// What a restarted daemon has: the lease's processes, no descriptor of its own.
-		s.mu.Lock()
-		le := s.leases[l.ID]
-		le.netns.Close()
-		le.netns = nil
-		pts, passwd, group, resolv := le.pts, le.passwd, le.group, le.resolv
-		s.mu.Unlock()
-		if _, err := s.register(l, pts, passwd, group, resolv); err != nil {
-			t.Fatal(err)
-		}
-		ns, _ := s.NetNS(l.ID)
-		var st syscall.Stat_t
-		if err := syscall.Fstat(int(ns.Fd()), &st); err != nil {
-			t.Fatal(err)
-		}
-		if got := "net:[" + strconv.FormatUint(st.Ino, 10) + "]"; got != strings.TrimSpace(first) {
-			t.Errorf("adopted %s, the lease's processes are in %s", got, first)
-		}
-	})
-}
-
 // Teardown leaves no process, cgroup or network namespace.
 func TestTeardownLeavesNothing(t *testing.T) { forEachHelper(t, testTeardownLeavesNothing) }
 

@@ -2,12 +2,8 @@ package sandbox
 
 import (
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -82,50 +78,4 @@ func loopbackUp() error {
 		return fmt.Errorf("lo up: %w", err)
 	}
 	return nil
-}
-
-// adoptNetNS finds the network namespace a lease's processes are in after a daemon
-// restart: that of any process in its cgroup that is not in the daemon's. nil when the
-// lease has none left (a new namespace then serves it: nothing lived in the old one).
-func (s *Sandbox) adoptNetNS(id string) *os.File {
-	if s.cg == nil {
-		return nil
-	}
-	var own unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &own); err != nil {
-		return nil
-	}
-	for _, pid := range cgroupTreePids(s.cg.procsRoot(id)) {
-		ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
-		if err != nil {
-			continue
-		}
-		var st unix.Stat_t
-		if unix.Fstat(int(ns.Fd()), &st) == nil && (st.Ino != own.Ino || st.Dev != own.Dev) {
-			return ns
-		}
-		ns.Close()
-	}
-	return nil
-}
-
-// cgroupTreePids lists the processes in the cgroup tree at root (none if it is gone).
-func cgroupTreePids(root string) []int {
-	var pids []int
-	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return nil
-		}
-		b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-		if err != nil {
-			return nil
-		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-		return nil
-	})
-	return pids
 }

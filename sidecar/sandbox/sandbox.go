@@ -444,8 +444,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	return nil
 }
 
-// register records a provisioned lease, with its network namespace if it needs one: the
-// one its processes still hold after a daemon restart, else a new one.
+// register records a provisioned lease, making its network namespace if it needs one.
 func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -456,12 +455,9 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lea
 	}
 	le.spec, le.pts, le.passwd, le.group, le.resolv = l, pts, passwd, group, resolv
 	if l.Network != nil && le.netns == nil {
-		ns := s.adoptNetNS(l.ID)
-		if ns == nil {
-			var err error
-			if ns, err = newNetNS(); err != nil {
-				return nil, fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
-			}
+		ns, err := newNetNS()
+		if err != nil {
+			return nil, fmt.Errorf("sandbox: lease %s network namespace: %w", l.ID, err)
 		}
 		le.netns = ns
 	}
