@@ -145,7 +145,9 @@ const maxPortFrame = 32 << 10
 // port_unreachable (502).
 //
 // The connection has no half-close: when either side ends, the websocket closes and
-// Read returns io.EOF. A deadline that passes ends the connection for good (a websocket
+// Read returns io.EOF. Keep a Read pending while the connection is open (as io.Copy
+// does): the daemon's keepalive pings are answered while reading, and a connection that
+// answers none for over twice the ping interval is dropped. A deadline that passes ends the connection for good (a websocket
 // cannot resume a read that timed out), unlike a TCP connection's.
 func (l *Lease) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if err := checkPort(port); err != nil {
@@ -167,9 +169,8 @@ func (l *Lease) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if token != "" {
 		h.Set(apitype.HeaderAuthorization, apitype.BearerScheme+" "+token)
 	}
-	// The stream subprotocols of process attach mean nothing here.
 	d := *c.ws
-	d.Subprotocols = nil
+	d.Subprotocols = []string{apitype.PortForwardProtocol}
 	conn, resp, err := d.DialContext(ctx, target, h)
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -177,6 +178,10 @@ func (l *Lease) DialPort(ctx context.Context, port int) (net.Conn, error) {
 			return nil, errorFromResponse(resp)
 		}
 		return nil, fmt.Errorf("client: port-forward %d: %w", port, err)
+	}
+	if conn.Subprotocol() != apitype.PortForwardProtocol {
+		conn.Close()
+		return nil, fmt.Errorf("client: port-forward %d: the daemon chose subprotocol %q, want %s", port, conn.Subprotocol(), apitype.PortForwardProtocol)
 	}
 	if resp != nil {
 		l.tokenRefreshed(resp.Header.Get(apitype.HeaderLeaseToken))

@@ -69,7 +69,7 @@ func portEcho(t *testing.T, token string) http.Handler {
 		if !requireAuth(t, r, token) {
 			return
 		}
-		up := websocket.Upgrader{}
+		up := websocket.Upgrader{Subprotocols: []string{apitype.PortForwardProtocol}}
 		conn, err := up.Upgrade(w, r, nil)
 		if err != nil {
 			return
