@@ -131,4 +131,10 @@ COMP_WORDS=(sidecar leases ""); COMP_CWORD=2; _sidecar; echo "${COMPREPLY[*]}"`)
 	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new network leftovers kill" {
 		t.Errorf("bash completion of 'sidecar leases ': %v %q", err, out)
 	}
+	// ...and the values of --network after it.
+	out, err = exec.Command("bash", "-c", script+`
+COMP_WORDS=(sidecar leases new s --network ""); COMP_CWORD=5; _sidecar; echo "${COMPREPLY[*]}"`).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "none allowlist internet" {
+		t.Errorf("bash completion of 'sidecar leases new s --network ': %v %q", err, out)
+	}
 }
