@@ -144,6 +144,13 @@ func documentedPath(p string) string {
 		return p
 	}
 	id, tail, _ := strings.Cut(rest, "/")
+	if ports, ok := strings.CutPrefix(tail, "ports/"); ok {
+		port, file, _ := strings.Cut(ports, "/")
+		if file = strings.ReplaceAll(file, "/", "_"); file == "" {
+			file = "_"
+		}
+		return "/v1/leases/" + id + "/ports/" + port + "/" + file
+	}
 	for _, kind := range []string{"files/", "archive/", "find/", "grep/", "stat/", "watch/"} {
 		if file, ok := strings.CutPrefix(tail, kind); ok {
 			file = strings.ReplaceAll(file, "/", "_")

@@ -86,11 +86,7 @@ func (s *Server) handlePorts(w http.ResponseWriter, r *http.Request, _ principal
 		return err
 	}
 	prefix := apitype.RouteLeases + "/" + url.PathEscape(id) + "/ports/" + r.PathValue("port")
-	rest := strings.TrimPrefix(r.URL.EscapedPath(), prefix)
-	if rest == "" {
-		http.Redirect(w, r, prefix+"/", http.StatusPermanentRedirect)
-		return nil
-	}
+	rest := strings.TrimPrefix(r.URL.EscapedPath(), prefix) // "/" and what follows
 	var proxyErr error
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

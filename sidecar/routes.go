@@ -56,7 +56,6 @@ func (s *Server) routes() {
 	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
 		s.route(m+" /v1/leases/{id}/ports/{port}/{path...}", leaseScope, s.handlePorts)
 	}
-	s.route("GET /v1/leases/{id}/ports/{port}", leaseScope, s.handlePorts)
 	s.route("GET /v1/leases/{id}/port-forward/{port}", leaseScope, s.handlePortForward)
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)

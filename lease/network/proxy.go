@@ -44,8 +44,9 @@ func (ln *leaseNet) proxyServer() *http.Server {
 			}
 			return ln.dial(ctx, host, port)
 		},
-		MaxIdleConnsPerHost:   4,
-		IdleConnTimeout:       30 * time.Second,
+		// Every request dials, so that each is decided by the policy in force when it
+		// is made: a pooled connection would outlive a replaced policy.
+		DisableKeepAlives:     true,
 		ResponseHeaderTimeout: 5 * time.Minute,
 	}
 	rp := &httputil.ReverseProxy{

@@ -40,7 +40,23 @@ type leaseNetwork struct {
 	info    apitype.NetworkInfo
 }
 
+// withDefaults fills zero fields (a Config built in code, as tests do) as the environment's
+// defaults do.
+func (c NetworkConfig) withDefaults() NetworkConfig {
+	if c.Isolation == "" {
+		c.Isolation = NetworkNamespace
+	}
+	if c.DefaultEgress == "" {
+		c.DefaultEgress = netpolicy.EgressInternet
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = network.DefaultMaxConnections
+	}
+	return c
+}
+
 func (c NetworkConfig) open(isolation string, caps sandbox.Caps, log *slog.Logger) (leaseNetwork, error) {
+	c = c.withDefaults()
 	ln := leaseNetwork{def: netpolicy.Policy{Egress: c.DefaultEgress}}
 	if err := netpolicy.CheckSyntax(ln.def); err != nil {
 		return ln, fmt.Errorf("SIDECAR_NETWORK_DEFAULT=%q: want none, allowlist or internet", c.DefaultEgress)
