@@ -81,6 +81,22 @@ func (l *Lease) PortURL(port int) (string, error) {
 	return l.c.base.String() + l.portsPrefix(port), nil
 }
 
+// PortHeader is the header a request to a URL from PortURL needs: this handle's
+// credential. For a websocket to the server in the lease, dial the PortURL (as wss://)
+// with it; PortTransport adds it to plain HTTP requests. Keep it on the server side: it
+// opens the whole lease (the shared token: every lease), not only the port.
+func (l *Lease) PortHeader() http.Header {
+	token := l.cred()
+	if token == "" {
+		token = l.c.token
+	}
+	h := http.Header{}
+	if token != "" {
+		h.Set(apitype.HeaderAuthorization, apitype.BearerScheme+" "+token)
+	}
+	return h
+}
+
 // PortTransport is an http.RoundTripper for requests to URLs from PortURL: it adds this
 // handle's credential (the lease token, or the shared one) and sends them as the client
 // sends its own. A request to any other URL — a redirect from the server in the lease to
@@ -113,14 +129,10 @@ func (t portTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !t.forLease(req) {
 		return next.RoundTrip(req)
 	}
-	token := t.l.cred()
-	if token == "" {
-		token = t.l.c.token
-	}
-	if token != "" {
+	if auth := t.l.PortHeader().Get(apitype.HeaderAuthorization); auth != "" {
 		// RoundTrippers must not modify the request they are given.
 		req = req.Clone(req.Context())
-		req.Header.Set(apitype.HeaderAuthorization, apitype.BearerScheme+" "+token)
+		req.Header.Set(apitype.HeaderAuthorization, auth)
 	}
 	return next.RoundTrip(req)
 }
@@ -161,17 +173,9 @@ func (l *Lease) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	u.Scheme = "wss"
 	u.Path, u.RawPath = "", ""
 	target := u.String() + leasePath(l.id, "port-forward", strconv.Itoa(port))
-	h := http.Header{}
-	token := l.cred()
-	if token == "" {
-		token = c.token
-	}
-	if token != "" {
-		h.Set(apitype.HeaderAuthorization, apitype.BearerScheme+" "+token)
-	}
 	d := *c.ws
 	d.Subprotocols = []string{apitype.PortForwardProtocol}
-	conn, resp, err := d.DialContext(ctx, target, h)
+	conn, resp, err := d.DialContext(ctx, target, l.PortHeader())
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols {
 			defer resp.Body.Close()
