@@ -3,6 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -16,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -247,6 +252,30 @@ func TestLeaseNetworkClientAndCLI(t *testing.T) {
 		t.Fatalf("after the lease's server closed: %d, %v; want io.EOF", n, err)
 	}
 	conn.Close()
+	// A browser cannot set headers: the lease token as the bearer subprotocol works too.
+	ca, err := os.ReadFile(d.env["SANDBOX_REMOTE_CA_FILE"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	wsd := websocket.Dialer{TLSClientConfig: &tls.Config{RootCAs: roots}, Subprotocols: []string{
+		apitype.PortForwardProtocol, apitype.BearerSubprotocolPrefix + base64.RawURLEncoding.EncodeToString([]byte(info.Token))}}
+	u := strings.Replace(d.env["SANDBOX_REMOTE_URL"], "https://", "wss://", 1) + "/v1/leases/" + l.ID() + "/port-forward/7000"
+	ws, resp, err := wsd.Dial(u, nil)
+	if err != nil {
+		t.Fatalf("port-forward with the bearer subprotocol: %v (%v)", err, resp)
+	}
+	if ws.Subprotocol() != apitype.PortForwardProtocol {
+		t.Errorf("subprotocol %q, want %s", ws.Subprotocol(), apitype.PortForwardProtocol)
+	}
+	if err := ws.WriteMessage(websocket.BinaryMessage, []byte("subprotocol\n")); err != nil {
+		t.Fatal(err)
+	}
+	if typ, msg, err := ws.ReadMessage(); err != nil || typ != websocket.BinaryMessage || string(msg) != "subprotocol\n" {
+		t.Fatalf("echo over the bearer-subprotocol websocket: %d %q %v", typ, msg, err)
+	}
+	ws.Close()
 	if _, err := byToken.DialPort(ctx, 7001); !errors.Is(err, client.ErrPortUnreachable) {
 		t.Errorf("nothing listening: %v, want port_unreachable", err)
 	}
