@@ -40,20 +40,26 @@ func BenchmarkNoop(b *testing.B) {
 	})
 }
 
-// BenchmarkAcquireRelease is a whole lease life: state written, cgroup, uid, workdir.
+// BenchmarkAcquireRelease is a whole lease life: state written, cgroup, uid, workdir, and
+// a network namespace with the daemon's proxy and resolver in it, beside the same life on
+// the host's network.
 func BenchmarkAcquireRelease(b *testing.B) {
-	d := startDaemon(b)
-	ctx := context.Background()
-	i := 0
-	for b.Loop() {
-		i++
-		l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", i)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := l.Release(ctx); err != nil {
-			b.Fatal(err)
-		}
+	for _, network := range []string{daemon.NetworkNamespace, daemon.NetworkHost} {
+		b.Run("network="+network, func(b *testing.B) {
+			d := startDaemon(b, func(c *daemon.Config) { c.Network.Isolation = network })
+			ctx := context.Background()
+			i := 0
+			for b.Loop() {
+				i++
+				l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", i)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

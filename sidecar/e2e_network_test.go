@@ -66,7 +66,6 @@ type netWorld struct {
 	d                       *testDaemon
 	pub, neighbour, private *nettest.Host
 	hostLoopback            string // a server on the host's 127.0.0.1
-	tlsCert                 *x509.Certificate
 }
 
 func startNetworkDaemon(t *testing.T, mods ...func(*daemon.Config)) *netWorld {

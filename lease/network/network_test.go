@@ -33,7 +33,6 @@ type world struct {
 	pub, neighbour, private *nettest.Host
 	m                       *network.Manager
 	cert                    *x509.CertPool
-	tlsAddr                 string // pub's TLS server, by address
 }
 
 const leaseID = "l1"
@@ -162,12 +161,12 @@ func TestInternetReachesPublicHostsAndNeverTheDenySet(t *testing.T) {
 		t.Fatalf("public host: %d %q", code, body)
 	}
 	for _, dest := range []string{
-		w.private.Addr.String(),          // RFC 1918
-		"169.254.169.254",                // metadata
-		w.pub.Peer.String(),              // this host's own address
-		"127.0.0.1:" + fmt.Sprint(53),    // the daemon's loopback
-		"[::ffff:127.0.0.1]:80",          // loopback, mapped
-		w.pub.Addr.String() + ":25",      // port 25
+		w.private.Addr.String(),       // RFC 1918
+		"169.254.169.254",             // metadata
+		w.pub.Peer.String(),           // this host's own address
+		"127.0.0.1:" + fmt.Sprint(53), // the daemon's loopback
+		"[::ffff:127.0.0.1]:80",       // loopback, mapped
+		w.pub.Addr.String() + ":25",   // port 25
 	} {
 		code, body := w.get(t, "http://"+dest+"/", "")
 		if code != http.StatusForbidden || !strings.Contains(body, "deny set") {

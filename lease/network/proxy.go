@@ -158,13 +158,20 @@ func closeWrite(c net.Conn) {
 }
 
 // dial opens a connection for the lease to host:port if its policy allows it, to an
-// address the daemon resolved and checked itself.
-func (ln *leaseNet) dial(ctx context.Context, host string, port int) (net.Conn, error) {
+// address the daemon resolved and checked itself. The connection's slot is taken first,
+// so that concurrent dials never hold more than MaxConnections.
+func (ln *leaseNet) dial(ctx context.Context, host string, port int) (c net.Conn, err error) {
 	dest := net.JoinHostPort(host, strconv.Itoa(port))
-	if ln.stats.open.Load() >= int64(ln.m.cfg.MaxConnections) {
+	if ln.stats.open.Add(1) > int64(ln.m.cfg.MaxConnections) {
+		ln.stats.open.Add(-1)
 		ln.count(false, dest, ruleConnectionLimit)
 		return nil, &deniedError{dest, ruleConnectionLimit}
 	}
+	defer func() {
+		if err != nil {
+			ln.stats.open.Add(-1)
+		}
+	}()
 	cp := ln.policy.Load()
 	deny := ln.m.cfg.Deny
 	var addrs []netip.Addr
@@ -200,9 +207,7 @@ func (ln *leaseNet) dial(ctx context.Context, host string, port int) (net.Conn, 
 		return nil, &deniedError{dest, first.Rule}
 	}
 	d := net.Dialer{Timeout: dialTimeout}
-	var err error
 	for _, a := range allowed {
-		var c net.Conn
 		if c, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String()); err == nil {
 			ln.count(true, dest, "")
 			return ln.counted(c), nil
@@ -226,9 +231,9 @@ func (ln *leaseNet) count(allowed bool, dest, rule string) {
 func (ln *leaseNet) track(c net.Conn)   { ln.conns.Store(c, struct{}{}) }
 func (ln *leaseNet) untrack(c net.Conn) { ln.conns.Delete(c) }
 
-// counted wraps an outbound connection: its bytes and its being open count for the lease.
+// counted wraps an outbound connection (its slot in stats.open already taken): its bytes
+// count for the lease, and its close frees the slot.
 func (ln *leaseNet) counted(c net.Conn) net.Conn {
-	ln.stats.open.Add(1)
 	ln.m.total.open.Add(1)
 	cc := &countingConn{Conn: c, ln: ln}
 	ln.track(cc)
