@@ -226,7 +226,7 @@ func leasesNew(ctx context.Context, args []string) error {
 	if a.output == "json" {
 		return printJSON(os.Stdout, info)
 	}
-	fmt.Printf("id:      %s\ntoken:   %s\nexpires: %s\n", info.ID, info.Token, info.ExpiresAt.Format(time.RFC3339))
+	fmt.Printf("id:      %s\ntoken:   %s\nexpires: %s\nnetwork: %s\n", info.ID, info.Token, info.ExpiresAt.Format(time.RFC3339), policyText(info.Network))
 	return nil
 }
 

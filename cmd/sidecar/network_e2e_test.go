@@ -399,6 +399,13 @@ func TestLeaseNetworkClientAndCLI(t *testing.T) {
 		if nl.Network.Egress != apitype.EgressAllowlist || strings.Join(nl.Network.AllowOut, ",") != "pypi.org,*.pythonhosted.org" {
 			t.Errorf("leases new --allow-out: network %+v", nl.Network)
 		}
+		out, err = d.cli("leases", "new", "net-cli-text", "--network", "none").Output()
+		if err != nil || !regexp.MustCompile(`(?m)^network: none$`).Match(out) {
+			t.Errorf("leases new --network none: %v\n%s", err, out)
+		}
+		if m := regexp.MustCompile(`(?m)^id:\s+(\S+)`).FindSubmatch(out); m != nil {
+			defer c.Release(context.Background(), string(m[1]))
+		}
 		cmd := d.cli("leases", "new", "net-cli-bad", "--allow-out", "192.168.1.1")
 		errOut := &lockedBuffer{}
 		cmd.Stderr = errOut
