@@ -562,6 +562,11 @@ static void restrict_self(const struct config *c)
 }
 
 #ifndef SIDECAR_INIT_PARSE_ONLY
+/* The socket families a lease may open, the same as package seccomp's SocketFamilies
+ * (TestSocketFamiliesParity); SOCKET_FAMILY_MAX is the largest. */
+static const int socket_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
+#define SOCKET_FAMILY_MAX AF_NETLINK
+
 /* The seccomp denylist, the same as package seccomp's Denied (TestDenylistParity compares
  * them; see sidecar/sandbox/seccomp for why a denylist and why these calls): refused with
  * EPERM whatever the arguments. Names this architecture lacks are skipped. */
@@ -639,8 +644,17 @@ static void install_seccomp(void)
 		if (bit & SECCOMP_UNSHARE_FLAGS)
 			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "unshare", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
 	}
-	/* No packet sockets, no raw or SOCK_PACKET inet sockets, no netfilter netlink. */
-	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, AF_PACKET));
+	/* Only the families of socket_families[]: every other value up to the largest of them
+	 * is refused one by one, and any above it (the full argument: high bits set refuse too). */
+	for (unsigned long fam = 0; fam < SOCKET_FAMILY_MAX; fam++) {
+		int allowed = 0;
+		for (size_t i = 0; i < sizeof socket_families / sizeof socket_families[0]; i++)
+			allowed |= socket_families[i] == (int)fam;
+		if (!allowed)
+			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, fam));
+	}
+	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 1, SCMP_A0(SCMP_CMP_GT, SOCKET_FAMILY_MAX));
+	/* No raw or SOCK_PACKET inet sockets, no netfilter netlink. */
 	const int families[] = {AF_INET, AF_INET6}, types[] = {SOCK_RAW, SOCK_PACKET};
 	for (size_t f = 0; f < 2; f++)
 		for (size_t t = 0; t < 2; t++)

@@ -118,19 +118,19 @@ func (ln *leaseNet) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, byName := netip.ParseAddr(host)
-	ln.splice(client, brw.Reader, up, host, byName != nil)
+	ln.splice(client, brw.Reader, up.(*countingConn), host, byName != nil)
 }
 
 // splice copies both ways until either side ends. The server's bytes flow at once (some
 // protocols speak first); the client's wait until its first bytes, if a TLS ClientHello,
 // name the server the tunnel was opened to.
-func (ln *leaseNet) splice(client net.Conn, fromClient *bufio.Reader, up net.Conn, host string, checkSNI bool) {
+func (ln *leaseNet) splice(client net.Conn, fromClient *bufio.Reader, up *countingConn, host string, checkSNI bool) {
 	defer ln.untrack(client)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		_, _ = io.Copy(client, up)
+		up.copyTo(client)
 		closeWrite(client)
 	}()
 	if checkSNI {
@@ -142,7 +142,7 @@ func (ln *leaseNet) splice(client net.Conn, fromClient *bufio.Reader, up net.Con
 			return
 		}
 	}
-	_, _ = io.Copy(up, fromClient)
+	up.copyFrom(client, fromClient)
 	closeWrite(up)
 	wg.Wait()
 	client.Close()
@@ -262,6 +262,44 @@ func (c *countingConn) Write(p []byte) (int, error) {
 		c.ln.m.total.sent.Add(int64(n))
 	}
 	return n, err
+}
+
+// spliceChunk is how much a tunnel moves between two updates of its lease's counters:
+// the copies go socket to socket in the kernel (splice), which a counting wrapper would
+// prevent.
+const spliceChunk = 4 << 20
+
+// copyTo moves what the remote end sends to w (the lease's end of a tunnel).
+func (c *countingConn) copyTo(w io.Writer) {
+	for {
+		n, err := io.CopyN(w, c.Conn, spliceChunk)
+		c.ln.stats.received.Add(n)
+		c.ln.m.total.received.Add(n)
+		if err != nil {
+			return
+		}
+	}
+}
+
+// copyFrom moves what the lease sends (first what br holds, then the rest of conn) to the
+// remote end.
+func (c *countingConn) copyFrom(conn net.Conn, br *bufio.Reader) {
+	if n := br.Buffered(); n > 0 {
+		m, err := io.CopyN(c.Conn, br, int64(n))
+		c.ln.stats.sent.Add(m)
+		c.ln.m.total.sent.Add(m)
+		if err != nil {
+			return
+		}
+	}
+	for {
+		n, err := io.CopyN(c.Conn, conn, spliceChunk)
+		c.ln.stats.sent.Add(n)
+		c.ln.m.total.sent.Add(n)
+		if err != nil {
+			return
+		}
+	}
 }
 
 func (c *countingConn) CloseWrite() error {

@@ -41,6 +41,12 @@ probe("socket_packet", %[5]d, 17, 3, 0)
 probe("socket_tcp", %[5]d, 2, 1, 0)
 probe("socket_udp6", %[5]d, 10, 2, 0)
 probe("socket_netlink_route", %[5]d, 16, 3, 0)
+probe("socket_unix", %[5]d, 1, 1, 0)
+probe("socket_vsock", %[5]d, 40, 1, 0)
+probe("socket_vsock_high", %[5]d, 40 | 1 << 32, 1, 0)
+probe("socket_bluetooth", %[5]d, 31, 3, 0)
+probe("socket_alg", %[5]d, 38, 5, 0)
+probe("socket_zero", %[5]d, 0, 1, 0)
 probe("personality_query", %[6]d, 0xffffffff)
 probe("personality_linux32", %[6]d, 8)
 probe("personality_norandom", %[6]d, 0x40000)
@@ -57,7 +63,8 @@ var filtered = map[string]string{
 	"unshare_files": "ok", "clone3": "ENOSYS", "keyctl": "EPERM", "userfaultfd": "EPERM",
 	"socket_netfilter": "EPERM", "socket_netfilter_high": "EPERM", "socket_raw": "EPERM",
 	"socket_raw6_cloexec": "EPERM", "socket_packet": "EPERM", "socket_tcp": "ok", "socket_udp6": "ok",
-	"socket_netlink_route": "ok", "personality_query": "ok", "personality_linux32": "ok",
+	"socket_netlink_route": "ok", "socket_unix": "ok", "socket_vsock": "EPERM", "socket_vsock_high": "EPERM",
+	"socket_bluetooth": "EPERM", "socket_alg": "EPERM", "socket_zero": "EPERM", "personality_query": "ok", "personality_linux32": "ok",
 	"personality_norandom": "EPERM", "io_uring_setup": "EPERM", "mount": "EPERM",
 }
 

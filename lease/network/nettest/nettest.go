@@ -11,8 +11,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sidecar-sandbox/sidecar/lease/network"
 )
@@ -39,18 +42,25 @@ func Require(t testing.TB) {
 // New makes a host whose address is in prefix (a /24 or wider, e.g. 198.51.100.0/24, a
 // documentation range the tests treat as public): a random /30 of it, so that tests in
 // parallel packages do not collide. extra addresses are added to the host's interface too
-// (169.254.169.254, say) with routes to them through the link.
+// (169.254.169.254, say) with routes to them through the link; one test at a time, across
+// packages, holds an extra address (a lock file per address, held until the test ends).
 func New(t testing.TB, prefix string, extra ...string) *Host {
 	t.Helper()
 	Require(t)
+	for _, e := range extra {
+		lockAddress(t, e)
+	}
 	p := netip.MustParsePrefix(prefix)
-	for try := 0; try < 20; try++ {
+	for try := 0; try < 200; try++ {
 		base := p.Addr().As4()
 		block := rand.IntN(1 << (30 - p.Bits()))
 		v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
 		v += uint32(block) << 2
 		peer := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v + 1)})
 		addr := peer.Next()
+		if !tryLockAddress(t, peer.String()) {
+			continue // another test's block
+		}
 		h := &Host{Name: fmt.Sprintf("sctest%06x", rand.IntN(1<<24)), Addr: addr, Peer: peer}
 		if err := h.create(extra); err != nil {
 			h.remove()
@@ -149,3 +159,31 @@ func NewNS(t testing.TB) *os.File {
 
 // InLease runs fn inside the namespace ns (a lease's, from NewNS).
 func InLease(ns *os.File, fn func() error) error { return network.InNetNS(ns, fn) }
+
+// lockAddress waits for, then holds until the test ends, the host-wide lock on addr.
+func lockAddress(t testing.TB, addr string) {
+	t.Helper()
+	flockAddress(t, addr, unix.LOCK_EX)
+}
+
+// tryLockAddress takes the lock on addr if no other test holds it.
+func tryLockAddress(t testing.TB, addr string) bool {
+	t.Helper()
+	return flockAddress(t, addr, unix.LOCK_EX|unix.LOCK_NB)
+}
+
+func flockAddress(t testing.TB, addr string, how int) bool {
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "sidecar-nettest-"+addr+".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		if err == unix.EWOULDBLOCK {
+			return false
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
+	return true
+}

@@ -65,6 +65,14 @@ const (
 	SockTypeMask = 0xf
 )
 
+// SocketFamilies are the only socket families a lease may open (raw and packet types of
+// the inet ones, and netfilter netlink, are refused besides): local, IPv4, IPv6 and
+// netlink, which ip, ss and libc's interface queries use. The rest reach kernel code a
+// sandbox has no use for: vsock (on a VM host, the hypervisor), packet, bluetooth, the
+// crypto API, CAN, RDS, TIPC, X.25 and the like (Docker's default profile refuses
+// AF_VSOCK too).
+var SocketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
 // Personalities are the only personality(2) arguments allowed (moby's): PER_LINUX,
 // PER_LINUX32, each with UNAME26, and the query 0xffffffff. The others turn off address
 // randomisation or make data executable.
@@ -144,10 +152,10 @@ func Program() ([]unix.SockFilter, error) {
 
 	a.label("socket")
 	a.ldArg(0)
-	a.jeq(unix.AF_PACKET, "eperm", "")
+	a.jeq(unix.AF_UNIX, "allow", "")
 	a.jeq(unix.AF_INET, "inet", "")
 	a.jeq(unix.AF_INET6, "inet", "")
-	a.jeq(unix.AF_NETLINK, "netlink", "allow")
+	a.jeq(unix.AF_NETLINK, "netlink", "eperm")
 	a.label("inet")
 	a.ldArg(1)
 	a.and(SockTypeMask)

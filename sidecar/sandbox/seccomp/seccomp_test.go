@@ -53,6 +53,34 @@ func TestDenylistParity(t *testing.T) {
 	}
 }
 
+// The C helper allows the socket families package seccomp allows, and its largest is the
+// bound above which it refuses every family.
+func TestSocketFamiliesParity(t *testing.T) {
+	src, err := os.ReadFile(cHelperSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`socket_families\[\] = \{([^}]*)\};\s*#define SOCKET_FAMILY_MAX (\w+)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("no socket_families[] and SOCKET_FAMILY_MAX in the C helper")
+	}
+	byName := map[string]uint32{"AF_UNIX": unix.AF_UNIX, "AF_INET": unix.AF_INET, "AF_INET6": unix.AF_INET6, "AF_NETLINK": unix.AF_NETLINK}
+	var got []uint32
+	for _, name := range regexp.MustCompile(`AF_\w+`).FindAllString(string(m[1]), -1) {
+		v, ok := byName[name]
+		if !ok {
+			t.Fatalf("C helper allows %s, which this test does not know", name)
+		}
+		got = append(got, v)
+	}
+	if !slices.Equal(got, SocketFamilies) {
+		t.Errorf("C helper allows families %v, Go helper %v", got, SocketFamilies)
+	}
+	if byName[string(m[2])] != slices.Max(SocketFamilies) {
+		t.Errorf("SOCKET_FAMILY_MAX is %s, not the largest allowed family", m[2])
+	}
+}
+
 // The program assembles on this architecture with every denied call it has.
 func TestProgram(t *testing.T) {
 	if !archOK {
