@@ -53,37 +53,45 @@ var (
 	ErrShellNotFound = errors.New("shell session not found")
 	// ErrShellBusy: the shell session is running a command.
 	ErrShellBusy = errors.New("shell session busy")
+	// ErrInvalidNetworkPolicy: a network policy the daemon refuses (an entry it cannot
+	// read, or one inside a range only SIDECAR_NETWORK_PRIVATE_ALLOW opens); the
+	// APIError's Detail names the entry.
+	ErrInvalidNetworkPolicy = errors.New("invalid network policy")
+	// ErrPortUnreachable: nothing listens on that port inside the lease.
+	ErrPortUnreachable = errors.New("port unreachable")
 )
 
 var sentinelByCode = map[string]error{
-	apitype.CodeUnauthorized:       ErrUnauthorized,
-	apitype.CodeForbidden:          ErrForbidden,
-	apitype.CodeInvalidRequest:     ErrInvalidRequest,
-	apitype.CodeNotFound:           ErrNotFound,
-	apitype.CodeLeaseNotFound:      ErrLeaseNotFound,
-	apitype.CodeLeaseExpired:       ErrLeaseExpired,
-	apitype.CodeLeaseLimit:         ErrLeaseLimit,
-	apitype.CodeExecLimit:          ErrExecLimit,
-	apitype.CodeProcessNotFound:    ErrProcessNotFound,
-	apitype.CodePathOutsideWorkdir: ErrPathOutsideWorkdir,
-	apitype.CodeNotADirectory:      ErrNotADirectory,
-	apitype.CodeIsADirectory:       ErrIsADirectory,
-	apitype.CodeExists:             ErrExists,
-	apitype.CodeQuotaExceeded:      ErrQuotaExceeded,
-	apitype.CodeDigestMismatch:     ErrDigestMismatch,
-	apitype.CodePayloadTooLarge:    ErrPayloadTooLarge,
-	apitype.CodeCapabilityDisabled: ErrCapability,
-	apitype.CodeScriptError:        ErrScript,
-	apitype.CodeScriptTimeout:      ErrScriptTimeout,
-	apitype.CodeUnavailable:        ErrUnavailable,
-	apitype.CodeInternal:           ErrInternal,
-	apitype.CodePreconditionFailed: ErrPreconditionFailed,
-	apitype.CodeOldTextNotFound:    ErrOldTextNotFound,
-	apitype.CodeOldTextNotUnique:   ErrOldTextNotUnique,
-	apitype.CodeSandboxSetupFailed: ErrSandboxSetupFailed,
-	apitype.CodeDraining:           ErrDraining,
-	apitype.CodeShellNotFound:      ErrShellNotFound,
-	apitype.CodeShellBusy:          ErrShellBusy,
+	apitype.CodeUnauthorized:         ErrUnauthorized,
+	apitype.CodeForbidden:            ErrForbidden,
+	apitype.CodeInvalidRequest:       ErrInvalidRequest,
+	apitype.CodeNotFound:             ErrNotFound,
+	apitype.CodeLeaseNotFound:        ErrLeaseNotFound,
+	apitype.CodeLeaseExpired:         ErrLeaseExpired,
+	apitype.CodeLeaseLimit:           ErrLeaseLimit,
+	apitype.CodeExecLimit:            ErrExecLimit,
+	apitype.CodeProcessNotFound:      ErrProcessNotFound,
+	apitype.CodePathOutsideWorkdir:   ErrPathOutsideWorkdir,
+	apitype.CodeNotADirectory:        ErrNotADirectory,
+	apitype.CodeIsADirectory:         ErrIsADirectory,
+	apitype.CodeExists:               ErrExists,
+	apitype.CodeQuotaExceeded:        ErrQuotaExceeded,
+	apitype.CodeDigestMismatch:       ErrDigestMismatch,
+	apitype.CodePayloadTooLarge:      ErrPayloadTooLarge,
+	apitype.CodeCapabilityDisabled:   ErrCapability,
+	apitype.CodeScriptError:          ErrScript,
+	apitype.CodeScriptTimeout:        ErrScriptTimeout,
+	apitype.CodeUnavailable:          ErrUnavailable,
+	apitype.CodeInternal:             ErrInternal,
+	apitype.CodePreconditionFailed:   ErrPreconditionFailed,
+	apitype.CodeOldTextNotFound:      ErrOldTextNotFound,
+	apitype.CodeOldTextNotUnique:     ErrOldTextNotUnique,
+	apitype.CodeSandboxSetupFailed:   ErrSandboxSetupFailed,
+	apitype.CodeDraining:             ErrDraining,
+	apitype.CodeShellNotFound:        ErrShellNotFound,
+	apitype.CodeShellBusy:            ErrShellBusy,
+	apitype.CodeInvalidNetworkPolicy: ErrInvalidNetworkPolicy,
+	apitype.CodePortUnreachable:      ErrPortUnreachable,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

@@ -34,6 +34,8 @@ func TestErrorMapping(t *testing.T) {
 		{422, apitype.CodeScriptError, ErrScript},
 		{422, apitype.CodeScriptTimeout, ErrScriptTimeout},
 		{500, apitype.CodeInternal, ErrInternal},
+		{400, apitype.CodeInvalidNetworkPolicy, ErrInvalidNetworkPolicy},
+		{502, apitype.CodePortUnreachable, ErrPortUnreachable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.code, func(t *testing.T) {

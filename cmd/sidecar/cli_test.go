@@ -53,10 +53,64 @@ func TestParseNewLease(t *testing.T) {
 		t.Fatalf("got %+v", got)
 	}
 	for _, bad := range [][]string{
-		{}, {"a", "b"}, {"s", "--ttl", "1.5s"}, {"s", "--network", "bridge"}, {"s", "--label", "x"}, {"s", "-o", "yaml"},
+		{}, {"a", "b"}, {"s", "--ttl", "1.5s"}, {"s", "--network", "bridge"}, {"s", "--network", "host"},
+		{"s", "--label", "x"}, {"s", "-o", "yaml"},
 	} {
 		if _, err := parseNewLease(bad); err == nil {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// The network flags: repeatable and comma-separated entries, the mode inferred from a
+// lone --allow-out or --deny-out, no flag at all leaving the daemon's default.
+func TestParseNetworkFlags(t *testing.T) {
+	tests := []struct {
+		args []string
+		want *apitype.NetworkPolicy
+	}{
+		{[]string{"s"}, nil},
+		{[]string{"s", "--network", "internet"}, &apitype.NetworkPolicy{Egress: "internet"}},
+		{[]string{"s", "--allow-out", "pypi.org,*.pythonhosted.org:443", "--allow-out", "[2001:db8::/32]:443"},
+			&apitype.NetworkPolicy{Egress: "allowlist", AllowOut: []string{"pypi.org", "*.pythonhosted.org:443", "[2001:db8::/32]:443"}}},
+		{[]string{"s", "--deny-out", "203.0.113.0/24, example.com"},
+			&apitype.NetworkPolicy{Egress: "internet", DenyOut: []string{"203.0.113.0/24", "example.com"}}},
+		{[]string{"--network", "internet", "s", "--deny-out", "*.example.com", "--allow-out", "api.example.com:443"},
+			&apitype.NetworkPolicy{Egress: "internet", AllowOut: []string{"api.example.com:443"}, DenyOut: []string{"*.example.com"}}},
+	}
+	for _, tt := range tests {
+		got, err := parseNewLease(tt.args)
+		if err != nil {
+			t.Errorf("%q: %v", tt.args, err)
+			continue
+		}
+		if !reflect.DeepEqual(got.req.Network, tt.want) {
+			t.Errorf("%q: network %+v, want %+v", tt.args, got.req.Network, tt.want)
+		}
+	}
+	for _, bad := range [][]string{
+		{"s", "--allow-out", "a.com", "--deny-out", "b.com"}, // which mode? --network must say
+		{"s", "--network", "none", "--allow-out", "a.com"},
+		{"s", "--allow-out", "a.com,,b.com"},
+		{"s", "--deny-out", ""},
+	} {
+		_, err := parseNewLease(bad)
+		if !isUsageError(err) {
+			t.Errorf("%q: %v, want a usage error", bad, err)
+		}
+	}
+
+	a, err := parseLeasesNetwork([]string{"L1", "--network", "allowlist", "--allow-out", "10.1.2.3:5432", "-o", "json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := networkArgs{lease: "L1", output: "json", policy: apitype.NetworkPolicy{Egress: "allowlist", AllowOut: []string{"10.1.2.3:5432"}}}
+	if !reflect.DeepEqual(a, want) {
+		t.Errorf("leases network: %+v, want %+v", a, want)
+	}
+	for _, bad := range [][]string{{"L1"}, {"--network", "none"}, {"L1", "L2", "--network", "none"}, {"L1", "--network", "bridge"}} {
+		if _, err := parseLeasesNetwork(bad); !isUsageError(err) {
+			t.Errorf("leases network %q: %v, want a usage error", bad, err)
 		}
 	}
 }
@@ -125,15 +179,17 @@ func TestLeaseTable(t *testing.T) {
 		{ID: "L1", SessionID: "sess-a", State: "active", ExpiresAt: now.Add(14*time.Minute + 3*time.Second), Processes: 2, LeftoverCount: 1,
 			Limits: apitype.Limits{MemoryBytes: 512 << 20, DiskBytes: 1 << 30},
 			Usage:  &apitype.Usage{MemoryBytes: 12 << 20, CPUSeconds: 1.25, DiskBytes: 3 << 10}},
-		{ID: "L2", SessionID: "sess-b", State: "expired", ExpiresAt: now.Add(-5 * time.Second)},
+		{ID: "L2", SessionID: "sess-b", State: "expired", ExpiresAt: now.Add(-5 * time.Second),
+			Network:      apitype.NetworkPolicy{Egress: "allowlist", AllowOut: []string{"pypi.org", "10.0.0.5"}},
+			NetworkStats: &apitype.NetworkStats{BytesSent: 2048, BytesReceived: 3 << 20}},
 	}
 	var buf bytes.Buffer
 	if err := writeLeaseTable(&buf, leases, now); err != nil {
 		t.Fatal(err)
 	}
-	want := `ID  SESSION  STATE    EXPIRES   PROCS  LEFT  MEM               CPU   DISK
-L1  sess-a   active   in 14m3s  2      1     12.0MiB/512.0MiB  1.2s  3.0KiB/1.0GiB
-L2  sess-b   expired  5s ago    0      0     -                 -     -
+	want := `ID  SESSION  STATE    EXPIRES   PROCS  LEFT  MEM               CPU   DISK           EGRESS       SENT    RECV
+L1  sess-a   active   in 14m3s  2      1     12.0MiB/512.0MiB  1.2s  3.0KiB/1.0GiB  -            -       -
+L2  sess-b   expired  5s ago    0      0     -                 -     -              allowlist+2  2.0KiB  3.0MiB
 `
 	if got := buf.String(); got != want {
 		t.Fatalf("table:\n%s\nwant:\n%s", got, want)
@@ -174,6 +230,23 @@ func TestTokenAndBytes(t *testing.T) {
 	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1.0KiB", 1536 << 20: "1.5GiB"} {
 		if got := humanBytes(n); got != want {
 			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// [LOCAL:]REMOTE as kubectl port-forward reads it.
+func TestParsePortForward(t *testing.T) {
+	id, specs, err := parsePortForward([]string{"L1", "8000", "5433:5432", ":6379", "0:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []portSpec{{8000, 8000}, {5433, 5432}, {0, 6379}, {0, 80}}
+	if id != "L1" || !reflect.DeepEqual(specs, want) {
+		t.Errorf("got %q %v, want L1 %v", id, specs, want)
+	}
+	for _, bad := range [][]string{{"L1"}, {"L1", "0"}, {"L1", "8000:"}, {"L1", "a:80"}, {"L1", "70000:80"}, {"L1", "80:70000"}, {"L1", "-1:80"}} {
+		if _, _, err := parsePortForward(bad); !isUsageError(err) {
+			t.Errorf("%q: %v, want a usage error", bad, err)
 		}
 	}
 }

@@ -47,14 +47,28 @@ func visibleCommands() []string {
 	return names
 }
 
+// flagValues are the fixed values of flags, completed after the flag.
+var flagValues = []struct {
+	flag   string
+	values []string
+}{
+	{"--network", []string{"none", "allowlist", "internet"}},
+	{"-o", []string{"table", "text", "json"}},
+}
+
 // The scripts are generated from the command table, so a new command completes without
-// touching this file. Beyond the subcommand, both fall back to file names.
+// touching this file. Beyond the subcommand, both complete the values of flagValues and
+// fall back to file names.
 func writeBashCompletion(w io.Writer) error {
 	var cases strings.Builder
 	for _, name := range visibleCommands() {
 		if subs := commands[name].subs; len(subs) > 0 {
 			fmt.Fprintf(&cases, "    %s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", name, strings.Join(subs, " "))
 		}
+	}
+	var values strings.Builder
+	for _, f := range flagValues {
+		fmt.Fprintf(&values, "    %s) COMPREPLY=($(compgen -W %q -- \"$cur\")); return ;;\n", f.flag, strings.Join(f.values, " "))
 	}
 	_, err := fmt.Fprintf(w, `# bash completion for sidecar
 _sidecar() {
@@ -67,15 +81,20 @@ _sidecar() {
     case ${COMP_WORDS[1]} in
 %s    esac
   fi
+  case ${COMP_WORDS[COMP_CWORD-1]} in
+%s  esac
   COMPREPLY=($(compgen -f -- "$cur"))
 }
 complete -o filenames -F _sidecar sidecar
-`, strings.Join(visibleCommands(), " "), cases.String())
+`, strings.Join(visibleCommands(), " "), cases.String(), values.String())
 	return err
 }
 
 func writeZshCompletion(w io.Writer) error {
-	var cmds, cases strings.Builder
+	var cmds, cases, values strings.Builder
+	for _, f := range flagValues {
+		fmt.Fprintf(&values, "    %s) _values 'value' %s; return ;;\n", f.flag, strings.Join(f.values, " "))
+	}
 	for _, name := range visibleCommands() {
 		fmt.Fprintf(&cmds, "    %q\n", name+":"+strings.ReplaceAll(commands[name].summary, ":", `\:`))
 		if subs := commands[name].subs; len(subs) > 0 {
@@ -98,9 +117,11 @@ _sidecar() {
     esac
     return
   fi
+  case $words[CURRENT-1] in
+%s  esac
   _files
 }
 compdef _sidecar sidecar
-`, cmds.String(), cases.String())
+`, cmds.String(), cases.String(), values.String())
 	return err
 }

@@ -67,6 +67,12 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"leases", "ls", "-o", "yaml"},
 		{"leases", "show", "-o", "table", "L1"},
 		{"leases", "new", "s", "-o", "xml"},
+		{"leases", "new", "s", "--network", "host"},
+		{"leases", "network", "L1"},
+		{"leases", "network", "L1", "--network", "none", "--allow-out", "a.com"},
+		{"port-forward", "L1"},
+		{"port-forward", "L1", "70000"},
+		{"port-forward", "L1", "x:80"},
 		{"cleanup", "-o", "yaml"},
 		{"token", "-o", "yaml"},
 		{"version", "-o", "yaml"},
@@ -122,7 +128,13 @@ func TestCompletionScripts(t *testing.T) {
 	script, _, _ := runBin(t, bin, "completion", "bash")
 	out, err := exec.Command("bash", "-c", script+`
 COMP_WORDS=(sidecar leases ""); COMP_CWORD=2; _sidecar; echo "${COMPREPLY[*]}"`).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new leftovers kill" {
+	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new network leftovers kill" {
 		t.Errorf("bash completion of 'sidecar leases ': %v %q", err, out)
+	}
+	// ...and the values of --network after it.
+	out, err = exec.Command("bash", "-c", script+`
+COMP_WORDS=(sidecar leases new s --network ""); COMP_CWORD=5; _sidecar; echo "${COMPREPLY[*]}"`).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "none allowlist internet" {
+		t.Errorf("bash completion of 'sidecar leases new s --network ': %v %q", err, out)
 	}
 }

@@ -15,16 +15,25 @@ import (
 )
 
 func init() {
-	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID, leftovers ID, kill ID PID)",
-		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new", "leftovers", "kill"}, run: runLeases})
+	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID, network ID, leftovers ID, kill ID PID)",
+		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new", "network", "leftovers", "kill"}, run: runLeases})
 }
 
 const leasesUsage = `usage: sidecar leases ls [-o table|json]
        sidecar leases show ID [-o json]
        sidecar leases rm ID
-       sidecar leases new SESSION_ID [--ttl 1h] [--network none|host] [--label k=v]... [-o text|json]
+       sidecar leases new SESSION_ID [--ttl 1h] [--network none|allowlist|internet]
+                         [--allow-out X]... [--deny-out X]... [--label k=v]... [-o text|json]
+       sidecar leases network ID --network none|allowlist|internet [--allow-out X]... [--deny-out X]...
+                                                 replace a lease's network policy (new connections)
        sidecar leases leftovers ID [-o table|json]   what finished commands left running
        sidecar leases kill ID PID [--signal TERM]    signal one of them (only a leftover of ID)
+
+--allow-out and --deny-out take IPv4/IPv6 addresses or CIDRs ("10.1.0.0/16",
+"[2001:db8::/32]:443") and domain names ("pypi.org", "*.pythonhosted.org"), each with an
+optional :port; repeat the flag or separate entries with commas. --allow-out alone means
+--network allowlist, --deny-out alone --network internet. Loopback, this host, other
+leases, private ranges, cloud metadata and port 25 stay closed under every policy.
 
 Needs SANDBOX_REMOTE_URL and the shared token (SANDBOX_REMOTE_AUTH_TOKEN or _FILE).`
 
@@ -42,6 +51,8 @@ func runLeases(ctx context.Context, args []string) error {
 		return leasesRemove(ctx, args[1:])
 	case "new", "acquire":
 		return leasesNew(ctx, args[1:])
+	case "network":
+		return leasesNetwork(ctx, args[1:])
 	case "leftovers":
 		return leasesLeftovers(ctx, args[1:])
 	case "kill":
@@ -168,7 +179,7 @@ type newLeaseArgs struct {
 func parseNewLease(args []string) (newLeaseArgs, error) {
 	fs := flag.NewFlagSet("leases new", flag.ContinueOnError)
 	ttl := fs.Duration("ttl", 0, "lease TTL (0: the daemon's default)")
-	network := fs.String("network", "", "network mode: none or host (empty: the daemon's default)")
+	pf := addPolicyFlags(fs)
 	output := outputFlag(fs, "text", "json")
 	var labels multiFlag
 	fs.Var(&labels, "label", "label k=v (repeatable)")
@@ -177,25 +188,21 @@ func parseNewLease(args []string) (newLeaseArgs, error) {
 		return newLeaseArgs{}, err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return newLeaseArgs{}, usagef("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none] [--label k=v] [-o text|json]")
+		return newLeaseArgs{}, usagef("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none|allowlist|internet] [--allow-out X]... [--deny-out X]... [--label k=v] [-o text|json]")
 	}
 	if *ttl < 0 || *ttl%time.Second != 0 {
 		return newLeaseArgs{}, usagef("--ttl %v: want a positive whole number of seconds", *ttl)
 	}
-	var policy *apitype.NetworkPolicy
-	switch *network {
-	case "":
-	case apitype.EgressNone, apitype.EgressAllowlist, apitype.EgressInternet:
-		policy = &apitype.NetworkPolicy{Egress: *network}
-	default:
-		return newLeaseArgs{}, usagef("--network %q: want none, allowlist or internet", *network)
+	network, err := pf.policy()
+	if err != nil {
+		return newLeaseArgs{}, err
 	}
 	lbl, err := keyValues(labels, "--label")
 	if err != nil {
 		return newLeaseArgs{}, usageError{err.Error()}
 	}
 	return newLeaseArgs{
-		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: policy, Labels: lbl},
+		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: network, Labels: lbl},
 		output: output.value,
 	}, nil
 }
@@ -219,14 +226,14 @@ func leasesNew(ctx context.Context, args []string) error {
 	if a.output == "json" {
 		return printJSON(os.Stdout, info)
 	}
-	fmt.Printf("id:      %s\ntoken:   %s\nexpires: %s\n", info.ID, info.Token, info.ExpiresAt.Format(time.RFC3339))
+	fmt.Printf("id:      %s\ntoken:   %s\nexpires: %s\nnetwork: %s\n", info.ID, info.Token, info.ExpiresAt.Format(time.RFC3339), policyText(info.Network))
 	return nil
 }
 
 // writeLeaseTable renders the lease inspection list for a terminal.
 func writeLeaseTable(w io.Writer, leases []apitype.Lease, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSESSION\tSTATE\tEXPIRES\tPROCS\tLEFT\tMEM\tCPU\tDISK")
+	fmt.Fprintln(tw, "ID\tSESSION\tSTATE\tEXPIRES\tPROCS\tLEFT\tMEM\tCPU\tDISK\tEGRESS\tSENT\tRECV")
 	for _, l := range leases {
 		mem, cpu, disk := "-", "-", "-"
 		if u := l.Usage; u != nil {
@@ -234,10 +241,26 @@ func writeLeaseTable(w io.Writer, leases []apitype.Lease, now time.Time) error {
 			cpu = fmt.Sprintf("%.1fs", u.CPUSeconds)
 			disk = usageOf(u.DiskBytes, l.Limits.DiskBytes)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n",
-			l.ID, l.SessionID, l.State, expiresIn(l.ExpiresAt, now), l.Processes, l.LeftoverCount, mem, cpu, disk)
+		sent, recv := "-", "-" // no stats: the lease shares the host's network
+		if st := l.NetworkStats; st != nil {
+			sent, recv = humanBytes(st.BytesSent), humanBytes(st.BytesReceived)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			l.ID, l.SessionID, l.State, expiresIn(l.ExpiresAt, now), l.Processes, l.LeftoverCount, mem, cpu, disk,
+			egressOf(l.Network), sent, recv)
 	}
 	return tw.Flush()
+}
+
+// egressOf is the policy's mode with the number of its rules: "allowlist+3".
+func egressOf(p apitype.NetworkPolicy) string {
+	if p.Egress == "" {
+		return "-"
+	}
+	if n := len(p.AllowOut) + len(p.DenyOut); n > 0 {
+		return fmt.Sprintf("%s+%d", p.Egress, n)
+	}
+	return p.Egress
 }
 
 // writeLeftovers renders a lease's leftover processes for a terminal.

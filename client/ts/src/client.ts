@@ -7,6 +7,8 @@ import { pipeline } from "node:stream/promises";
 import type { components } from "./openapi.js";
 import { errorFromReply, UnauthorizedError, ForbiddenError, LeaseNotFoundError, LeaseExpiredError } from "./errors.js";
 import { Process, type ExecStreamOptions } from "./process.js";
+import { dialPortForward } from "./portforward.js";
+import type { Duplex } from "node:stream";
 import { Fleet, FleetError, isFleet, splitURLs } from "./fleet.js";
 
 export type Schemas = components["schemas"];
@@ -27,6 +29,9 @@ export type ScriptResult = Schemas["ScriptResult"];
 export type ShellCreateRequest = Schemas["ShellCreateRequest"];
 export type ShellInfo = Schemas["Shell"];
 export type ShellResult = Schemas["ShellResult"];
+export type NetworkPolicy = Schemas["NetworkPolicy"];
+export type NetworkStats = Schemas["NetworkStats"];
+export type NetworkInfo = Schemas["NetworkInfo"];
 
 export interface Config {
   /** https://host:port of the daemon. Several (an array, or a comma-separated list) make
@@ -282,6 +287,14 @@ export class Client {
     return this.json({ method: on ? "POST" : "DELETE", path: "/v1/drain" });
   }
 
+  /** setNetwork replaces lease id's network policy (PUT /v1/leases/{id}/network) and
+   * resolves with the lease. Shared token only: a lease token is a ForbiddenError, so code
+   * inside a lease cannot open its own egress. New connections follow the new policy. */
+  async setNetwork(id: string, policy: NetworkPolicy | "none"): Promise<Lease> {
+    if (this.fleet) return (await this.fleet.locate(id)).client.setNetwork(id, policy);
+    return this.json({ method: "PUT", path: leasePath(id, "network"), json: policy });
+  }
+
   /** On a fleet, any sidecar that answers runs it: scripts touch no lease. */
   runScript(req: ScriptRequest): Promise<ScriptResult> {
     if (this.fleet) return this.fleet.any((m) => m.client.runScript(req));
@@ -314,6 +327,10 @@ export class Client {
     // of the leases it has seen, else one GET on every sidecar) and the handle keeps it.
     return new LeaseHandle(this, { id, token } as Lease, true);
   }
+}
+
+function checkPort(port: number): void {
+  if (!Number.isInteger(port) || port < 1 || port > 65535) throw new Error(`client: port ${port} outside 1..65535`);
 }
 
 export function leasePath(id: string, ...parts: string[]): string {
@@ -398,6 +415,66 @@ export class LeaseHandle {
 
   async get(): Promise<Lease> {
     return this.client.json({ method: "GET", path: leasePath(this.id), lease: this });
+  }
+
+  /** setNetwork replaces this lease's network policy with the handle's credential (a
+   * handle from acquire may; one opened with a lease token gets ForbiddenError). */
+  async setNetwork(policy: NetworkPolicy | "none"): Promise<Lease> {
+    const info = await this.client.json<Lease>({ method: "PUT", path: leasePath(this.id, "network"), json: policy, lease: this });
+    this.info = { ...info, token: info.token ?? this.info.token };
+    return info;
+  }
+
+  /** portURL is the daemon URL that reaches http://127.0.0.1:port/ inside the lease
+   * (/v1/leases/{id}/ports/{port}/); append the path and query the server expects. Send
+   * the credential of portHeaders with each request: the daemon does not forward it to
+   * the server in the lease. Never hand this URL and the token to a browser: the shared
+   * token opens every lease (docs/operations.md, Exposing a lease port). */
+  async portURL(port: number): Promise<string> {
+    checkPort(port);
+    const c = await this.client.bind(this);
+    const u = new URL(c.base.toString());
+    u.pathname = c.base.pathname.replace(/\/$/, "") + leasePath(this.id, "ports", String(port)) + "/";
+    return u.toString();
+  }
+
+  /** portHeaders are the headers a request to portURL needs (the handle's credential). */
+  portHeaders(): Record<string, string> {
+    return { authorization: `Bearer ${this.credential() || this.client.token}` };
+  }
+
+  /** portRequest sends one HTTP request to a server in the lease through the daemon and
+   * resolves with its reply, whatever its status (the lease server's own); the daemon's
+   * own refusals (port_unreachable, forbidden, …) reject as typed errors. */
+  async portRequest(port: number, path: string, opts: { method?: string; headers?: OutgoingHttpHeaders; body?: Buffer | string } = {}): Promise<IncomingMessage> {
+    const base = await this.portURL(port);
+    const url = new URL(path.replace(/^\//, ""), base);
+    const c = await this.client.bind(this);
+    const body = typeof opts.body === "string" ? Buffer.from(opts.body) : opts.body;
+    const headers: OutgoingHttpHeaders = { ...opts.headers, ...this.portHeaders() };
+    if (body) headers["content-length"] = body.length;
+    return new Promise((resolve, reject) => {
+      const req = httpsRequest(url, { method: opts.method ?? "GET", headers, agent: c.agent }, (res) => {
+        const mt = String(res.headers["content-type"] ?? "").split(";")[0].trim();
+        // A problem body is the daemon's answer, not the lease server's.
+        if ((res.statusCode ?? 0) >= 400 && mt === "application/problem+json") {
+          readAll(res, 64 << 10).then((b) => reject(errorFromReply(res.statusCode ?? 0, mt, b)), reject);
+          return;
+        }
+        resolve(res);
+      });
+      req.on("error", reject);
+      req.end(body);
+    });
+  }
+
+  /** portForward opens a TCP connection to port inside the lease over the daemon's
+   * port-forward websocket and resolves with a Duplex carrying its bytes (binary
+   * messages). It ends when either side ends (no half-close); nothing listening is a
+   * PortUnreachableError. */
+  async portForward(port: number): Promise<Duplex> {
+    checkPort(port);
+    return dialPortForward(this, await this.client.bind(this), port);
   }
 
   async release(): Promise<void> {

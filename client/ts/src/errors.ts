@@ -59,6 +59,11 @@ export class SandboxSetupFailedError extends SidecarError {}
 export class DrainingError extends UnavailableError {}
 export class ShellNotFoundError extends NotFoundError {}
 export class ShellBusyError extends SidecarError {}
+/** 400 invalid_network_policy: an entry the daemon cannot read, or one inside a range only
+ * the operator's SIDECAR_NETWORK_PRIVATE_ALLOW opens; the detail names it. */
+export class InvalidNetworkPolicyError extends InvalidRequestError {}
+/** 502 port_unreachable: nothing listens on that port inside the lease. */
+export class PortUnreachableError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -95,6 +100,8 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   draining: DrainingError,
   shell_not_found: ShellNotFoundError,
   shell_busy: ShellBusyError,
+  invalid_network_policy: InvalidNetworkPolicyError,
+  port_unreachable: PortUnreachableError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).
