@@ -98,7 +98,8 @@ func claimUIDRange(dir, stateDir string, first, last int) (*uidClaim, error) {
 		return nil, fmt.Errorf("%w: a daemon with state dir %s is running already", ErrUIDRangeOwned, stateDir)
 	}
 	rec, _ := json.Marshal(uidRecord{PID: os.Getpid(), StateDir: stateDir, Range: fmt.Sprintf("%d-%d", first, last), Since: time.Now().UTC()})
-	if err := f.Truncate(0); err == nil {
+	err = f.Truncate(0)
+	if err == nil {
 		_, err = f.WriteAt(append(rec, '\n'), 0)
 	}
 	if err != nil {
