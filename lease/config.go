@@ -40,9 +40,12 @@ type Config struct {
 	// UIDFirst..UIDLast: both 0 means no uid allocation; otherwise every lease gets one
 	// free uid (gid = uid) from the range, and ErrLimit when it is used up.
 	UIDFirst, UIDLast int
-	Provisioner       Provisioner      // nil: none
-	Now               func() time.Time // default time.Now
-	Logger            *slog.Logger     // default: discard
+	// UIDOwners is where running daemons record their uid ranges (uidrange.go); default
+	// DefaultUIDOwners.
+	UIDOwners   string
+	Provisioner Provisioner      // nil: none
+	Now         func() time.Time // default time.Now
+	Logger      *slog.Logger     // default: discard
 	// OnEvent is the audit and metrics hook, called after each state change, outside any
 	// lock. It must not block for long.
 	OnEvent func(Event)
@@ -89,6 +92,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxTTL == 0 {
 		c.MaxTTL = DefaultMaxTTL
+	}
+	if c.UIDOwners == "" {
+		c.UIDOwners = DefaultUIDOwners
 	}
 	if c.DefaultNetwork.IsZero() {
 		c.DefaultNetwork = netpolicy.Policy{Egress: netpolicy.EgressInternet}

@@ -142,6 +142,7 @@ func newEnv(t *testing.T, configure ...func(*Config)) *testEnv {
 			e.events = append(e.events, ev)
 		},
 		RemoveDir: os.RemoveAll, // fsxfer.RemoveTree is tested in TestReleaseWithRemoveTree
+		UIDOwners: filepath.Join(root, "uid-owners"),
 	}
 	for _, f := range configure {
 		f(&e.cfg)

@@ -60,6 +60,7 @@ type Manager struct {
 	sessions map[string]*entry    // by session id: the newest live lease of the session
 	creating map[string]*creation // by session id
 	uids     uidPool
+	uidClaim *uidClaim // this daemon's hold on its uid range; nil without one
 
 	persistMu sync.Mutex  // serialises state writes; taken before mu, never inside it
 	journal   *journal    // guarded by persistMu
@@ -81,9 +82,14 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("lease: work root: %w", err)
 	}
+	claim, err := claimUIDRange(cfg.UIDOwners, cfg.StateDir, cfg.UIDFirst, cfg.UIDLast)
+	if err != nil {
+		return nil, err
+	}
 	now := cfg.Now()
 	jr, leases, err := openJournal(cfg.StateDir, cfg.WorkRoot, now, cfg.Logger.Warn)
 	if err != nil {
+		claim.close()
 		return nil, err
 	}
 	m := &Manager{
@@ -94,6 +100,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		sessions: map[string]*entry{},
 		creating: map[string]*creation{},
 		uids:     newUIDPool(cfg.UIDFirst, cfg.UIDLast),
+		uidClaim: claim,
 	}
 	slices.SortFunc(leases, byCreation)
 	for _, l := range leases {
@@ -113,6 +120,7 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 			m.leases[l.ID].lease.ExpiresAt = now
 			if err := m.persistLease(l.ID); err != nil {
 				jr.close()
+				claim.close()
 				return nil, err
 			}
 		}
@@ -230,13 +238,16 @@ func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Leas
 	return l, nil
 }
 
-// Close writes the state one last time (for activity recorded by Touch), compacted.
-// A Manager used after Close keeps working: the journal reopens on the next write.
+// Close writes the state one last time (for activity recorded by Touch), compacted, and
+// gives up the uid range. A Manager used after Close keeps working: the journal reopens on
+// the next write.
 func (m *Manager) Close() error {
 	m.persistMu.Lock()
 	defer m.persistMu.Unlock()
 	err := m.compactLocked()
 	m.journal.close()
+	m.uidClaim.close()
+	m.uidClaim = nil
 	return err
 }
 

@@ -50,7 +50,9 @@ type serveConfig struct {
 	TLSSelfSigned   bool     `env:"SIDECAR_TLS_SELF_SIGNED"`
 	TLSHosts        []string `env:"SIDECAR_TLS_HOSTS" envSeparator:","`
 
-	UIDRange string `env:"SIDECAR_UID_RANGE" envDefault:"200000-265535"`
+	// UIDRange is the lease uids; "": a block of 65,536 derived from the state dir and
+	// recorded there (lease.DefaultUIDRange), so that daemons on one host never share uids.
+	UIDRange string `env:"SIDECAR_UID_RANGE"`
 
 	LogLevel  string `env:"SIDECAR_LOG_LEVEL" envDefault:"info"`
 	LogFormat string `env:"SIDECAR_LOG_FORMAT" envDefault:"text"`
@@ -111,8 +113,10 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.Seccomp != "strict" && c.Seccomp != "off" {
 		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
 	}
-	if c.UIDFirst, c.UIDLast, err = parseUIDRange(c.UIDRange); err != nil {
-		errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
+	if c.UIDRange != "" {
+		if c.UIDFirst, c.UIDLast, err = parseUIDRange(c.UIDRange); err != nil {
+			errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
+		}
 	}
 	if c.MaxLeases < 1 {
 		errs = append(errs, errors.New("SIDECAR_MAX_LEASES must be at least 1"))
@@ -295,8 +299,13 @@ func runServe(ctx context.Context, args []string) error {
 
 	cfg := c.Config
 	cfg.Version, cfg.TLS, cfg.CertNotAfter, cfg.Logger = version, tlsCfg, reloader.NotAfter, log
-	if os.Geteuid() != 0 {
+	switch {
+	case os.Geteuid() != 0:
 		cfg.UIDFirst, cfg.UIDLast = 0, 0 // only root can switch uids
+	case c.UIDRange == "":
+		if cfg.UIDFirst, cfg.UIDLast, err = lease.DefaultUIDRange(cfg.StateDir); err != nil {
+			return err
+		}
 	}
 	d, err := daemon.Start(ctx, cfg)
 	if err != nil {
