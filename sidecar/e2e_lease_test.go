@@ -16,6 +16,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
@@ -338,9 +339,29 @@ func TestTwoDaemonsOneHost(t *testing.T) {
 		}
 	}
 
-	b := startDaemon(t, func(c *daemon.Config) { c.CgroupParent += "-b" })
+	b := startDaemon(t, func(c *daemon.Config) {
+		c.CgroupParent += "-b"
+		if c.UIDFirst != 0 {
+			c.UIDFirst, c.UIDLast = 236000, 236999 // its own uids: overlapping ones are refused below
+		}
+	})
 	b.acquire("second")
 	alive("a second daemon started")
+
+	if a.cfg.UIDFirst != 0 {
+		cfg := b.cfg
+		cfg.StateDir = stateDir(t)
+		cfg.WorkRoot = filepath.Join(cfg.StateDir, "leases")
+		cfg.ListenAddr = "127.0.0.1:0"
+		cfg.CgroupParent += "-c"
+		cfg.UIDFirst, cfg.UIDLast = a.cfg.UIDLast, a.cfg.UIDLast+10
+		if dd, err := daemon.Start(ctx, cfg); err == nil {
+			dd.Close(ctx)
+			t.Fatal("a daemon started with uids a running one hands out")
+		} else if !errors.Is(err, lease.ErrUIDRangeOwned) || !strings.Contains(err.Error(), a.cfg.StateDir) {
+			t.Fatalf("uid refusal does not name the holder: %v", err)
+		}
+	}
 
 	cfg := b.cfg
 	cfg.StateDir = stateDir(t)
