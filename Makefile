@@ -23,8 +23,13 @@ ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)
 PREFIX     ?= /usr/local
 SYSCONFDIR ?= /etc
 UNITDIR    ?= /etc/systemd/system
-TLS_HOST   ?= $(shell hostname)
-TLS_IP     ?= 127.0.0.1
+# The daemon listens on the host's own address, and its certificate names that address,
+# the host's name and 127.0.0.1: by default the source address of the default route (or
+# the first of `hostname -I`) and `hostname`. install refuses to run when it cannot tell
+# them; give LISTEN_ADDR, TLS_IP and TLS_HOST then (or to choose another interface).
+TLS_HOST   ?= $(shell hostname 2>/dev/null)
+TLS_IP     ?= $(shell { ip -4 route get 192.0.2.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; hostname -I 2>/dev/null | tr ' ' '\n' | grep '\.'; } | head -n1)
+LISTEN_ADDR ?= $(TLS_IP):7443
 CONF       := $(DESTDIR)$(SYSCONFDIR)/sidecar
 
 SOAK_LEASES   ?= 32
@@ -139,8 +144,11 @@ tools:
 	@test -x $(GOBIN)/staticcheck || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # install is idempotent: binaries, unit and docs are replaced; the env file, the token
-# and the TLS files are made once and never overwritten.
+# and the TLS files are made once, for this host, and never overwritten.
 install: build
+	@if [ -z "$(TLS_IP)" ] || [ -z "$(TLS_HOST)" ]; then \
+		echo "make install: cannot tell this host's address (TLS_IP=$(TLS_IP)) or name (TLS_HOST=$(TLS_HOST)); give them, e.g." >&2; \
+		echo "  make install LISTEN_ADDR=10.0.0.5:7443 TLS_IP=10.0.0.5 TLS_HOST=sandbox.internal" >&2; exit 2; fi
 	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/sidecar
 	# The mount point of every lease's workdir (docs/operations.md): the unit's
 	# ProtectSystem=strict keeps the daemon from making it at start.
@@ -151,13 +159,15 @@ install: build
 	chmod 0644 $(DESTDIR)$(UNITDIR)/sidecar.service
 	install -m 0644 docs/operations.md docs/api.md $(DESTDIR)$(PREFIX)/share/doc/sidecar/
 	install -d -m 0700 $(CONF)
-	test -e $(CONF)/sidecar.env || install -m 0600 systemd/sidecar.env $(CONF)/sidecar.env
+	test -e $(CONF)/sidecar.env || (umask 077 && sed '1s#Example\.#Made by make install for $(TLS_HOST).#; s#^SIDECAR_LISTEN_ADDR=.*#SIDECAR_LISTEN_ADDR=$(LISTEN_ADDR)#; s#--host sandbox.internal#--host $(TLS_HOST)#; s#--ip 10.0.0.5#--ip $(TLS_IP)#' \
+		systemd/sidecar.env > $(CONF)/sidecar.env)
 	test -s $(CONF)/auth-token || (umask 077 && $(BIN) token > $(CONF)/auth-token)
-	test -e $(CONF)/tls/server.crt || $(BIN) tls gen --dir $(CONF)/tls --host $(TLS_HOST) --ip $(TLS_IP) >/dev/null
-	@echo "sidecar installed. Start it with: systemctl daemon-reload && systemctl enable --now sidecar"
+	test -e $(CONF)/tls/server.crt || $(BIN) tls gen --dir $(CONF)/tls --host $(TLS_HOST) $(addprefix --ip ,$(sort $(TLS_IP) 127.0.0.1)) >/dev/null
+	@echo "sidecar installed; it listens on $$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env) ($(SYSCONFDIR)/sidecar/sidecar.env)."
+	@echo "Start it with: systemctl daemon-reload && systemctl enable --now sidecar"
 	@echo "Client lines (copy $(SYSCONFDIR)/sidecar/tls/ca.crt and the token to the app and worker hosts):"
 	@echo "  SANDBOX_PROVIDER=remote"
-	@echo "  SANDBOX_REMOTE_URL=https://$(TLS_HOST):7443"
+	@echo "  SANDBOX_REMOTE_URL=https://$$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env)"
 	@echo "  SANDBOX_REMOTE_CA_FILE=$(SYSCONFDIR)/sidecar/tls/ca.crt"
 	@echo "  SANDBOX_REMOTE_AUTH_TOKEN_FILE=$(SYSCONFDIR)/sidecar/auth-token"
 
