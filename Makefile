@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
 
 all: build
 
@@ -59,22 +59,33 @@ build:
 	fi
 
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
-# dir, and a token generated once (printed the first time only).
+# dir, and a token generated once (printed the first time only). The client settings go
+# to $(STATE)/env, which `. "$$(make -s env)"` loads in another shell from any checkout.
 # From a closed checkout the binaries run from $(STATE)/bin too: the script workers run
 # them as an unprivileged uid.
 RUNBIN      = $(if $(CLOSED),$(STATE)/bin,$(BINDIR))
+RUN_ADDR   ?= $(or $(SIDECAR_LISTEN_ADDR),127.0.0.1:7443)
+# copy_bins puts the built binaries in $(1), world-readable, when the checkout is closed.
+copy_bins = if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(1) && rm -f $(1)/* && \
+	for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(1)/; fi; done; fi
 run: build
 	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
-	@if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(RUNBIN) && rm -f $(RUNBIN)/* && \
-		for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(RUNBIN)/; fi; done; fi
+	@$(call copy_bins,$(RUNBIN))
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \
 		echo "sidecar: generated a new shared token (shown only this once; kept in $(STATE)/auth-token):" && \
 		cat $(STATE)/auth-token; \
 	fi
-	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token \
+	@printf 'export SANDBOX_PROVIDER=remote\nexport SANDBOX_REMOTE_URL=https://%s\nexport SANDBOX_REMOTE_CA_FILE=%s\nexport SANDBOX_REMOTE_AUTH_TOKEN_FILE=%s\n' \
+		'$(subst 0.0.0.0:,127.0.0.1:,$(RUN_ADDR))' '$(STATE)/tls/tls-self-signed.crt' '$(STATE)/auth-token' > $(STATE)/env
+	@echo "sidecar: client settings in $(STATE)/env; in another shell: . $(STATE)/env (or, in this checkout: . \"\$$(make -s env)\")"
+	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token SIDECAR_LISTEN_ADDR=$(RUN_ADDR) \
 	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(RUNBIN)/sidecar serve
+
+# env prints the path of the client settings `make run` writes, for `. "$$(make -s env)"`.
+env:
+	@echo $(STATE)/env
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.
@@ -106,6 +117,10 @@ staticcheck: tools
 race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# From a closed checkout (see STATE) the daemon measured runs from a copy of the binaries,
+# as in `make run`: its script workers execute it as an unprivileged uid.
+BENCHBIN    = $(if $(CLOSED),$(STATE)/bench-bin,$(BINDIR))
+
 # bench: sidecar beside OpenSSH and the machine's floor, measured in one run (root; it
 # installs sshd, ssh and rsync from Debian when missing). A full run takes ~13 minutes;
 # bench-quick under two. Never part of `make test`.
@@ -114,11 +129,13 @@ BENCH_DEPS = command -v sshd >/dev/null && command -v rsync >/dev/null || \
 
 bench: build
 	@$(BENCH_DEPS)
-	$(GO) run ./cmd/sidecar-bench -bin $(BIN) $(if $(BENCH_OUT),-out $(BENCH_OUT))
+	@$(call copy_bins,$(BENCHBIN))
+	$(GO) run ./cmd/sidecar-bench -bin $(BENCHBIN)/sidecar $(if $(BENCH_OUT),-out $(BENCH_OUT))
 
 bench-quick: build
 	@$(BENCH_DEPS)
-	$(GO) run ./cmd/sidecar-bench -quick -bin $(BIN)
+	@$(call copy_bins,$(BENCHBIN))
+	$(GO) run ./cmd/sidecar-bench -quick -bin $(BENCHBIN)/sidecar
 
 # fuzz runs each fuzz target for a bounded time (their seed corpora also run in `race`).
 fuzz:
