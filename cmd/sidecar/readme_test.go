@@ -94,6 +94,7 @@ func TestReadmeTour(t *testing.T) {
 		"SIDECAR_CGROUP_PARENT=sidecar-test-readme",
 		"SIDECAR_UID_RANGE=234000-234999",
 	)
+	run.Env = append(run.Env, quotaEnv()...)
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stderr := &lockedBuffer{}
 	run.Stdout, run.Stderr = stderr, stderr

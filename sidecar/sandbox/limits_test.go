@@ -164,6 +164,7 @@ func alive(pid int) bool {
 func TestNetworkNone(t *testing.T) { forEachHelper(t, testNetworkNone) }
 
 func testNetworkNone(t *testing.T, s *Sandbox) {
+	needPython(t)
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.Network = "none" })
 	r := run(t, s, l.ID, sh(`tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; /usr/bin/python3 -c "
 import socket
