@@ -274,3 +274,78 @@ func stopGroup(t *testing.T, pgid int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// The README's layout cannot go stale: each folder it names exists, and each folder that
+// holds a Go package is named.
+func TestReadmeLayout(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := strings.Cut(string(b), "## Layout\n")
+	if !ok {
+		t.Fatal(`README.md has no "## Layout"`)
+	}
+	_, layout, _ = strings.Cut(layout, "```\n")
+	layout, _, _ = strings.Cut(layout, "```")
+	named := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(layout), "\n") {
+		column := regexp.MustCompile(`\s{2,}`).Split(line, 2)[0]
+		for _, entry := range strings.Split(column, ", ") {
+			for _, dir := range expandBraces(entry) {
+				dir = strings.TrimSuffix(dir, "/")
+				named[dir] = true
+				if st, err := os.Stat(filepath.Join("../..", dir)); err != nil || !st.IsDir() {
+					t.Errorf("the README's layout names %s/, which is not a folder", dir)
+				}
+			}
+		}
+	}
+	for _, dir := range goPackageDirs(t, "../..") {
+		if !named[dir] {
+			t.Errorf("the README's layout does not name %s/, a Go package", dir)
+		}
+	}
+}
+
+// expandBraces expands one {a,b,…} group: "x/{,y/}" is "x/" and "x/y/".
+func expandBraces(s string) []string {
+	open, close := strings.Index(s, "{"), strings.Index(s, "}")
+	if open < 0 || close < open {
+		return []string{s}
+	}
+	var out []string
+	for _, alt := range strings.Split(s[open+1:close], ",") {
+		out = append(out, s[:open]+alt+s[close+1:])
+	}
+	return out
+}
+
+// goPackageDirs lists, relative to root, the folders holding .go files, as the go tool
+// sees packages (testdata and dot- or underscore-folders are not).
+func goPackageDirs(t *testing.T, root string) []string {
+	t.Helper()
+	seen := map[string]bool{}
+	var dirs []string
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() && p != root && (name == "testdata" || name == "node_modules" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(name, ".go") {
+			rel, _ := filepath.Rel(root, filepath.Dir(p))
+			if !seen[rel] {
+				seen[rel] = true
+				dirs = append(dirs, rel)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dirs
+}
