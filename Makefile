@@ -183,6 +183,10 @@ install: build
 	test -s $(CONF)/auth-token || (umask 077 && $(BIN) token > $(CONF)/auth-token)
 	test -e $(CONF)/tls/server.crt || $(BIN) tls gen --dir $(CONF)/tls --host $(TLS_HOST) $(addprefix --ip ,$(sort $(TLS_IP) 127.0.0.1)) >/dev/null
 	@echo "sidecar installed; it listens on $$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env) ($(SYSCONFDIR)/sidecar/sidecar.env)."
+	@# A sidecar.env kept from an earlier install may name another host's address.
+	@addr=$$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env); host=$${addr%:*}; \
+	if ! { hostname -I 2>/dev/null; echo 127.0.0.1 0.0.0.0; } | tr ' ' '\n' | grep -qxF "$$host"; then \
+		echo "warning: $$addr, kept in $(SYSCONFDIR)/sidecar/sidecar.env, is not an address of this host: set SIDECAR_LISTEN_ADDR there, and make a certificate naming it (sidecar tls gen --force), before starting"; fi
 	@echo "Start it with: systemctl daemon-reload && systemctl enable --now sidecar"
 	@echo "Client lines (copy $(SYSCONFDIR)/sidecar/tls/ca.crt and the token to the app and worker hosts):"
 	@echo "  SANDBOX_PROVIDER=remote"
