@@ -65,12 +65,16 @@ build:
 # them as an unprivileged uid.
 RUNBIN      = $(if $(CLOSED),$(STATE)/bin,$(BINDIR))
 RUN_ADDR   ?= $(or $(SIDECAR_LISTEN_ADDR),127.0.0.1:7443)
+# Without mkfs.ext4 (Debian: e2fsprogs) the default disk quota, a filesystem per lease,
+# cannot be had: run then meters uploads only (SIDECAR_DISK_QUOTA=off) and says so.
+RUN_QUOTA   = $(or $(SIDECAR_DISK_QUOTA),$(if $(shell PATH="$$PATH:/usr/sbin:/sbin" command -v mkfs.ext4),auto,off))
 # copy_bins puts the built binaries in $(1), world-readable, when the checkout is closed.
 copy_bins = if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(1) && rm -f $(1)/* && \
 	for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(1)/; fi; done; fi
 run: build
 	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
+	@if [ -z "$(SIDECAR_DISK_QUOTA)" ] && [ "$(RUN_QUOTA)" = off ]; then echo "sidecar: no mkfs.ext4 (Debian: apt-get install e2fsprogs), so leases get no filesystem of their own: SIDECAR_DISK_QUOTA=off, disk_bytes binds API uploads only"; fi
 	@$(call copy_bins,$(RUNBIN))
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \
@@ -81,7 +85,7 @@ run: build
 		'$(subst 0.0.0.0:,127.0.0.1:,$(RUN_ADDR))' '$(STATE)/tls/tls-self-signed.crt' '$(STATE)/auth-token' > $(STATE)/env
 	@echo "sidecar: client settings in $(STATE)/env; in another shell: . $(STATE)/env (or, in this checkout: . \"\$$(make -s env)\")"
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token SIDECAR_LISTEN_ADDR=$(RUN_ADDR) \
-	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(RUNBIN)/sidecar serve
+	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) SIDECAR_DISK_QUOTA=$(RUN_QUOTA) $(RUNBIN)/sidecar serve
 
 # env prints the path of the client settings `make run` writes, for `. "$$(make -s env)"`.
 env:
