@@ -266,7 +266,7 @@ func testToolsRun(t *testing.T, s *Sandbox) {
 		pkg  string // the Debian package CI installs; "" for a tool CI may lack
 		argv []string
 	}{
-		{"python3", "python3", []string{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"}},
+		{"/usr/bin/python3", "python3", []string{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"}},
 		{"git", "", []string{"git", "init", "-q", "repo"}},
 		{"git", "", []string{"sh", "-c", "cd repo && echo x > f && git add f && git -c user.name=t -c user.email=t@t commit -qm x && git log --oneline | grep -q x"}},
 		{"cc", "gcc", []string{"sh", "-c", `printf '#include <stdio.h>\nint main(void) { puts("hello"); }\n' > /tmp/h.c && cc -o /tmp/h /tmp/h.c && /tmp/h | grep -qx hello`}},
