@@ -23,15 +23,20 @@ ISOLATION  ?= $(if $(filter 0,$(shell id -u)),strict,none)
 PREFIX     ?= /usr/local
 SYSCONFDIR ?= /etc
 UNITDIR    ?= /etc/systemd/system
-TLS_HOST   ?= $(shell hostname)
-TLS_IP     ?= 127.0.0.1
+# The daemon listens on the host's own address, and its certificate names that address,
+# the host's name and 127.0.0.1: by default the source address of the default route (or
+# the first of `hostname -I`) and `hostname`. install refuses to run when it cannot tell
+# them; give LISTEN_ADDR, TLS_IP and TLS_HOST then (or to choose another interface).
+TLS_HOST   ?= $(shell hostname 2>/dev/null)
+TLS_IP     ?= $(shell { ip -4 route get 192.0.2.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p'; hostname -I 2>/dev/null | tr ' ' '\n' | grep '\.'; } | head -n1)
+LISTEN_ADDR ?= $(TLS_IP):7443
 CONF       := $(DESTDIR)$(SYSCONFDIR)/sidecar
 
 SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
 
 all: build
 
@@ -54,22 +59,37 @@ build:
 	fi
 
 # run: the daemon on its embedded defaults: loopback, self-signed TLS kept in the state
-# dir, and a token generated once (printed the first time only).
+# dir, and a token generated once (printed the first time only). The client settings go
+# to $(STATE)/env, which `. "$$(make -s env)"` loads in another shell from any checkout.
 # From a closed checkout the binaries run from $(STATE)/bin too: the script workers run
 # them as an unprivileged uid.
 RUNBIN      = $(if $(CLOSED),$(STATE)/bin,$(BINDIR))
+RUN_ADDR   ?= $(or $(SIDECAR_LISTEN_ADDR),127.0.0.1:7443)
+# Without mkfs.ext4 (Debian: e2fsprogs) the default disk quota, a filesystem per lease,
+# cannot be had: run then meters uploads only (SIDECAR_DISK_QUOTA=off) and says so.
+RUN_QUOTA   = $(or $(SIDECAR_DISK_QUOTA),$(if $(shell PATH="$$PATH:/usr/sbin:/sbin" command -v mkfs.ext4),auto,off))
+# copy_bins puts the built binaries in $(1), world-readable, when the checkout is closed.
+copy_bins = if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(1) && rm -f $(1)/* && \
+	for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(1)/; fi; done; fi
 run: build
 	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
-	@if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(RUNBIN) && rm -f $(RUNBIN)/* && \
-		for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(RUNBIN)/; fi; done; fi
+	@if [ -z "$(SIDECAR_DISK_QUOTA)" ] && [ "$(RUN_QUOTA)" = off ]; then echo "sidecar: no mkfs.ext4 (Debian: apt-get install e2fsprogs), so leases get no filesystem of their own: SIDECAR_DISK_QUOTA=off, disk_bytes binds API uploads only"; fi
+	@$(call copy_bins,$(RUNBIN))
 	@if [ ! -s $(STATE)/auth-token ]; then \
 		umask 077 && $(BIN) token > $(STATE)/auth-token && \
 		echo "sidecar: generated a new shared token (shown only this once; kept in $(STATE)/auth-token):" && \
 		cat $(STATE)/auth-token; \
 	fi
-	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token \
-	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(RUNBIN)/sidecar serve
+	@printf 'export SANDBOX_PROVIDER=remote\nexport SANDBOX_REMOTE_URL=https://%s\nexport SANDBOX_REMOTE_CA_FILE=%s\nexport SANDBOX_REMOTE_AUTH_TOKEN_FILE=%s\n' \
+		'$(subst 0.0.0.0:,127.0.0.1:,$(RUN_ADDR))' '$(STATE)/tls/tls-self-signed.crt' '$(STATE)/auth-token' > $(STATE)/env
+	@echo "sidecar: client settings in $(STATE)/env; in another shell: . $(STATE)/env (or, in this checkout: . \"\$$(make -s env)\")"
+	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token SIDECAR_LISTEN_ADDR=$(RUN_ADDR) \
+	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) SIDECAR_DISK_QUOTA=$(RUN_QUOTA) $(RUNBIN)/sidecar serve
+
+# env prints the path of the client settings `make run` writes, for `. "$$(make -s env)"`.
+env:
+	@echo $(STATE)/env
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.
@@ -89,8 +109,10 @@ chart-test:
 tidy:
 	$(GO) mod tidy -diff
 
+# fmt checks the tracked Go files; without git (a tarball) every Go file but dependencies'.
 fmt:
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@files=$$(git ls-files '*.go' 2>/dev/null) || files=$$(find . -name '*.go' -not -path '*/node_modules/*' -not -path './.cache/*'); \
+	out=$$(gofmt -l $$files); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
 	$(GO) vet ./...
@@ -101,6 +123,10 @@ staticcheck: tools
 race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+# From a closed checkout (see STATE) the daemon measured runs from a copy of the binaries,
+# as in `make run`: its script workers execute it as an unprivileged uid.
+BENCHBIN    = $(if $(CLOSED),$(STATE)/bench-bin,$(BINDIR))
+
 # bench: sidecar beside OpenSSH and the machine's floor, measured in one run (root; it
 # installs sshd, ssh and rsync from Debian when missing). A full run takes ~13 minutes;
 # bench-quick under two. Never part of `make test`.
@@ -109,11 +135,13 @@ BENCH_DEPS = command -v sshd >/dev/null && command -v rsync >/dev/null || \
 
 bench: build
 	@$(BENCH_DEPS)
-	$(GO) run ./cmd/sidecar-bench -bin $(BIN) $(if $(BENCH_OUT),-out $(BENCH_OUT))
+	@$(call copy_bins,$(BENCHBIN))
+	$(GO) run ./cmd/sidecar-bench -bin $(BENCHBIN)/sidecar $(if $(BENCH_OUT),-out $(BENCH_OUT))
 
 bench-quick: build
 	@$(BENCH_DEPS)
-	$(GO) run ./cmd/sidecar-bench -quick -bin $(BIN)
+	@$(call copy_bins,$(BENCHBIN))
+	$(GO) run ./cmd/sidecar-bench -quick -bin $(BENCHBIN)/sidecar
 
 # fuzz runs each fuzz target for a bounded time (their seed corpora also run in `race`).
 fuzz:
@@ -139,8 +167,11 @@ tools:
 	@test -x $(GOBIN)/staticcheck || $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # install is idempotent: binaries, unit and docs are replaced; the env file, the token
-# and the TLS files are made once and never overwritten.
+# and the TLS files are made once, for this host, and never overwritten.
 install: build
+	@if [ -z "$(TLS_IP)" ] || [ -z "$(TLS_HOST)" ]; then \
+		echo "make install: cannot tell this host's address (TLS_IP=$(TLS_IP)) or name (TLS_HOST=$(TLS_HOST)); give them, e.g." >&2; \
+		echo "  make install LISTEN_ADDR=10.0.0.5:7443 TLS_IP=10.0.0.5 TLS_HOST=sandbox.internal" >&2; exit 2; fi
 	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(PREFIX)/share/doc/sidecar
 	# The mount point of every lease's workdir (docs/operations.md): the unit's
 	# ProtectSystem=strict keeps the daemon from making it at start.
@@ -151,13 +182,19 @@ install: build
 	chmod 0644 $(DESTDIR)$(UNITDIR)/sidecar.service
 	install -m 0644 docs/operations.md docs/api.md $(DESTDIR)$(PREFIX)/share/doc/sidecar/
 	install -d -m 0700 $(CONF)
-	test -e $(CONF)/sidecar.env || install -m 0600 systemd/sidecar.env $(CONF)/sidecar.env
+	test -e $(CONF)/sidecar.env || (umask 077 && sed '1s#Example\.#Made by make install for $(TLS_HOST).#; s#^SIDECAR_LISTEN_ADDR=.*#SIDECAR_LISTEN_ADDR=$(LISTEN_ADDR)#; s#--host sandbox.internal#--host $(TLS_HOST)#; s#--ip 10.0.0.5#--ip $(TLS_IP)#' \
+		systemd/sidecar.env > $(CONF)/sidecar.env)
 	test -s $(CONF)/auth-token || (umask 077 && $(BIN) token > $(CONF)/auth-token)
-	test -e $(CONF)/tls/server.crt || $(BIN) tls gen --dir $(CONF)/tls --host $(TLS_HOST) --ip $(TLS_IP) >/dev/null
-	@echo "sidecar installed. Start it with: systemctl daemon-reload && systemctl enable --now sidecar"
+	test -e $(CONF)/tls/server.crt || $(BIN) tls gen --dir $(CONF)/tls --host $(TLS_HOST) $(addprefix --ip ,$(sort $(TLS_IP) 127.0.0.1)) >/dev/null
+	@echo "sidecar installed; it listens on $$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env) ($(SYSCONFDIR)/sidecar/sidecar.env)."
+	@# A sidecar.env kept from an earlier install may name another host's address.
+	@addr=$$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env); host=$${addr%:*}; \
+	if ! { hostname -I 2>/dev/null; echo 127.0.0.1 0.0.0.0; } | tr ' ' '\n' | grep -qxF "$$host"; then \
+		echo "warning: $$addr, kept in $(SYSCONFDIR)/sidecar/sidecar.env, is not an address of this host: set SIDECAR_LISTEN_ADDR there, and make a certificate naming it (sidecar tls gen --force), before starting"; fi
+	@echo "Start it with: systemctl daemon-reload && systemctl enable --now sidecar"
 	@echo "Client lines (copy $(SYSCONFDIR)/sidecar/tls/ca.crt and the token to the app and worker hosts):"
 	@echo "  SANDBOX_PROVIDER=remote"
-	@echo "  SANDBOX_REMOTE_URL=https://$(TLS_HOST):7443"
+	@echo "  SANDBOX_REMOTE_URL=https://$$(sed -n 's/^SIDECAR_LISTEN_ADDR=//p' $(CONF)/sidecar.env)"
 	@echo "  SANDBOX_REMOTE_CA_FILE=$(SYSCONFDIR)/sidecar/tls/ca.crt"
 	@echo "  SANDBOX_REMOTE_AUTH_TOKEN_FILE=$(SYSCONFDIR)/sidecar/auth-token"
 

@@ -147,10 +147,10 @@ func writeSparse(dst fileSink, b []byte, off int64, res *reservation) (end int64
 }
 
 // flushEvery is how far the data written may run ahead of the disk. The fsync before a
-// write is acknowledged has to wait for every byte not yet on disk, and on this VM's disk
+// write is acknowledged has to wait for every byte not yet on disk, and on a virtual disk
 // even data the kernel already wrote back costs its share of the cache flush (a 256 MiB
 // file written at 300 MB/s then fsynced: 150-250 ms; flushed every 16 MiB while it came
-// in: under 1 ms left). Below it, a file is flushed by its final fsync alone, as before.
+// in: under 1 ms left). Below it, a file is flushed by its final fsync alone.
 const flushEvery = 16 << 20
 
 // flusher runs fdatasync on a file in the background each time another flushEvery bytes

@@ -23,6 +23,7 @@ import (
 // the files, and release leaves no mount, loop device or image.
 func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 	needRoot(t)
+	needMkfs(t)
 	const quota = 48 << 20
 	d := startDaemon(t, func(c *daemon.Config) { c.DefaultLimits.DiskBytes = quota })
 	ctx := context.Background()
@@ -105,6 +106,7 @@ func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 // the startup sweep unmounts it and deletes its image before removing the directory.
 func TestDiskQuotaOrphanSwept(t *testing.T) {
 	needRoot(t)
+	needMkfs(t)
 	d := startDaemon(t, func(c *daemon.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "orphan"})
 	dir := filepath.Join(d.cfg.WorkRoot, l.ID())
@@ -178,6 +180,7 @@ func loopsUnder(dir string) []string {
 // device, not wait for B's processes to end.
 func TestDiskQuotaReleaseWhileAnotherLeaseRuns(t *testing.T) {
 	needRoot(t)
+	needMkfs(t)
 	d := startDaemon(t, func(c *daemon.Config) { c.DefaultLimits.DiskBytes = 16 << 20 })
 	ctx := context.Background()
 	a := d.acquireOnce(apitype.AcquireRequest{SessionID: "first"})

@@ -337,6 +337,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 // the documented open-file limit.
 func TestExecKernelSurfaceDenied(t *testing.T) {
 	needRoot(t)
+	needPython(t)
 	d := startDaemon(t)
 	l := d.acquire("seccomp")
 	ctx := context.Background()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
@@ -131,6 +132,31 @@ func isolation() string {
 	return "none"
 }
 
+// needPython skips (fails under SIDECAR_TEST_REQUIRE_ALL=1) without /usr/bin/python3,
+// which the test runs inside a lease to probe it.
+func needPython(t testing.TB) {
+	t.Helper()
+	testtool.Need(t, "/usr/bin/python3", "python3", "the test runs it inside a lease")
+}
+
+// quotaEnv is the disk quota setting of the tests' daemons: none (the default, auto: a
+// loop filesystem per lease) where mkfs.ext4 is installed or SIDECAR_TEST_REQUIRE_ALL=1
+// (CI) asks for it; else SIDECAR_DISK_QUOTA=off, since auto refuses to start in strict
+// isolation without e2fsprogs and only the tests of the quota itself (needMkfs) need it.
+func quotaEnv() []string {
+	if _, ok := testtool.Find("mkfs.ext4"); ok || testtool.RequireAll() {
+		return nil
+	}
+	return []string{"SIDECAR_DISK_QUOTA=off"}
+}
+
+// needMkfs skips (fails under SIDECAR_TEST_REQUIRE_ALL=1) without mkfs.ext4, which the
+// daemon formats each lease's filesystem with.
+func needMkfs(t testing.TB) {
+	t.Helper()
+	testtool.Need(t, "mkfs.ext4", "e2fsprogs", "the daemon formats each lease's filesystem with it (SIDECAR_DISK_QUOTA=loop)")
+}
+
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -175,6 +201,9 @@ func startDaemon(t testing.TB, mods ...func(*daemon.Config)) *testDaemon {
 	}
 	if testing.Verbose() {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if len(quotaEnv()) > 0 {
+		cfg.DiskQuota = "off"
 	}
 	for _, m := range mods {
 		m(&cfg)

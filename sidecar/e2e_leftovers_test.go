@@ -46,6 +46,7 @@ func TestLeftoverServerOutlivesItsExec(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: leftovers live in the lease's cgroups; CI runs as root")
 	}
+	needPython(t)
 	d := startDaemon(t)
 	ctx := context.Background()
 	l := d.acquireOnce(apitype.AcquireRequest{SessionID: "leftover-server", Network: &apitype.NetworkPolicy{Egress: apitype.EgressNone}})

@@ -108,6 +108,7 @@ func TestWorkspaceE2E(t *testing.T) {
 // identity the user configured.
 func TestNamedUserE2E(t *testing.T) {
 	needRoot(t)
+	needPython(t)
 	d := startDaemon(t)
 	l := d.acquire("named-user")
 	ctx := context.Background()

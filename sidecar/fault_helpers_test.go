@@ -99,7 +99,7 @@ func newBinDaemon(t *testing.T, extra ...string) *binDaemon {
 	uidFirst, uidLast := faultUIDs(256000)
 	stderr := &syncBuffer{}
 	b, err := daemontest.New(daemontest.Options{Bin: helperBinary(t), Parent: faultName(t), Token: testToken,
-		UIDFirst: uidFirst, UIDLast: uidLast, Env: append([]string{"SIDECAR_LOG_LEVEL=debug"}, extra...), Output: stderr})
+		UIDFirst: uidFirst, UIDLast: uidLast, Env: append(append([]string{"SIDECAR_LOG_LEVEL=debug"}, quotaEnv()...), extra...), Output: stderr})
 	if err != nil {
 		t.Fatal(err)
 	}

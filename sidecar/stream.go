@@ -19,8 +19,8 @@ import (
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 )
 
-// Websocket buffers: gorilla's 4 KiB default halves throughput on this machine kind
-// (0.42 vs 0.79 GB/s measured with 64 KiB).
+// Websocket buffers: gorilla's 4 KiB default halves a fast stream's throughput (0.42 vs
+// 0.79 GB/s with 64 KiB: `sidecar-bench -only stream` against a daemon built with each).
 const wsBufferSize = 64 << 10
 
 // streamProtocol picks the framing the client offered. gorilla upgrades even when no

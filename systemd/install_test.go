@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // installLayout is the documented layout of `make install` (docs/operations.md), with
@@ -30,13 +32,11 @@ var installLayout = map[string]fs.FileMode{
 }
 
 func TestMakeInstallLayout(t *testing.T) {
-	if _, err := exec.LookPath("make"); err != nil {
-		t.Skip("make is not installed")
-	}
+	testtool.Need(t, "make", "make", "it runs make install")
 	root := t.TempDir()
 	install := func() {
 		t.Helper()
-		cmd := exec.Command("make", "-C", "..", "install", "DESTDIR="+root, "TLS_HOST=sandbox.test")
+		cmd := exec.Command("make", "-C", "..", "install", "DESTDIR="+root, "TLS_HOST=sandbox.test", "TLS_IP=192.0.2.7")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("make install: %v\n%s", err, out)
 		}

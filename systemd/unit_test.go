@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 const (
@@ -28,10 +30,7 @@ const (
 
 func systemdAnalyze(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	path, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skipf("systemd-analyze is not installed (apt-get install systemd; CI has it): %v", err)
-	}
+	path := testtool.Need(t, "systemd-analyze", "systemd", "it checks the unit file")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, path, args...).CombinedOutput()

@@ -227,8 +227,8 @@ func loopsOf(img string) ([]string, error) {
 // copies when the lease package removes the (then unmounted) directory, since a mount
 // point removed in one namespace is unmounted in all others
 // (TestDiskQuotaReleaseWhileAnotherLeaseRuns). So nothing here waits for the device:
-// the copies cannot go before Detach returns, and waiting for them (250 ms, as this did
-// until 2026-12-02) made a release beside a launcher made meanwhile take 300 ms.
+// the copies cannot go before Detach returns, and a wait for them would only delay every
+// release beside a launcher made meanwhile (by the whole wait: they never go sooner).
 func detachImage(img string) error { return detachImageFrom(img, "") }
 
 // detachImageFrom is detachImage knowing the device img was mounted from ("": unknown,

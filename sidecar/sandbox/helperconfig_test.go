@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/landlock"
 )
@@ -239,10 +240,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 // buildParseOnlyHelper compiles the C helper with SIDECAR_INIT_PARSE_ONLY, sanitized when
 // the compiler can.
 func buildParseOnlyHelper(f *testing.F) string {
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		f.Skip("no C compiler (cc) in PATH to build cmd/sidecar-init/sidecar-init.c; CI has one")
-	}
+	cc := testtool.Need(f, "cc", "gcc", "it builds cmd/sidecar-init/sidecar-init.c")
 	out := filepath.Join(f.TempDir(), "parse-only")
 	base := []string{"-Wall", "-Wextra", "-Werror", "-DSIDECAR_INIT_PARSE_ONLY", "-o", out, cHelperSource}
 	sanitized := append([]string{"-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"}, base...)

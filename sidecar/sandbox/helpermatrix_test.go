@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // testHelper is one helper binary the isolation tests run against.
@@ -42,7 +44,7 @@ func buildHelpers() (cleanup func()) {
 	}
 	cc, err := exec.LookPath("cc")
 	if err != nil {
-		c.skip = "no C compiler (cc) in PATH to build cmd/sidecar-init/sidecar-init.c; CI has one"
+		c.skip = "cc is not installed (Debian: apt-get install gcc); it builds cmd/sidecar-init/sidecar-init.c"
 		testHelpers = append(testHelpers, c)
 		return func() {}
 	}
@@ -53,8 +55,10 @@ func buildHelpers() (cleanup func()) {
 	c.path = filepath.Join(dir, "sidecar-init")
 	out, err := exec.Command(cc, "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", c.path, cHelperSource, "-lseccomp").CombinedOutput()
 	switch {
-	case err != nil && bytes.Contains(out, []byte("seccomp.h")):
-		c.skip = "no libseccomp (Debian: libseccomp-dev) to build cmd/sidecar-init/sidecar-init.c; CI installs it"
+	case err != nil && (bytes.Contains(out, []byte("seccomp.h")) || bytes.Contains(out, []byte("-lseccomp"))):
+		c.skip = "no static libseccomp (Debian: apt-get install libseccomp-dev); it builds cmd/sidecar-init/sidecar-init.c"
+	case err != nil && bytes.Contains(out, []byte("cannot find -lc")):
+		c.skip = "no static libc (Debian: apt-get install libc6-dev); it links cmd/sidecar-init/sidecar-init.c"
 	case err != nil:
 		c.err = fmt.Sprintf("cc %s: %v\n%s", cHelperSource, err, out)
 	}
@@ -66,7 +70,7 @@ func buildHelpers() (cleanup func()) {
 func (h testHelper) usable(t testing.TB) string {
 	t.Helper()
 	if h.skip != "" {
-		t.Skip(h.skip)
+		testtool.Missing(t, h.skip)
 	}
 	if h.err != "" {
 		t.Fatal(h.err)

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // The test binary is its own helper (`<test binary> __sandbox-init`) and, like the
@@ -80,6 +82,13 @@ func cgroupDirs(s *Sandbox, parts ...string) []string {
 }
 
 const testCgroupParent = "sidecar-test"
+
+// needPython skips (fails under SIDECAR_TEST_REQUIRE_ALL=1) without /usr/bin/python3,
+// which the test runs inside a lease to probe it.
+func needPython(t testing.TB) {
+	t.Helper()
+	testtool.Need(t, "/usr/bin/python3", "python3", "the test runs it inside a lease")
+}
 
 // newTestSandbox is a strict sandbox with the Go helper; it skips unless the test runs as
 // root on a host with cgroups and Landlock (CI does).

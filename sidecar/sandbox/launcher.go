@@ -103,8 +103,8 @@ func (l *launcher) tasks() int64 {
 // noteCommand records a command that is about to start as the lease's last (ended closes
 // when it is over), before it starts: a launcher waiting for quiet (awaitQuiet) then
 // waits for this command too instead of being made beside its plain start. Noted after
-// the start (as for a few hours on 2026-12-02), a launcher whose quiet timer ran out
-// meanwhile was forked beside the plain start, and the two shared the CPUs.
+// the start, a launcher whose quiet timer ran out meanwhile would be forked beside the
+// plain start, and the two would share the CPUs.
 func (s *Sandbox) noteCommand(le *lease, ended <-chan struct{}) {
 	s.mu.Lock()
 	le.lastCommand = ended

@@ -164,6 +164,7 @@ func alive(pid int) bool {
 func TestNetworkNamespace(t *testing.T) { forEachHelper(t, testNetworkNamespace) }
 
 func testNetworkNamespace(t *testing.T, s *Sandbox) {
+	needPython(t)
 	const resolv = "nameserver 127.0.0.1\n"
 	l := newTestLease(t, s, func(l *LeaseSpec) {
 		l.Network = &LeaseNetwork{Env: []string{"HTTP_PROXY=http://127.0.0.1:3128"}, ResolvConf: resolv}

@@ -13,6 +13,7 @@ import (
 // A lease that opens PTYs until it cannot gets its own instance's max and no more; another
 // lease still starts a TTY command, and the host still opens a PTY.
 func TestPTYHog(t *testing.T) {
+	needPython(t)
 	const max = 8
 	for _, h := range testHelpers {
 		t.Run(h.name, func(t *testing.T) {

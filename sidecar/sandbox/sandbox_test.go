@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 func TestCleanProcess(t *testing.T) { forEachHelper(t, testCleanProcess) }
@@ -260,15 +262,19 @@ func testToolsRun(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
 	for _, c := range []struct {
 		tool string
+		pkg  string // the Debian package CI installs; "" for a tool CI may lack
 		argv []string
 	}{
-		{"python3", []string{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"}},
-		{"git", []string{"git", "init", "-q", "repo"}},
-		{"git", []string{"sh", "-c", "cd repo && echo x > f && git add f && git -c user.name=t -c user.email=t@t commit -qm x && git log --oneline | grep -q x"}},
-		{"cc", []string{"sh", "-c", `printf '#include <stdio.h>\nint main(void) { puts("hello"); }\n' > /tmp/h.c && cc -o /tmp/h /tmp/h.c && /tmp/h | grep -qx hello`}},
-		{"node", []string{"node", "-e", "require('fs').writeFileSync('/tmp/n', 'x')"}},
+		{"/usr/bin/python3", "python3", []string{"/usr/bin/python3", "-c", "import os,tempfile; tempfile.mkstemp(); print(os.getuid())"}},
+		{"git", "", []string{"git", "init", "-q", "repo"}},
+		{"git", "", []string{"sh", "-c", "cd repo && echo x > f && git add f && git -c user.name=t -c user.email=t@t commit -qm x && git log --oneline | grep -q x"}},
+		{"cc", "gcc", []string{"sh", "-c", `printf '#include <stdio.h>\nint main(void) { puts("hello"); }\n' > /tmp/h.c && cc -o /tmp/h /tmp/h.c && /tmp/h | grep -qx hello`}},
+		{"node", "", []string{"node", "-e", "require('fs').writeFileSync('/tmp/n', 'x')"}},
 	} {
-		if _, err := exec.LookPath(c.tool); err != nil {
+		if _, ok := testtool.Find(c.tool); !ok {
+			if c.pkg != "" && testtool.RequireAll() {
+				t.Errorf("%s is not installed (Debian: apt-get install %s; %s=1)", c.tool, c.pkg, testtool.RequireAllEnv)
+			}
 			t.Logf("skipping %s: not installed", c.tool)
 			continue
 		}

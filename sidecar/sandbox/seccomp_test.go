@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // surfaceProbe makes each system call in a child of its own (so that a user namespace one
@@ -77,6 +79,7 @@ var unfiltered = map[string]string{
 
 func probeSurface(t *testing.T, s *Sandbox, leaseID string) map[string]string {
 	t.Helper()
+	needPython(t)
 	r := run(t, s, leaseID, Spec{Argv: []string{"/usr/bin/python3", "-c", surfaceProbe}})
 	if r.exitCode != 0 {
 		t.Fatalf("probe: exit %d: %s", r.exitCode, r.stderr)
@@ -142,9 +145,7 @@ func TestForeignArchitectureKilled(t *testing.T) {
 	if runtime.GOARCH != "amd64" {
 		t.Skip("the probe is x86_64 assembly")
 	}
-	if _, err := exec.LookPath("cc"); err != nil {
-		t.Skip("no C compiler (cc) in PATH; CI has one")
-	}
+	testtool.Need(t, "cc", "gcc", "it compiles the probe")
 	// Whether this kernel runs i386 system calls at all (ia32_emulation): if not, int 0x80
 	// never reaches the filter and only x32 is checked.
 	dir := t.TempDir()
@@ -194,6 +195,7 @@ int main(int argc, char **argv) {
 func TestLeaseRlimits(t *testing.T) { forEachHelper(t, testLeaseRlimits) }
 
 func testLeaseRlimits(t *testing.T, s *Sandbox) {
+	needPython(t)
 	l := newTestLease(t, s, nil)
 	r := run(t, s, l.ID, Spec{Argv: []string{"/usr/bin/python3", "-c", `
 import resource as r

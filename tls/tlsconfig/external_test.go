@@ -11,16 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 )
 
 func lookTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s is not installed (CI has it at /usr/bin/%s): %v", name, name, err)
-	}
-	return path
+	return testtool.Need(t, name, name, "it is a TLS client this package did not write")
 }
 
 // runTool runs a tool with an empty stdin and returns its combined output and error.
