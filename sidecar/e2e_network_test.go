@@ -74,6 +74,7 @@ func startNetworkDaemon(t *testing.T, mods ...func(*daemon.Config)) *netWorld {
 		t.Skip("lease networks need strict isolation")
 	}
 	nettest.Require(t)
+	needPython(t)
 	w := &netWorld{}
 	w.pub = nettest.New(t, "198.51.100.0/24")
 	w.neighbour = nettest.New(t, "203.0.113.0/24")

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"github.com/sidecar-sandbox/sidecar/lease/network"
 )
 
@@ -29,17 +30,18 @@ type Host struct {
 	Peer netip.Addr // the host-side end of its link (an address of the test's namespace)
 }
 
-// Require skips a test that cannot make hosts: not root, or no `ip`. CI runs as root with
-// iproute2, so these tests run there.
+// Require skips a test that cannot make hosts: not root, or no `ip` (which fails the test
+// under SIDECAR_TEST_REQUIRE_ALL=1, as CI runs it, as root).
 func Require(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("test hosts need root (network namespaces and veth links)")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("test hosts need `ip` (Debian: iproute2)")
-	}
+	ipPath = testtool.Need(t, "ip", "iproute2", "test hosts are network namespaces joined by veth links")
 }
+
+// ipPath is iproute2's ip, found by Require.
+var ipPath = "ip"
 
 // New makes a host whose address is in prefix (a /24 or wider, e.g. 198.51.100.0/24, a
 // documentation range the tests treat as public): a random /30 of it, so that tests in
@@ -98,7 +100,7 @@ func (h *Host) create(extra []string) error {
 			[]string{"route", "add", e + "/32", "via", h.Addr.String(), "dev", hl})
 	}
 	for _, c := range cmds {
-		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+		if out, err := exec.Command(ipPath, c...).CombinedOutput(); err != nil {
 			return fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
 		}
 	}
@@ -108,8 +110,8 @@ func (h *Host) create(extra []string) error {
 // remove deletes the namespace (which takes the veth pair and the routes through it).
 func (h *Host) remove() {
 	hl, _ := h.links()
-	_ = exec.Command("ip", "link", "del", hl).Run()
-	_ = exec.Command("ip", "netns", "del", h.Name).Run()
+	_ = exec.Command(ipPath, "link", "del", hl).Run()
+	_ = exec.Command(ipPath, "netns", "del", h.Name).Run()
 }
 
 // Listen opens a listener inside the host, on addr (e.g. ":443" for every address of it).
@@ -146,12 +148,12 @@ func NewNS(t testing.TB) *os.File {
 	Require(t)
 	name := fmt.Sprintf("sclease%06x", rand.IntN(1<<24))
 	for _, c := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}} {
-		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+		if out, err := exec.Command(ipPath, c...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %v: %v: %s", c, err, out)
 		}
 	}
 	ns, err := os.Open("/run/netns/" + name)
-	_ = exec.Command("ip", "netns", "del", name).Run() // the open descriptor keeps it alive
+	_ = exec.Command(ipPath, "netns", "del", name).Run() // the open descriptor keeps it alive
 	if err != nil {
 		t.Fatal(err)
 	}
