@@ -146,16 +146,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 // disk quotas, tokens, the lease table and the script workers.
 func (d *Daemon) open(ctx context.Context) error {
 	cfg, log := d.cfg, d.log
+	if err := outsideTmp(cfg); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return fmt.Errorf("work root: %w", err)
-	}
-	if abs, _ := filepath.Abs(cfg.WorkRoot); cfg.Isolation != "none" && (abs == "/tmp" || strings.HasPrefix(abs, "/tmp/")) {
-		// Every lease process gets its own /tmp mounted over the host's: a work root
-		// below /tmp would be hidden from the very processes that need it.
-		return fmt.Errorf("work root %s is under /tmp, which each lease's private /tmp hides: set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) elsewhere, e.g. /var/lib/sidecar", abs)
 	}
 	if err := traversable(cfg.WorkRoot, cfg.StateDir); err != nil {
 		return err
@@ -433,6 +431,25 @@ func (d *Daemon) Close(ctx context.Context) error {
 // (every file in the state dir is 0600 or in a 0700 directory). Any other ancestor that
 // others cannot traverse is a configuration error, reported now rather than as a
 // baffling "permission denied" inside every lease.
+// outsideTmp refuses a state dir or work root under /tmp when leases are isolated: every
+// lease process gets its own /tmp mounted over the host's, which would hide its workdir and
+// what the daemon binds in from the state dir (its /etc/passwd, its PTYs). It runs before
+// anything is made, so a refused start leaves nothing behind.
+func outsideTmp(cfg Config) error {
+	if cfg.Isolation == "none" {
+		return nil
+	}
+	for _, d := range []struct{ name, path, setting string }{
+		{"state dir", cfg.StateDir, "SIDECAR_STATE_DIR"},
+		{"work root", cfg.WorkRoot, "SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR)"},
+	} {
+		if abs, _ := filepath.Abs(d.path); abs == "/tmp" || strings.HasPrefix(abs, "/tmp/") {
+			return fmt.Errorf("%s %s is under /tmp, which each lease's private /tmp hides: set %s elsewhere, e.g. /var/lib/sidecar", d.name, abs, d.setting)
+		}
+	}
+	return nil
+}
+
 func traversable(workRoot, stateDir string) error {
 	abs, err := filepath.Abs(workRoot)
 	if err != nil {
