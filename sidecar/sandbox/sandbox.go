@@ -103,11 +103,7 @@ type Usage struct {
 	OOMKills    int64
 }
 
-// Limits the sandbox accepts; anything outside is ErrInvalid.
 const (
-	MinMemoryBytes   = 4 << 20
-	MaxCPUMillicores = 1024 * 1000
-	MaxPids          = 1 << 22
 	HelperArg        = "__sandbox-init"
 	helperBinaryName = "sidecar-init"
 )
@@ -366,14 +362,9 @@ func validateSpec(l LeaseSpec) error {
 	if l.Workdir == l.TmpDir {
 		return fmt.Errorf("%w: workdir and tmp dir must differ", ErrInvalid)
 	}
-	switch {
-	case l.MemoryBytes < 0, l.MemoryBytes > 0 && l.MemoryBytes < MinMemoryBytes:
-		return fmt.Errorf("%w: memory limit %d (0 or >= %d)", ErrInvalid, l.MemoryBytes, MinMemoryBytes)
-	case l.CPUMillicores < 0 || l.CPUMillicores > MaxCPUMillicores:
-		return fmt.Errorf("%w: cpu limit %d millicores", ErrInvalid, l.CPUMillicores)
-	case l.Pids < 0 || l.Pids > MaxPids:
-		return fmt.Errorf("%w: pids limit %d", ErrInvalid, l.Pids)
-	case l.UID < 0 || l.GID < 0:
+	// The limits were checked against what the kernel enforces by package lease, before
+	// any directory or disk was made for the lease.
+	if l.UID < 0 || l.GID < 0 {
 		return fmt.Errorf("%w: negative uid/gid", ErrInvalid)
 	}
 	if l.Network != "" && l.Network != "host" && l.Network != "none" {
