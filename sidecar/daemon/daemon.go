@@ -253,25 +253,49 @@ func (d *Daemon) open(ctx context.Context) error {
 		return err
 	}
 	d.rt.leases = d.leases
-	if removed, err := script.CleanupStale("", ""); err != nil {
+	if removed, err := script.CleanupStale(""); err != nil {
 		log.Warn("script worker sweep incomplete", "err", err)
 	} else if len(removed) > 0 {
 		log.Info("removed script workers' leftovers", "paths", removed)
 	}
 	if cfg.ScriptEnabled {
-		if d.scripts, err = script.New(ctx, script.Config{
-			Enabled:    true,
-			Workers:    cfg.ScriptWorkers,
-			HelperPath: cfg.HelperPath,
-			Seccomp:    cfg.Seccomp,
-			CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
-			Logger:     log.With("component", "script"),
-		}); err != nil {
-			return err
-		}
+		return d.openScripts(ctx)
 	}
 	return nil
 }
+
+// openScripts starts the script workers. With cgroups (strict isolation) they run in
+// the cell "scripts" under the daemon's cgroup parent, where the kernel bounds their
+// memory as it bounds a lease's; a daemon that cannot make it does not start.
+func (d *Daemon) openScripts(ctx context.Context) error {
+	cfg, log := d.cfg, d.log
+	sc := script.Config{
+		Enabled:    true,
+		Workers:    cfg.ScriptWorkers,
+		HelperPath: cfg.HelperPath,
+		Seccomp:    cfg.Seccomp,
+		CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
+		Logger:     log.With("component", "script"),
+	}
+	if d.sandbox.Caps().Cgroups != "none" {
+		cell, err := sandbox.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))
+		if err != nil {
+			return fmt.Errorf("script workers' cgroup: %w", err)
+		}
+		sc.Cell = cell
+	}
+	var err error
+	if d.scripts, err = script.New(ctx, sc); err != nil {
+		if sc.Cell != nil {
+			_ = sc.Cell.Remove(context.WithoutCancel(ctx))
+		}
+		return err
+	}
+	return nil
+}
+
+// scriptCell names the script workers' cgroup under the cgroup parent.
+const scriptCell = "scripts"
 
 // restore brings back the leases of a previous run. Their processes have no pipes to us
 // any more: they are reported lost (the process records say so) and killed, never left

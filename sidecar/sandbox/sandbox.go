@@ -104,8 +104,9 @@ type Usage struct {
 }
 
 const (
-	HelperArg        = "__sandbox-init"
-	helperBinaryName = "sidecar-init"
+	DefaultCgroupParent = "sidecar"
+	HelperArg           = "__sandbox-init"
+	helperBinaryName    = "sidecar-init"
 )
 
 var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
@@ -167,7 +168,7 @@ func New(cfg Config) (*Sandbox, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = "sidecar"
+		cfg.CgroupParent = DefaultCgroupParent
 	}
 	if cfg.Isolation == "" {
 		cfg.Isolation = IsolationStrict
@@ -557,7 +558,7 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 		return forget, nil, err
 	}
 	for _, id := range ids {
-		if known(id) {
+		if known(id) || isCell(id) {
 			continue
 		}
 		killed, err := s.cg.killLease(ctx, id)

@@ -24,7 +24,7 @@ type Runner struct {
 	root     string // empty read-only WASI root shared by all workers
 	cacheDir string
 	ownCache bool
-	cg       *memCgroup // pool cgroup; nil when bounded by RLIMIT_DATA
+	cell     Cell // the workers' cgroups; nil when bounded by RLIMIT_DATA
 
 	idle   chan *proc // FIFO: Go wakes blocked receivers in order
 	ctx    context.Context
@@ -56,15 +56,14 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 		r.removeDirs()
 		return nil, err
 	}
-	if r.asRoot {
-		rel := filepath.Join(cfg.CgroupParent, cfg.CgroupName)
-		cg, err := newMemCgroup(rel, int64(cfg.Workers)*workerBudget(cfg.MaxMemoryBytes))
-		if err != nil {
-			r.log.Warn("script workers bounded by RLIMIT_DATA only", "reason", err)
+	if cfg.Cell != nil {
+		if err := cfg.Cell.SetMemory(int64(cfg.Workers) * workerBudget(cfg.MaxMemoryBytes)); err != nil {
+			r.removeDirs()
+			return nil, fmt.Errorf("script: workers' cgroup: %w", err)
 		}
-		r.cg = cg
+		r.cell = cfg.Cell
 	} else {
-		r.log.Warn("script workers bounded by RLIMIT_DATA only", "reason", "not root")
+		r.log.Warn("script workers bounded by RLIMIT_DATA only: no cgroup")
 	}
 	r.idle = make(chan *proc, cfg.Workers)
 	r.live = map[*proc]struct{}{}
@@ -90,9 +89,6 @@ func (c *Config) fill() error {
 			return fmt.Errorf("script: helper path: %w", err)
 		}
 		c.HelperPath = exe
-	}
-	if c.CgroupName == "" {
-		c.CgroupName = fmt.Sprintf("sidecar-scripts-%d", os.Getpid())
 	}
 	if c.WorkerArgs == nil {
 		c.WorkerArgs = []string{workerSubcommand}
@@ -289,8 +285,9 @@ func (r *Runner) untrack(p *proc) {
 // release kills a worker and removes its cgroup.
 func (r *Runner) release(p *proc) {
 	p.kill()
-	if p.cg != nil {
-		if err := p.cg.remove(context.Background()); err != nil {
+	if p.cgroup != "" {
+		p.lastOOMKills.Store(r.cell.OOMKills(p.cgroup))
+		if err := r.cell.RemoveChild(context.Background(), p.cgroup); err != nil {
 			r.log.Warn("remove script worker cgroup", "err", err)
 		}
 	}
@@ -360,10 +357,10 @@ func (r *Runner) validate(req Request) (job, time.Duration, error) {
 // exec runs j on p. healthy reports whether p may serve another job.
 func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration) (res Result, healthy bool, err error) {
 	budget := workerBudget(j.MemoryBytes)
-	if p.cg != nil && p.limit != budget { // a cgroupfs write only when the limit changes
+	if p.cgroup != "" && p.limit != budget { // a cgroupfs write only when the limit changes
 		// Lowering the limit fails while the worker still holds more than that; the
 		// pool-wide limit and the watchdog below still hold then.
-		if err := p.cg.setLimit(budget); err != nil {
+		if err := r.cell.SetChildMemory(p.cgroup, budget); err != nil {
 			r.log.Debug("script worker limit not lowered", "worker", p.id, "err", err)
 		} else {
 			p.limit = budget
@@ -383,9 +380,9 @@ func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration
 	defer timer.Stop()
 	watch := time.NewTicker(watchInterval)
 	defer watch.Stop()
-	oomBefore := 0
-	if p.cg != nil {
-		oomBefore = p.cg.oomKills()
+	var oomBefore int64
+	if p.cgroup != "" {
+		oomBefore = r.cell.OOMKills(p.cgroup)
 	}
 	for {
 		select {
@@ -419,14 +416,16 @@ func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration
 }
 
 // crashError explains a worker that died mid-job. A SIGKILL we did not send comes from
-// the kernel's OOM killer: the cgroup limit or, without cgroups, the daemon's host.
-func (r *Runner) crashError(p *proc, died bool, oomBefore int, cause error) error {
-	killed := false
-	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); died && ok && ws.Signaled() {
-		killed = ws.Signal() == syscall.SIGKILL
+// the kernel's OOM killer: the worker's cgroup limit (which its OOM count shows) or,
+// without cgroups, the daemon's host.
+func (r *Runner) crashError(p *proc, died bool, oomBefore int64, cause error) error {
+	if p.cgroup != "" && max(r.cell.OOMKills(p.cgroup), p.lastOOMKills.Load()) > oomBefore {
+		return &Error{Kind: KindMemory, Message: fmt.Sprintf(
+			"script ran out of memory: the kernel killed its worker at the %d byte limit of its cgroup (the script's memory_bytes, tripled for the runtime's copies, plus %d bytes for the worker)",
+			p.limit, int64(workerOverhead))}
 	}
-	if killed || (p.cg != nil && p.cg.oomKills() > oomBefore) {
-		return &Error{Kind: KindMemory, Message: "script ran out of memory"}
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); died && ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		return &Error{Kind: KindMemory, Message: "script ran out of memory: its worker was killed"}
 	}
 	if errors.Is(cause, errFrameTooLarge) {
 		return invalid("script output too large")
@@ -457,8 +456,8 @@ func (r *Runner) Close() error {
 		r.release(p)
 	}
 	var err error
-	if r.cg != nil {
-		err = r.cg.remove(context.Background())
+	if r.cell != nil {
+		err = r.cell.Remove(context.Background())
 	}
 	r.removeDirs()
 	return err

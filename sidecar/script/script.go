@@ -7,8 +7,9 @@
 // each serving one script at a time over a length-prefixed JSON protocol on its
 // stdin/stdout. A worker runs as an unprivileged uid with no_new_privs, a Landlock
 // domain (no files but its binary, libraries, the empty root and the compilation cache;
-// no TCP; no signals out), a clean environment and no inherited descriptors, inside its
-// own memory cgroup when the daemon is root (RLIMIT_DATA otherwise). Every script gets a
+// no TCP; no signals out), the lease processes' seccomp filter, a clean environment and
+// no inherited descriptors, inside its own memory cgroup of Config.Cell (RLIMIT_DATA
+// without one), where the kernel kills it when it goes over its script's budget. Every script gets a
 // fresh QuickJS runtime, so nothing crosses from one script to the next, whose WASI root
 // is an empty read-only directory and whose std/os globals are deleted. A worker makes
 // those runtimes ahead, a few at a time, while it has no job (a runtime costs ~3 ms of
@@ -19,6 +20,7 @@
 package script
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,17 +64,30 @@ type Config struct {
 	// CacheDir holds wazero's compilation cache so that a new worker starts in ~0.3 s
 	// instead of ~1.4 s. Empty: a private temporary directory removed by Close.
 	CacheDir string
-	// CgroupParent is the memory cgroup (relative to the v1 memory hierarchy) under which
-	// the pool's cgroup "sidecar-scripts-<pid>" is made; default the hierarchy root.
-	CgroupParent string
-	// CgroupName names the pool's cgroup; default "sidecar-scripts-<pid>".
-	CgroupName string
+	// Cell bounds the workers' memory with the kernel: each worker runs in a child
+	// cgroup of it limited to its script's budget, and the cell to the pool's. The daemon
+	// passes a sandbox.Cell, a cgroup under its cgroup parent (v1 or v2); the Runner owns
+	// it from New on and removes it on Close. nil: RLIMIT_DATA and an RSS watchdog bound
+	// the workers (a daemon that is not root, or runs without isolation).
+	Cell Cell
 	// WorkerUID/WorkerGID run workers when the daemon is root; default 65534 (nobody).
 	WorkerUID, WorkerGID int
 	// Seccomp is "strict" (default): workers run under the lease processes' system-call
 	// filter (package seccomp); or "off".
 	Seccomp string
 	Logger  *slog.Logger
+}
+
+// Cell is the cgroup the workers run in: package sandbox's Cell, which the same cgroup
+// code as the leases' makes (v1 or v2). A child is a worker's own cgroup.
+type Cell interface {
+	SetMemory(bytes int64) error
+	NewChild(child string, memoryBytes int64) error
+	SetChildMemory(child string, bytes int64) error
+	Join(child string, pid int) error
+	OOMKills(child string) int64
+	RemoveChild(ctx context.Context, child string) error
+	Remove(ctx context.Context) error
 }
 
 // Request is one script run.
