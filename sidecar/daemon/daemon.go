@@ -75,6 +75,9 @@ type Config struct {
 
 	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
 	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
+	// ScriptMaxPerLease is how many script workers one lease's scripts hold at once; 0:
+	// half the workers, at least 1.
+	ScriptMaxPerLease int `env:"SIDECAR_SCRIPT_MAX_PER_LEASE" envDefault:"0"`
 
 	HelperPath   string // the daemon binary, run as the script worker (and the sandbox helper when no sidecar-init sits beside it); default os.Executable()
 	HTTP         sidecar.HTTPLimits
@@ -270,12 +273,13 @@ func (d *Daemon) open(ctx context.Context) error {
 func (d *Daemon) openScripts(ctx context.Context) error {
 	cfg, log := d.cfg, d.log
 	sc := script.Config{
-		Enabled:    true,
-		Workers:    cfg.ScriptWorkers,
-		HelperPath: cfg.HelperPath,
-		Seccomp:    cfg.Seccomp,
-		CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
-		Logger:     log.With("component", "script"),
+		Enabled:     true,
+		Workers:     cfg.ScriptWorkers,
+		MaxPerLease: cfg.ScriptMaxPerLease,
+		HelperPath:  cfg.HelperPath,
+		Seccomp:     cfg.Seccomp,
+		CacheDir:    filepath.Join(cfg.StateDir, "script-cache"),
+		Logger:      log.With("component", "script"),
 	}
 	if d.sandbox.Caps().Cgroups != "none" {
 		cell, err := sandbox.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))

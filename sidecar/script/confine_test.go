@@ -321,7 +321,7 @@ func TestCancelWhileRunning(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(r.idle) != 0 || int(r.queued.Load()) != 0 { // the script holds the worker
+	for !allTaken(r) { // the script holds the worker
 		if time.Now().After(deadline) {
 			t.Fatal("the script never started")
 		}

@@ -16,7 +16,7 @@ import (
 )
 
 // Runner runs scripts on a pool of worker processes. It is safe for concurrent use;
-// callers beyond the pool size queue in arrival order.
+// callers beyond the pool size queue, served in turn per lease (queue.go).
 type Runner struct {
 	cfg      Config
 	log      *slog.Logger
@@ -26,12 +26,11 @@ type Runner struct {
 	ownCache bool
 	cell     Cell // the workers' cgroups; nil when bounded by RLIMIT_DATA
 
-	idle   chan *proc // FIFO: Go wakes blocked receivers in order
+	q      *queue
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	seq    atomic.Int64
-	queued atomic.Int64  // callers waiting for a worker (what the queue test waits on)
 	warm   chan struct{} // closed once the first worker is ready and the cache sealed
 	mu     sync.Mutex
 	live   map[*proc]struct{}
@@ -65,7 +64,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	} else {
 		r.log.Warn("script workers bounded by RLIMIT_DATA only: no cgroup")
 	}
-	r.idle = make(chan *proc, cfg.Workers)
+	r.q = newQueue(cfg.MaxPerLease)
 	r.live = map[*proc]struct{}{}
 	r.warm = make(chan struct{})
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -82,6 +81,12 @@ func (c *Config) fill() error {
 	}
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
+	}
+	if c.MaxPerLease <= 0 {
+		c.MaxPerLease = max(1, c.Workers/2)
+	}
+	if c.QueueWait <= 0 {
+		c.QueueWait = DefaultQueueWait
 	}
 	if c.HelperPath == "" {
 		exe, err := os.Executable()
@@ -255,12 +260,13 @@ func (r *Runner) keepSlot(slot int) {
 			r.release(p)
 			return
 		}
-		r.idle <- p // never blocks: one slot, one worker
+		r.q.offer(p)
 		select {
 		case <-p.exited:
 		case <-r.ctx.Done():
 			return
 		}
+		r.q.remove(p) // died while idle: no caller gets it
 		r.untrack(p)
 		r.release(p)
 	}
@@ -303,24 +309,18 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var p *proc
-	r.queued.Add(1)
-	select {
-	case p = <-r.idle:
-	case <-ctx.Done():
-		r.queued.Add(-1)
-		return Result{}, ctx.Err()
-	case <-r.ctx.Done():
-		r.queued.Add(-1)
-		return Result{}, ErrClosed
+	// The wait for a worker is bounded on its own (QueueWait): the script's timeout
+	// starts once it runs, so a queue cannot eat it.
+	p, err := r.q.get(ctx, r.ctx, req.Lease, req.Lease != "", r.cfg.QueueWait)
+	if err != nil {
+		return Result{}, err
 	}
-	r.queued.Add(-1)
 	res, healthy, err := r.exec(ctx, p, j, timeout)
-	if healthy {
-		r.idle <- p
-	} else {
+	if !healthy {
 		p.kill() // its slot sees it exit and starts a replacement
+		p = nil
 	}
+	r.q.put(req.Lease, p)
 	return res, err
 }
 

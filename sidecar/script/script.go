@@ -33,6 +33,7 @@ import (
 // Defaults and ceilings for Config.
 const (
 	DefaultWorkers            = 2
+	DefaultQueueWait          = 5 * time.Second
 	DefaultTimeout            = time.Second
 	DefaultMaxTimeout         = 30 * time.Second
 	DefaultMemoryBytes        = 64 << 20
@@ -50,8 +51,14 @@ const (
 
 // Config configures a Runner. Zero fields take the defaults above.
 type Config struct {
-	Enabled    bool
-	Workers    int    // pool size, default 2
+	Enabled bool
+	Workers int // pool size, default 2
+	// MaxPerLease is how many workers one lease's scripts hold at once (the shared
+	// token's are not capped); default half the pool, at least 1.
+	MaxPerLease int
+	// QueueWait bounds how long a script waits for a worker before Run gives up with
+	// ErrBusy; its own timeout starts only once it runs. Default DefaultQueueWait.
+	QueueWait  time.Duration
 	HelperPath string // binary whose WorkerArgs start a worker; default os.Executable()
 	// WorkerArgs are the arguments that make HelperPath run WorkerMain; default
 	// ["__script-worker"].
@@ -96,6 +103,9 @@ type Request struct {
 	Input       json.RawMessage // passed to transform; empty means null
 	Timeout     time.Duration   // 0: Config.DefaultTimeout
 	MemoryBytes int64           // 0: Config.DefaultMemoryBytes
+	// Lease is the lease whose token asked, "" for the shared token: callers take turns
+	// for the workers, and a lease holds at most Config.MaxPerLease of them.
+	Lease string
 }
 
 // Result is a successful run.
