@@ -365,7 +365,7 @@ type callerScripts struct{ leases chan string }
 func (c callerScripts) Run(_ context.Context, req script.Request) (script.Result, error) {
 	c.leases <- req.Lease
 	if req.Source == "busy" {
-		return script.Result{}, fmt.Errorf("%w: no worker came free within 5s", script.ErrBusy)
+		return script.Result{}, fmt.Errorf("%w: no worker came free within 35s", script.ErrBusy)
 	}
 	return script.Result{Result: req.Input}, nil
 }

@@ -532,7 +532,7 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 }
 
 // Sweep removes lease cgroups the daemon no longer knows, killing their processes, and
-// forgets in-memory leases likewise. It returns the lease ids removed and the pids killed.
+// forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string

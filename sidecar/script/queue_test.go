@@ -183,6 +183,7 @@ func TestQueueTakesTurnsBetweenLeases(t *testing.T) {
 func TestQueueWaitIsBounded(t *testing.T) {
 	r := newRunner(t, func(c *Config) { c.Workers = 1 })
 	expectRecovered(t, r)
+	wait := r.cfg.QueueWait
 	r.cfg.QueueWait = 100 * time.Millisecond // the worker is warm: nothing else reads it now
 	hold := make(chan error, 1)
 	go func() {
@@ -200,6 +201,6 @@ func TestQueueWaitIsBounded(t *testing.T) {
 		t.Errorf("with the only worker held: %v, want ErrBusy", err)
 	}
 	<-hold
-	r.cfg.QueueWait = DefaultQueueWait // the replacement worker may take longer to start
+	r.cfg.QueueWait = wait // the replacement worker may take longer to start
 	expectRecovered(t, r)
 }

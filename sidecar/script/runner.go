@@ -85,9 +85,6 @@ func (c *Config) fill() error {
 	if c.MaxPerLease <= 0 {
 		c.MaxPerLease = max(1, c.Workers/2)
 	}
-	if c.QueueWait <= 0 {
-		c.QueueWait = DefaultQueueWait
-	}
 	if c.HelperPath == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -105,6 +102,7 @@ func (c *Config) fill() error {
 	}
 	def(&c.DefaultTimeout, DefaultTimeout)
 	def(&c.MaxTimeout, DefaultMaxTimeout)
+	def(&c.QueueWait, c.MaxTimeout+5*time.Second)
 	defInt := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d

@@ -33,7 +33,6 @@ import (
 // Defaults and ceilings for Config.
 const (
 	DefaultWorkers            = 2
-	DefaultQueueWait          = 5 * time.Second
 	DefaultTimeout            = time.Second
 	DefaultMaxTimeout         = 30 * time.Second
 	DefaultMemoryBytes        = 64 << 20
@@ -57,7 +56,9 @@ type Config struct {
 	// token's are not capped); default half the pool, at least 1.
 	MaxPerLease int
 	// QueueWait bounds how long a script waits for a worker before Run gives up with
-	// ErrBusy; its own timeout starts only once it runs. Default DefaultQueueWait.
+	// ErrBusy; its own timeout starts only once it runs. Default MaxTimeout + 5 s: time
+	// for the longest script ahead of it (fair turns and MaxPerLease keep it to one) and
+	// for a worker to start.
 	QueueWait  time.Duration
 	HelperPath string // binary whose WorkerArgs start a worker; default os.Executable()
 	// WorkerArgs are the arguments that make HelperPath run WorkerMain; default
