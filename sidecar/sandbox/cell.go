@@ -63,9 +63,6 @@ func NewCell(parent, name string, log *slog.Logger) (*Cell, error) {
 	return c, nil
 }
 
-// Version is the cgroup version the cell is on: "v1" or "v2".
-func (c *Cell) Version() string { return c.cg.version() }
-
 // SetMemory limits the memory (and, where the kernel accounts it, swap) of the whole
 // cell; 0 lifts the limit.
 func (c *Cell) SetMemory(bytes int64) error { return c.cg.setMemory(c.id, "", bytes) }
