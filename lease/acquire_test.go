@@ -173,12 +173,51 @@ func TestAcquireRejectsBadRequests(t *testing.T) {
 	// The bounds themselves are allowed.
 	l := mustAcquire(t, m, Request{
 		SessionID: strings.Repeat("é", MaxSessionIDLen), TTL: time.Hour, Network: netpolicy.Policy{Egress: netpolicy.EgressNone},
-		Limits: Limits{MemoryBytes: 1 << 30, CPUMillicores: 1 << 40},
+		Limits: Limits{MemoryBytes: 1 << 30, CPUMillicores: MaxCPUMillicores, Pids: 512},
 		Labels: map[string]string{strings.Repeat("k", MaxLabelKeyLen): strings.Repeat("v", MaxLabelValueLen)},
 	})
 	if !l.ExpiresAt.Equal(e.clock.Now().Add(time.Hour)) || l.Network.Egress != netpolicy.EgressNone {
 		t.Errorf("lease at the bounds = %+v", l)
 	}
+}
+
+// A limit the kernel cannot enforce (a 1 MiB memory cgroup, a CFS quota under 1 ms per
+// period) is refused, naming the field and its bound, before any directory, disk or
+// cgroup is made: the disk and the provisioner are never called.
+func TestAcquireRefusesLimitsOutsideTheKernelsBounds(t *testing.T) {
+	d := &fakeDisk{t: t}
+	e := newEnv(t, withDisk(d))
+	m := e.open()
+	before := d.snapshot()
+	for _, tc := range []struct {
+		limits Limits
+		want   string
+	}{
+		{Limits{MemoryBytes: 1 << 20}, "memory_bytes 1048576 under the minimum 4194304"},
+		{Limits{MemoryBytes: MinMemoryBytes - 1}, "memory_bytes"},
+		{Limits{CPUMillicores: 1}, "cpu_millicores 1 under the minimum 10"},
+		{Limits{CPUMillicores: MaxCPUMillicores + 1}, "cpu_millicores 1024001 over the kernel's maximum"},
+		{Limits{Pids: MaxPids + 1}, "pids"},
+	} {
+		_, _, err := m.Acquire(context.Background(), Request{SessionID: "s", Limits: tc.limits})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Acquire(%+v) = %v, want ErrInvalid saying %q", tc.limits, err, tc.want)
+		}
+	}
+	if ops := d.snapshot(); len(ops) != len(before) {
+		t.Errorf("disk calls for refused requests: %q", ops[len(before):])
+	}
+	if n := len(e.workRootNames()); n != 0 {
+		t.Errorf("%d directories left by refused requests", n)
+	}
+	e.prov.mu.Lock()
+	calls := len(e.prov.provisioned) + len(e.prov.tornDown)
+	e.prov.mu.Unlock()
+	if calls != 0 {
+		t.Errorf("provisioner called %d times for refused requests", calls)
+	}
+	// The bounds themselves are allowed.
+	mustAcquire(t, m, Request{SessionID: "s", Limits: Limits{MemoryBytes: MinMemoryBytes, CPUMillicores: MinCPUMillicores}})
 }
 
 func TestConfigDefaultsAndErrors(t *testing.T) {
@@ -198,6 +237,8 @@ func TestConfigDefaultsAndErrors(t *testing.T) {
 		{"default ttl over max", Config{StateDir: "/s", WorkRoot: "/w", DefaultTTL: 2 * time.Hour, MaxTTL: time.Hour}},
 		{"negative max leases", Config{StateDir: "/s", WorkRoot: "/w", MaxLeases: -1}},
 		{"default limits over max", Config{StateDir: "/s", WorkRoot: "/w", DefaultLimits: Limits{Pids: 10}, MaxLimits: Limits{Pids: 5}}},
+		{"default memory under the kernel's floor", Config{StateDir: "/s", WorkRoot: "/w", DefaultLimits: Limits{MemoryBytes: 1 << 20}}},
+		{"default cpu under the kernel's floor", Config{StateDir: "/s", WorkRoot: "/w", DefaultLimits: Limits{CPUMillicores: 1}}},
 		{"uid range with root", Config{StateDir: "/s", WorkRoot: "/w", UIDFirst: 0, UIDLast: 10}},
 		{"uid range reversed", Config{StateDir: "/s", WorkRoot: "/w", UIDFirst: 10, UIDLast: 9}},
 	} {

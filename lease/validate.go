@@ -128,22 +128,42 @@ func fillLimits(l, def Limits) Limits {
 	return l
 }
 
-// checkLimits refuses negative fields and fields over a non-zero maximum.
+// What the kernel can enforce of a lease's limits; 0 means no limit. Every limit is
+// checked against these before a directory, disk or cgroup is made, so a request the
+// kernel would refuse is a 400, never a half-made lease or a 500.
+const (
+	// MinMemoryBytes: a memory cgroup below it cannot start the lease's first process.
+	MinMemoryBytes = 4 << 20
+	// MinCPUMillicores: the CFS quota is at least 1 ms of each 100 ms period.
+	MinCPUMillicores = 10
+	// MaxCPUMillicores: 1,024 cores.
+	MaxCPUMillicores = 1024 * 1000
+	// MaxPids is the kernel's own ceiling on pids (PID_MAX_LIMIT).
+	MaxPids = 1 << 22
+)
+
+// checkLimits refuses negative fields, fields outside what the kernel can enforce and
+// fields over a non-zero configured maximum.
 func checkLimits(l, maxLimits Limits) error {
 	for _, f := range []struct {
-		name   string
-		v, max int64
+		name           string
+		v, floor, ceil int64
+		configured     int64
 	}{
-		{"memory_bytes", l.MemoryBytes, maxLimits.MemoryBytes},
-		{"cpu_millicores", l.CPUMillicores, maxLimits.CPUMillicores},
-		{"pids", l.Pids, maxLimits.Pids},
-		{"disk_bytes", l.DiskBytes, maxLimits.DiskBytes},
+		{"memory_bytes", l.MemoryBytes, MinMemoryBytes, 0, maxLimits.MemoryBytes},
+		{"cpu_millicores", l.CPUMillicores, MinCPUMillicores, MaxCPUMillicores, maxLimits.CPUMillicores},
+		{"pids", l.Pids, 0, MaxPids, maxLimits.Pids},
+		{"disk_bytes", l.DiskBytes, 0, 0, maxLimits.DiskBytes},
 	} {
-		if f.v < 0 {
+		switch {
+		case f.v < 0:
 			return fmt.Errorf("%w: %s %d is negative", ErrInvalid, f.name, f.v)
-		}
-		if f.max > 0 && f.v > f.max {
-			return fmt.Errorf("%w: %s %d over maximum %d", ErrInvalid, f.name, f.v, f.max)
+		case f.v > 0 && f.v < f.floor:
+			return fmt.Errorf("%w: %s %d under the minimum %d (0: the default)", ErrInvalid, f.name, f.v, f.floor)
+		case f.ceil > 0 && f.v > f.ceil:
+			return fmt.Errorf("%w: %s %d over the kernel's maximum %d", ErrInvalid, f.name, f.v, f.ceil)
+		case f.configured > 0 && f.v > f.configured:
+			return fmt.Errorf("%w: %s %d over maximum %d", ErrInvalid, f.name, f.v, f.configured)
 		}
 	}
 	return nil

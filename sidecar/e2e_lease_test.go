@@ -261,6 +261,44 @@ func TestBadRequests(t *testing.T) {
 	})
 }
 
+// A limit the kernel cannot enforce is a 400 naming the field, refused before the lease
+// gets a directory, a disk image or a cgroup (cpu_millicores 1 used to reach the cgroup
+// and answer 500; a 1 MiB memory limit formatted a disk before it was refused).
+func TestLimitsUnderTheKernelsFloorMakeNothing(t *testing.T) {
+	needRoot(t)
+	d := startDaemon(t)
+	made := func() []string {
+		var paths []string
+		for _, pattern := range []string{
+			filepath.Join(d.cfg.WorkRoot, "l*"),
+			filepath.Join(d.cfg.WorkRoot, ".disk", "*.img"),
+			"/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/*/",
+			"/sys/fs/cgroup/" + d.cfg.CgroupParent + "/*/",
+		} {
+			m, _ := filepath.Glob(pattern)
+			paths = append(paths, m...)
+		}
+		return paths
+	}
+	before := made()
+	for _, tc := range []struct {
+		limits apitype.Limits
+		field  string
+	}{
+		{apitype.Limits{MemoryBytes: 1 << 20}, "memory_bytes"},
+		{apitype.Limits{CPUMillicores: 1}, "cpu_millicores"},
+	} {
+		status, hdr, body := d.raw("POST", "/v1/leases", testToken, jsonBody(apitype.AcquireRequest{SessionID: "floor", Limits: tc.limits}), nil)
+		wantProblem(t, status, hdr, body, 400, apitype.CodeInvalidRequest)
+		if !strings.Contains(string(body), tc.field) {
+			t.Errorf("%+v refused without naming %s: %s", tc.limits, tc.field, body)
+		}
+	}
+	if after := made(); len(after) != len(before) {
+		t.Fatalf("refused requests made %v (before: %v)", after, before)
+	}
+}
+
 func TestMetricsAndInfo(t *testing.T) {
 	d := startDaemon(t)
 	d.acquire("metrics")

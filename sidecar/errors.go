@@ -98,6 +98,7 @@ var sentinels = []struct {
 	{fsxfer.ErrTooMany, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
 	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{script.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
+	{script.ErrBusy, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 }
 
 // problemOf turns any error into the problem body the client sees. Unknown errors are

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -372,6 +373,39 @@ func TestHandlerScripts(t *testing.T) {
 	}
 	wantProblem(t, do(on, "POST", "/v1/scripts/run", handlerToken, strings.NewReader(`{"source":""}`)), 400, apitype.CodeInvalidRequest)
 	wantProblem(t, do(on, "POST", "/v1/scripts/run", handlerToken, strings.NewReader(`{"source":"x","timeout_ms":-1}`)), 400, apitype.CodeInvalidRequest)
+}
+
+// callerScripts records whose script it was asked to run and refuses busy ones.
+type callerScripts struct{ leases chan string }
+
+func (c callerScripts) Run(_ context.Context, req script.Request) (script.Result, error) {
+	c.leases <- req.Lease
+	if req.Source == "busy" {
+		return script.Result{}, fmt.Errorf("%w: no worker came free within 35s", script.ErrBusy)
+	}
+	return script.Result{Result: req.Input}, nil
+}
+
+// The runner learns which lease asked (the shared token: none), so that callers take
+// turns and a lease holds a share of the workers; no free worker in time is a 503.
+func TestHandlerScriptsCaller(t *testing.T) {
+	sc := callerScripts{leases: make(chan string, 3)}
+	s := newHandlerServer(t, func(o *ServerOptions) { o.Scripts = sc })
+	l := acquire(t, s, "scripts")
+	body := `{"source":"function transform(i){return i}","input":1}`
+	if w := do(s, "POST", "/v1/scripts/run", l.Token, strings.NewReader(body)); w.Code != http.StatusOK {
+		t.Fatalf("lease token: %d %s", w.Code, w.Body)
+	}
+	if got := <-sc.leases; got != l.ID {
+		t.Errorf("lease token's script ran as caller %q, want %q", got, l.ID)
+	}
+	if w := do(s, "POST", "/v1/scripts/run", handlerToken, strings.NewReader(body)); w.Code != http.StatusOK {
+		t.Fatalf("shared token: %d %s", w.Code, w.Body)
+	}
+	if got := <-sc.leases; got != "" {
+		t.Errorf("shared token's script ran as caller %q, want none", got)
+	}
+	wantProblem(t, do(s, "POST", "/v1/scripts/run", l.Token, strings.NewReader(`{"source":"busy"}`)), 503, apitype.CodeUnavailable)
 }
 
 func TestHandlerInfo(t *testing.T) {

@@ -1,7 +1,6 @@
 package sidecar
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -9,9 +8,6 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
 )
-
-// scriptQueueWait is how long a script may wait for a worker beyond its own run time.
-const scriptQueueWait = 5 * time.Second
 
 // scriptBody is apitype.ScriptRequest with the input kept as raw JSON: it goes to the
 // worker as it came.
@@ -22,7 +18,7 @@ type scriptBody struct {
 	MemoryBytes int64           `json:"memory_bytes"`
 }
 
-func (s *Server) handleScript(w http.ResponseWriter, r *http.Request, _ principal) error {
+func (s *Server) handleScript(w http.ResponseWriter, r *http.Request, p principal) error {
 	if s.opts.Scripts == nil {
 		return errorf(http.StatusNotFound, apitype.CodeCapabilityDisabled, "scripts are disabled on this daemon (SCRIPT_ENABLED=false)")
 	}
@@ -39,15 +35,15 @@ func (s *Server) handleScript(w http.ResponseWriter, r *http.Request, _ principa
 	if len(req.Input) == 0 {
 		req.Input = json.RawMessage("null")
 	}
-	// Run waits for a free worker as long as its context allows: bound the wait so a
-	// saturated pool answers 503 rather than holding connections forever.
-	ctx, cancel := context.WithTimeout(r.Context(), script.DefaultMaxTimeout+scriptQueueWait)
-	defer cancel()
-	res, err := s.opts.Scripts.Run(ctx, script.Request{
+	// Run bounds the wait for a worker itself (503 when none comes free in time) and
+	// starts the script's timeout only once it runs; the lease's scripts take turns with
+	// other callers' and hold at most a share of the workers.
+	res, err := s.opts.Scripts.Run(r.Context(), script.Request{
 		Source:      req.Source,
 		Input:       req.Input,
 		Timeout:     time.Duration(req.TimeoutMS) * time.Millisecond,
 		MemoryBytes: req.MemoryBytes,
+		Lease:       p.leaseID,
 	})
 	if err != nil {
 		return err

@@ -129,17 +129,20 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	}
 	def, max := c.DefaultLimits, c.MaxLimits
 	for _, l := range []struct {
-		name      string
-		def, max_ int64
+		name             string
+		def, max_, floor int64
 	}{
-		{"MEMORY_BYTES", def.MemoryBytes, max.MemoryBytes},
-		{"CPU_MILLICORES", def.CPUMillicores, max.CPUMillicores},
-		{"PIDS", def.Pids, max.Pids},
-		{"DISK_BYTES", def.DiskBytes, max.DiskBytes},
+		{"MEMORY_BYTES", def.MemoryBytes, max.MemoryBytes, lease.MinMemoryBytes},
+		{"CPU_MILLICORES", def.CPUMillicores, max.CPUMillicores, lease.MinCPUMillicores},
+		{"PIDS", def.Pids, max.Pids, 1},
+		{"DISK_BYTES", def.DiskBytes, max.DiskBytes, 1},
 	} {
-		if l.def <= 0 || l.def > l.max_ {
-			errs = append(errs, fmt.Errorf("SIDECAR_DEFAULT_LIMITS_%s must be positive and at most SIDECAR_MAX_LIMITS_%s", l.name, l.name))
+		if l.def < l.floor || l.def > l.max_ {
+			errs = append(errs, fmt.Errorf("SIDECAR_DEFAULT_LIMITS_%s must be at least %d and at most SIDECAR_MAX_LIMITS_%s", l.name, l.floor, l.name))
 		}
+	}
+	if c.ScriptMaxPerLease < 0 {
+		errs = append(errs, errors.New("SIDECAR_SCRIPT_MAX_PER_LEASE must not be negative (0: half of SIDECAR_SCRIPT_WORKERS)"))
 	}
 	if c.MaxOutputBytes < 1024 {
 		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES must be at least 1024"))

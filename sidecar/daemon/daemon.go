@@ -77,6 +77,9 @@ type Config struct {
 
 	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
 	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
+	// ScriptMaxPerLease is how many script workers one lease's scripts hold at once; 0:
+	// half the workers, at least 1.
+	ScriptMaxPerLease int `env:"SIDECAR_SCRIPT_MAX_PER_LEASE" envDefault:"0"`
 
 	HelperPath   string // the daemon binary, run as the script worker (and the sandbox helper when no sidecar-init sits beside it); default os.Executable()
 	HTTP         sidecar.HTTPLimits
@@ -149,16 +152,14 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 // disk quotas, tokens, the lease table and the script workers.
 func (d *Daemon) open(ctx context.Context) error {
 	cfg, log := d.cfg, d.log
+	if err := outsideTmp(cfg); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
 	if err := os.MkdirAll(cfg.WorkRoot, 0o711); err != nil {
 		return fmt.Errorf("work root: %w", err)
-	}
-	if abs, _ := filepath.Abs(cfg.WorkRoot); cfg.Isolation != "none" && (abs == "/tmp" || strings.HasPrefix(abs, "/tmp/")) {
-		// Every lease process gets its own /tmp mounted over the host's: a work root
-		// below /tmp would be hidden from the very processes that need it.
-		return fmt.Errorf("work root %s is under /tmp, which each lease's private /tmp hides: set SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR) elsewhere, e.g. /var/lib/sidecar", abs)
 	}
 	if err := traversable(cfg.WorkRoot, cfg.StateDir); err != nil {
 		return err
@@ -263,25 +264,50 @@ func (d *Daemon) open(ctx context.Context) error {
 		return err
 	}
 	d.rt.leases = d.leases
-	if removed, err := script.CleanupStale("", ""); err != nil {
+	if removed, err := script.CleanupStale(""); err != nil {
 		log.Warn("script worker sweep incomplete", "err", err)
 	} else if len(removed) > 0 {
 		log.Info("removed script workers' leftovers", "paths", removed)
 	}
 	if cfg.ScriptEnabled {
-		if d.scripts, err = script.New(ctx, script.Config{
-			Enabled:    true,
-			Workers:    cfg.ScriptWorkers,
-			HelperPath: cfg.HelperPath,
-			Seccomp:    cfg.Seccomp,
-			CacheDir:   filepath.Join(cfg.StateDir, "script-cache"),
-			Logger:     log.With("component", "script"),
-		}); err != nil {
-			return err
-		}
+		return d.openScripts(ctx)
 	}
 	return nil
 }
+
+// openScripts starts the script workers. With cgroups (strict isolation) they run in
+// the cell "scripts" under the daemon's cgroup parent, where the kernel bounds their
+// memory as it bounds a lease's; a daemon that cannot make it does not start.
+func (d *Daemon) openScripts(ctx context.Context) error {
+	cfg, log := d.cfg, d.log
+	sc := script.Config{
+		Enabled:     true,
+		Workers:     cfg.ScriptWorkers,
+		MaxPerLease: cfg.ScriptMaxPerLease,
+		HelperPath:  cfg.HelperPath,
+		Seccomp:     cfg.Seccomp,
+		CacheDir:    filepath.Join(cfg.StateDir, "script-cache"),
+		Logger:      log.With("component", "script"),
+	}
+	if d.sandbox.Caps().Cgroups != "none" {
+		cell, err := sandbox.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))
+		if err != nil {
+			return fmt.Errorf("script workers' cgroup: %w", err)
+		}
+		sc.Cell = cell
+	}
+	var err error
+	if d.scripts, err = script.New(ctx, sc); err != nil {
+		if sc.Cell != nil {
+			_ = sc.Cell.Remove(context.WithoutCancel(ctx))
+		}
+		return err
+	}
+	return nil
+}
+
+// scriptCell names the script workers' cgroup under the cgroup parent.
+const scriptCell = "scripts"
 
 // restore brings back the leases of a previous run. Their processes have no pipes to us
 // any more: they are reported lost (the process records say so) and killed, never left
@@ -448,6 +474,25 @@ func (d *Daemon) Close(ctx context.Context) error {
 // (every file in the state dir is 0600 or in a 0700 directory). Any other ancestor that
 // others cannot traverse is a configuration error, reported now rather than as a
 // baffling "permission denied" inside every lease.
+// outsideTmp refuses a state dir or work root under /tmp when leases are isolated: every
+// lease process gets its own /tmp mounted over the host's, which would hide its workdir and
+// what the daemon binds in from the state dir (its /etc/passwd, its PTYs). It runs before
+// anything is made, so a refused start leaves nothing behind.
+func outsideTmp(cfg Config) error {
+	if cfg.Isolation == "none" {
+		return nil
+	}
+	for _, d := range []struct{ name, path, setting string }{
+		{"state dir", cfg.StateDir, "SIDECAR_STATE_DIR"},
+		{"work root", cfg.WorkRoot, "SIDECAR_WORK_ROOT (or SIDECAR_STATE_DIR)"},
+	} {
+		if abs, _ := filepath.Abs(d.path); abs == "/tmp" || strings.HasPrefix(abs, "/tmp/") {
+			return fmt.Errorf("%s %s is under /tmp, which each lease's private /tmp hides: set %s elsewhere, e.g. /var/lib/sidecar", d.name, abs, d.setting)
+		}
+	}
+	return nil
+}
+
 func traversable(workRoot, stateDir string) error {
 	abs, err := filepath.Abs(workRoot)
 	if err != nil {

@@ -20,6 +20,10 @@ type cgroupDriver interface {
 	version() string
 	provision(id string, l LeaseSpec) error
 	newChild(id, child string) error
+	// setMemory sets the memory limit of a child cgroup, or of id itself when child is "".
+	setMemory(id, child string, bytes int64) error
+	// memoryDir is the cgroup's directory in the memory hierarchy.
+	memoryDir(id, child string) string
 	// joinFiles are the cgroup.procs files the helper writes its pid to (v1).
 	joinFiles(id, child string) []string
 	// childDir is the directory to clone into (v2 CLONE_INTO_CGROUP), "" on v1.

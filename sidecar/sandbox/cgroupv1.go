@@ -153,6 +153,12 @@ func (c *cgroupV1) newChild(id, child string) error {
 	return nil
 }
 
+func (c *cgroupV1) setMemory(id, child string, bytes int64) error {
+	return setMemoryV1(c.memoryDir(id, child), bytes)
+}
+
+func (c *cgroupV1) memoryDir(id, child string) string { return c.dir("memory", id, child) }
+
 func (c *cgroupV1) joinFiles(id, child string) []string {
 	ds := c.dirs(id, child)
 	for i := range ds {

@@ -103,19 +103,8 @@ func (c *cgroupV2) provision(id string, l LeaseSpec) error {
 	if err := enableControllers(d); err != nil {
 		return err
 	}
-	limit := func(n int64) string {
-		if n <= 0 {
-			return "max"
-		}
-		return strconv.FormatInt(n, 10)
-	}
-	if err := cgroupfs.WriteFile(filepath.Join(d, "memory.max"), limit(l.MemoryBytes)); err != nil {
+	if err := setMemoryV2(d, l.MemoryBytes); err != nil {
 		return err
-	}
-	if _, err := os.Stat(filepath.Join(d, "memory.swap.max")); err == nil {
-		if err := cgroupfs.WriteFile(filepath.Join(d, "memory.swap.max"), "0"); err != nil {
-			return err
-		}
 	}
 	quota := "max"
 	if l.CPUMillicores > 0 {
@@ -124,8 +113,34 @@ func (c *cgroupV2) provision(id string, l LeaseSpec) error {
 	if err := cgroupfs.WriteFile(filepath.Join(d, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUS)); err != nil {
 		return err
 	}
-	return cgroupfs.WriteFile(filepath.Join(d, "pids.max"), limit(l.Pids))
+	return cgroupfs.WriteFile(filepath.Join(d, "pids.max"), limitV2(l.Pids))
 }
+
+// limitV2 spells a limit for a v2 control file: "max" for none.
+func limitV2(n int64) string {
+	if n <= 0 {
+		return "max"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// setMemoryV2 sets the memory limit of dir and, where swap is accounted, no swap: swap
+// is no way around the limit.
+func setMemoryV2(dir string, n int64) error {
+	if err := cgroupfs.WriteFile(filepath.Join(dir, "memory.max"), limitV2(n)); err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, "memory.swap.max")); err == nil {
+		return cgroupfs.WriteFile(filepath.Join(dir, "memory.swap.max"), "0")
+	}
+	return nil
+}
+
+func (c *cgroupV2) setMemory(id, child string, bytes int64) error {
+	return setMemoryV2(c.dir(id, child), bytes)
+}
+
+func (c *cgroupV2) memoryDir(id, child string) string { return c.dir(id, child) }
 
 func (c *cgroupV2) newChild(id, child string) error { return os.Mkdir(c.dir(id, child), 0o755) }
 

@@ -113,13 +113,10 @@ type Usage struct {
 	OOMKills    int64
 }
 
-// Limits the sandbox accepts; anything outside is ErrInvalid.
 const (
-	MinMemoryBytes   = 4 << 20
-	MaxCPUMillicores = 1024 * 1000
-	MaxPids          = 1 << 22
-	HelperArg        = "__sandbox-init"
-	helperBinaryName = "sidecar-init"
+	DefaultCgroupParent = "sidecar"
+	HelperArg           = "__sandbox-init"
+	helperBinaryName    = "sidecar-init"
 )
 
 var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
@@ -182,7 +179,7 @@ func New(cfg Config) (*Sandbox, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = "sidecar"
+		cfg.CgroupParent = DefaultCgroupParent
 	}
 	if cfg.Isolation == "" {
 		cfg.Isolation = IsolationStrict
@@ -377,14 +374,9 @@ func validateSpec(l LeaseSpec) error {
 	if l.Workdir == l.TmpDir {
 		return fmt.Errorf("%w: workdir and tmp dir must differ", ErrInvalid)
 	}
-	switch {
-	case l.MemoryBytes < 0, l.MemoryBytes > 0 && l.MemoryBytes < MinMemoryBytes:
-		return fmt.Errorf("%w: memory limit %d (0 or >= %d)", ErrInvalid, l.MemoryBytes, MinMemoryBytes)
-	case l.CPUMillicores < 0 || l.CPUMillicores > MaxCPUMillicores:
-		return fmt.Errorf("%w: cpu limit %d millicores", ErrInvalid, l.CPUMillicores)
-	case l.Pids < 0 || l.Pids > MaxPids:
-		return fmt.Errorf("%w: pids limit %d", ErrInvalid, l.Pids)
-	case l.UID < 0 || l.GID < 0:
+	// The limits were checked against what the kernel enforces by package lease, before
+	// any directory or disk was made for the lease.
+	if l.UID < 0 || l.GID < 0 {
 		return fmt.Errorf("%w: negative uid/gid", ErrInvalid)
 	}
 	return nil
@@ -560,7 +552,7 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 }
 
 // Sweep removes lease cgroups the daemon no longer knows, killing their processes, and
-// forgets in-memory leases likewise. It returns the lease ids removed and the pids killed.
+// forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string
@@ -586,7 +578,7 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 		return forget, nil, err
 	}
 	for _, id := range ids {
-		if known(id) {
+		if known(id) || isCell(id) {
 			continue
 		}
 		killed, err := s.cg.killLease(ctx, id)

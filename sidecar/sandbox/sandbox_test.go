@@ -118,9 +118,6 @@ func testCwdAndBadInput(t *testing.T, s *Sandbox) {
 	for _, bad := range []func(*LeaseSpec){
 		func(l *LeaseSpec) { l.ID = "../x" },
 		func(l *LeaseSpec) { l.Workdir = "relative" },
-		func(l *LeaseSpec) { l.MemoryBytes = 1 },
-		func(l *LeaseSpec) { l.Pids = -1 },
-		func(l *LeaseSpec) { l.CPUMillicores = MaxCPUMillicores + 1 },
 		func(l *LeaseSpec) { l.UID = 0 },
 	} {
 		spec := l

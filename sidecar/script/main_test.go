@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 // workerBin is the test worker binary (testdata/worker), built once by TestMain.
@@ -46,10 +49,27 @@ func runTests(m *testing.M) int {
 	}
 	defer os.RemoveAll(cache)
 	testCache = cache
+	defer removeCgroupParent()
 	return m.Run()
 }
 
 var testCache string
+
+// testCgroupParent is the cgroup parent of this test process's cells, which TestMain
+// removes at the end; cells numbers them.
+var (
+	testCgroupParent = fmt.Sprintf("sidecar-script-test-%d", os.Getpid())
+	cells            atomic.Int64
+)
+
+// removeCgroupParent removes the test's cgroup parent in every hierarchy (v1), or the
+// one (v2): only empty cgroups go.
+func removeCgroupParent() {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + testCgroupParent)
+	for _, d := range append(dirs, "/sys/fs/cgroup/"+testCgroupParent) {
+		_ = syscall.Rmdir(d)
+	}
+}
 
 // newRunner starts a Runner on the test worker and closes it with the test.
 func newRunner(t testing.TB, mod func(*Config)) *Runner {
@@ -61,13 +81,22 @@ func newRunner(t testing.TB, mod func(*Config)) *Runner {
 		CacheDir:   testCache,
 		Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
-	// A cgroup named after the test, so that runs and packages never collide.
-	cfg.CgroupName = fmt.Sprintf("sidecar-scripts-test-%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), os.Getpid())
+	if os.Geteuid() == 0 {
+		// As the daemon does: the workers in a cell under the cgroup parent.
+		cell, err := sandbox.NewCell(testCgroupParent, fmt.Sprintf("t%d", cells.Add(1)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Cell = cell
+	}
 	if mod != nil {
 		mod(&cfg)
 	}
 	r, err := New(context.Background(), cfg)
 	if err != nil {
+		if cell, ok := cfg.Cell.(*sandbox.Cell); ok {
+			_ = cell.Remove(context.Background())
+		}
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -34,16 +35,19 @@ func workerBudget(memBytes int64) int64 { return workerOverhead + heapFactor*mem
 
 // proc is one live worker process.
 type proc struct {
-	id       int64
-	cmd      *exec.Cmd
-	in       io.WriteCloser
-	out      *bufio.Reader
-	cg       *memCgroup // nil: RLIMIT_DATA is the bound
-	limit    int64      // memory limit last written to cg (only the job's caller touches it)
-	stderr   *tailBuffer
-	exited   chan struct{} // closed once the process has been reaped
-	landlock int           // Landlock ABI the worker confined itself with, 0 none
-	once     sync.Once
+	id     int64
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Reader
+	cgroup string // its child cgroup of Runner.cell; "": RLIMIT_DATA is the bound
+	limit  int64  // memory limit last written to its cgroup (only the job's caller touches it)
+	// lastOOMKills is its cgroup's OOM kill count read just before the cgroup was removed:
+	// its slot removes it as soon as the worker exits, maybe before the job's caller asks.
+	lastOOMKills atomic.Int64
+	stderr       *tailBuffer
+	exited       chan struct{} // closed once the process has been reaped
+	landlock     int           // Landlock ABI the worker confined itself with, 0 none
+	once         sync.Once
 }
 
 // spawnWorker starts a worker, confines it and waits until its runtime is warm.
@@ -83,7 +87,7 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 		GoMemoryLimit: workerBudget(r.cfg.MaxMemoryBytes),
 		Seccomp:       r.cfg.Seccomp != "off",
 	}
-	if p.cg == nil {
+	if p.cgroup == "" {
 		s.DataLimit = workerBudget(r.cfg.MaxMemoryBytes) + rlimitSlack
 	}
 	ready := make(chan error, 1)
@@ -120,17 +124,18 @@ func (r *Runner) spawnWorker(ctx context.Context, id int64) (*proc, error) {
 // the worker's data segment instead: the worker sets it on itself, because prlimit on
 // another process needs CAP_SYS_RESOURCE, which containers often drop.
 func (r *Runner) confine(p *proc) error {
-	pid := p.cmd.Process.Pid
-	if r.cg != nil {
-		p.limit = workerBudget(r.cfg.MaxMemoryBytes)
-		cg, err := r.cg.child("w"+strconv.FormatInt(p.id, 10), p.limit)
-		if err != nil {
-			return fmt.Errorf("worker cgroup: %w", err)
-		}
-		p.cg = cg
-		return cg.addProc(pid)
+	if r.cell == nil {
+		return nil // the worker lowers its own RLIMIT_DATA (setup.DataLimit) before any script
 	}
-	return nil // the worker lowers its own RLIMIT_DATA (setup.DataLimit) before any script
+	name, limit := "w"+strconv.FormatInt(p.id, 10), workerBudget(r.cfg.MaxMemoryBytes)
+	if err := r.cell.NewChild(name, limit); err != nil {
+		return fmt.Errorf("worker cgroup: %w", err)
+	}
+	p.cgroup, p.limit = name, limit
+	if err := r.cell.Join(name, p.cmd.Process.Pid); err != nil {
+		return fmt.Errorf("worker cgroup: %w", err)
+	}
+	return nil
 }
 
 // kill ends the worker (and anything in its process group) and reaps it.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -13,12 +14,18 @@ import (
 func waitQueued(t *testing.T, r *Runner, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for int(r.queued.Load()) != n {
+	for _, waiting := r.q.counts(); waiting != n; _, waiting = r.q.counts() {
 		if time.Now().After(deadline) {
-			t.Fatalf("queued = %d, want %d", int(r.queued.Load()), n)
+			t.Fatalf("queued = %d, want %d", waiting, n)
 		}
 		time.Sleep(time.Millisecond) // polling a counter, not waiting for time to pass
 	}
+}
+
+// allTaken says whether every worker is busy and no caller waits.
+func allTaken(r *Runner) bool {
+	idle, waiting := r.q.counts()
+	return idle == 0 && waiting == 0
 }
 
 func TestQueueIsFairAndCancellable(t *testing.T) {
@@ -32,7 +39,7 @@ func TestQueueIsFairAndCancellable(t *testing.T) {
 		hold <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(r.idle) != 0 || int(r.queued.Load()) != 0 { // the worker is taken
+	for !allTaken(r) { // the worker is taken
 		if time.Now().After(deadline) {
 			t.Fatal("the holding script never got the worker")
 		}
@@ -102,4 +109,98 @@ func TestConcurrentCallers(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+}
+
+// One lease's endless scripts hold at most MaxPerLease workers (half the pool): a script
+// of the shared token, sent after four of them, runs on the other worker and returns
+// while all four are still queued or running.
+func TestLeaseCannotHoldEveryWorker(t *testing.T) {
+	r := newRunner(t, func(c *Config) { c.Workers = 2 })
+	expectRecovered(t, r)
+	var ended atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = r.Run(context.Background(), Request{Source: `function transform() { for (;;) {} }`, Timeout: 10 * time.Second, Lease: "greedy"})
+			ended.Add(1)
+		}()
+	}
+	waitQueued(t, r, 3) // one runs, three wait: the lease's cap, not the pool, holds them
+	res, err := r.Run(context.Background(), Request{Source: okScript, Input: []byte("1")})
+	if err != nil || string(res.Result) != "2" {
+		t.Fatalf("shared-token script: %s, %v", res.Result, err)
+	}
+	if n := ended.Load(); n != 0 {
+		t.Errorf("the shared-token script waited for %d of the lease's endless scripts to end", n)
+	}
+	wg.Wait()
+}
+
+// Callers take turns: with the worker held, a lease's two queued scripts and then
+// another lease's one are served one of each lease in turn, not in arrival order.
+func TestQueueTakesTurnsBetweenLeases(t *testing.T) {
+	r := newRunner(t, func(c *Config) { c.Workers = 1 })
+	expectRecovered(t, r)
+	hold := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), Request{Source: `function transform() { for (;;) {} }`, Timeout: time.Second, Lease: "a"})
+		hold <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !allTaken(r) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holding script never got the worker")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	for i, c := range []struct{ lease, name string }{{"a", "a2"}, {"a", "a3"}, {"b", "b1"}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := r.Run(context.Background(), Request{Source: okScript, Input: []byte("1"), Lease: c.lease}); err != nil {
+				t.Errorf("%s: %v", c.name, err)
+			}
+			mu.Lock()
+			order = append(order, c.name)
+			mu.Unlock()
+		}()
+		waitQueued(t, r, i+1)
+	}
+	<-hold
+	wg.Wait()
+	if fmt.Sprint(order) != "[a2 b1 a3]" {
+		t.Errorf("served in order %v, want [a2 b1 a3]", order)
+	}
+}
+
+// The wait for a worker is bounded on its own: past QueueWait, Run gives up with
+// ErrBusy instead of spending the script's own time in the queue.
+func TestQueueWaitIsBounded(t *testing.T) {
+	r := newRunner(t, func(c *Config) { c.Workers = 1 })
+	expectRecovered(t, r)
+	wait := r.cfg.QueueWait
+	r.cfg.QueueWait = 100 * time.Millisecond // the worker is warm: nothing else reads it now
+	hold := make(chan error, 1)
+	go func() {
+		_, err := r.Run(context.Background(), Request{Source: `function transform() { for (;;) {} }`, Timeout: 5 * time.Second})
+		hold <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !allTaken(r) {
+		if time.Now().After(deadline) {
+			t.Fatal("the holding script never got the worker")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := r.Run(context.Background(), Request{Source: okScript, Input: []byte("1")}); !errors.Is(err, ErrBusy) {
+		t.Errorf("with the only worker held: %v, want ErrBusy", err)
+	}
+	<-hold
+	r.cfg.QueueWait = wait // the replacement worker may take longer to start
+	expectRecovered(t, r)
 }

@@ -16,7 +16,7 @@ import (
 )
 
 // Runner runs scripts on a pool of worker processes. It is safe for concurrent use;
-// callers beyond the pool size queue in arrival order.
+// callers beyond the pool size queue, served in turn per lease (queue.go).
 type Runner struct {
 	cfg      Config
 	log      *slog.Logger
@@ -24,14 +24,13 @@ type Runner struct {
 	root     string // empty read-only WASI root shared by all workers
 	cacheDir string
 	ownCache bool
-	cg       *memCgroup // pool cgroup; nil when bounded by RLIMIT_DATA
+	cell     Cell // the workers' cgroups; nil when bounded by RLIMIT_DATA
 
-	idle   chan *proc // FIFO: Go wakes blocked receivers in order
+	q      *queue
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	seq    atomic.Int64
-	queued atomic.Int64  // callers waiting for a worker (what the queue test waits on)
 	warm   chan struct{} // closed once the first worker is ready and the cache sealed
 	mu     sync.Mutex
 	live   map[*proc]struct{}
@@ -56,17 +55,16 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 		r.removeDirs()
 		return nil, err
 	}
-	if r.asRoot {
-		rel := filepath.Join(cfg.CgroupParent, cfg.CgroupName)
-		cg, err := newMemCgroup(rel, int64(cfg.Workers)*workerBudget(cfg.MaxMemoryBytes))
-		if err != nil {
-			r.log.Warn("script workers bounded by RLIMIT_DATA only", "reason", err)
+	if cfg.Cell != nil {
+		if err := cfg.Cell.SetMemory(int64(cfg.Workers) * workerBudget(cfg.MaxMemoryBytes)); err != nil {
+			r.removeDirs()
+			return nil, fmt.Errorf("script: workers' cgroup: %w", err)
 		}
-		r.cg = cg
+		r.cell = cfg.Cell
 	} else {
-		r.log.Warn("script workers bounded by RLIMIT_DATA only", "reason", "not root")
+		r.log.Warn("script workers bounded by RLIMIT_DATA only: no cgroup")
 	}
-	r.idle = make(chan *proc, cfg.Workers)
+	r.q = newQueue(cfg.MaxPerLease)
 	r.live = map[*proc]struct{}{}
 	r.warm = make(chan struct{})
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -84,15 +82,15 @@ func (c *Config) fill() error {
 	if c.Workers <= 0 {
 		c.Workers = DefaultWorkers
 	}
+	if c.MaxPerLease <= 0 {
+		c.MaxPerLease = max(1, c.Workers/2)
+	}
 	if c.HelperPath == "" {
 		exe, err := os.Executable()
 		if err != nil {
 			return fmt.Errorf("script: helper path: %w", err)
 		}
 		c.HelperPath = exe
-	}
-	if c.CgroupName == "" {
-		c.CgroupName = fmt.Sprintf("sidecar-scripts-%d", os.Getpid())
 	}
 	if c.WorkerArgs == nil {
 		c.WorkerArgs = []string{workerSubcommand}
@@ -104,6 +102,7 @@ func (c *Config) fill() error {
 	}
 	def(&c.DefaultTimeout, DefaultTimeout)
 	def(&c.MaxTimeout, DefaultMaxTimeout)
+	def(&c.QueueWait, c.MaxTimeout+5*time.Second)
 	defInt := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
@@ -259,12 +258,13 @@ func (r *Runner) keepSlot(slot int) {
 			r.release(p)
 			return
 		}
-		r.idle <- p // never blocks: one slot, one worker
+		r.q.offer(p)
 		select {
 		case <-p.exited:
 		case <-r.ctx.Done():
 			return
 		}
+		r.q.remove(p) // died while idle: no caller gets it
 		r.untrack(p)
 		r.release(p)
 	}
@@ -289,8 +289,9 @@ func (r *Runner) untrack(p *proc) {
 // release kills a worker and removes its cgroup.
 func (r *Runner) release(p *proc) {
 	p.kill()
-	if p.cg != nil {
-		if err := p.cg.remove(context.Background()); err != nil {
+	if p.cgroup != "" {
+		p.lastOOMKills.Store(r.cell.OOMKills(p.cgroup))
+		if err := r.cell.RemoveChild(context.Background(), p.cgroup); err != nil {
 			r.log.Warn("remove script worker cgroup", "err", err)
 		}
 	}
@@ -306,24 +307,18 @@ func (r *Runner) Run(ctx context.Context, req Request) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	var p *proc
-	r.queued.Add(1)
-	select {
-	case p = <-r.idle:
-	case <-ctx.Done():
-		r.queued.Add(-1)
-		return Result{}, ctx.Err()
-	case <-r.ctx.Done():
-		r.queued.Add(-1)
-		return Result{}, ErrClosed
+	// The wait for a worker is bounded on its own (QueueWait): the script's timeout
+	// starts once it runs, so a queue cannot eat it.
+	p, err := r.q.get(ctx, r.ctx, req.Lease, req.Lease != "", r.cfg.QueueWait)
+	if err != nil {
+		return Result{}, err
 	}
-	r.queued.Add(-1)
 	res, healthy, err := r.exec(ctx, p, j, timeout)
-	if healthy {
-		r.idle <- p
-	} else {
+	if !healthy {
 		p.kill() // its slot sees it exit and starts a replacement
+		p = nil
 	}
+	r.q.put(req.Lease, p)
 	return res, err
 }
 
@@ -360,10 +355,10 @@ func (r *Runner) validate(req Request) (job, time.Duration, error) {
 // exec runs j on p. healthy reports whether p may serve another job.
 func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration) (res Result, healthy bool, err error) {
 	budget := workerBudget(j.MemoryBytes)
-	if p.cg != nil && p.limit != budget { // a cgroupfs write only when the limit changes
+	if p.cgroup != "" && p.limit != budget { // a cgroupfs write only when the limit changes
 		// Lowering the limit fails while the worker still holds more than that; the
 		// pool-wide limit and the watchdog below still hold then.
-		if err := p.cg.setLimit(budget); err != nil {
+		if err := r.cell.SetChildMemory(p.cgroup, budget); err != nil {
 			r.log.Debug("script worker limit not lowered", "worker", p.id, "err", err)
 		} else {
 			p.limit = budget
@@ -383,9 +378,9 @@ func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration
 	defer timer.Stop()
 	watch := time.NewTicker(watchInterval)
 	defer watch.Stop()
-	oomBefore := 0
-	if p.cg != nil {
-		oomBefore = p.cg.oomKills()
+	var oomBefore int64
+	if p.cgroup != "" {
+		oomBefore = r.cell.OOMKills(p.cgroup)
 	}
 	for {
 		select {
@@ -419,14 +414,16 @@ func (r *Runner) exec(ctx context.Context, p *proc, j job, timeout time.Duration
 }
 
 // crashError explains a worker that died mid-job. A SIGKILL we did not send comes from
-// the kernel's OOM killer: the cgroup limit or, without cgroups, the daemon's host.
-func (r *Runner) crashError(p *proc, died bool, oomBefore int, cause error) error {
-	killed := false
-	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); died && ok && ws.Signaled() {
-		killed = ws.Signal() == syscall.SIGKILL
+// the kernel's OOM killer: the worker's cgroup limit (which its OOM count shows) or,
+// without cgroups, the daemon's host.
+func (r *Runner) crashError(p *proc, died bool, oomBefore int64, cause error) error {
+	if p.cgroup != "" && max(r.cell.OOMKills(p.cgroup), p.lastOOMKills.Load()) > oomBefore {
+		return &Error{Kind: KindMemory, Message: fmt.Sprintf(
+			"script ran out of memory: the kernel killed its worker at the %d byte limit of its cgroup (the script's memory_bytes, tripled for the runtime's copies, plus %d bytes for the worker)",
+			p.limit, int64(workerOverhead))}
 	}
-	if killed || (p.cg != nil && p.cg.oomKills() > oomBefore) {
-		return &Error{Kind: KindMemory, Message: "script ran out of memory"}
+	if ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus); died && ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		return &Error{Kind: KindMemory, Message: "script ran out of memory: its worker was killed"}
 	}
 	if errors.Is(cause, errFrameTooLarge) {
 		return invalid("script output too large")
@@ -457,8 +454,8 @@ func (r *Runner) Close() error {
 		r.release(p)
 	}
 	var err error
-	if r.cg != nil {
-		err = r.cg.remove(context.Background())
+	if r.cell != nil {
+		err = r.cell.Remove(context.Background())
 	}
 	r.removeDirs()
 	return err

@@ -7,8 +7,9 @@
 // each serving one script at a time over a length-prefixed JSON protocol on its
 // stdin/stdout. A worker runs as an unprivileged uid with no_new_privs, a Landlock
 // domain (no files but its binary, libraries, the empty root and the compilation cache;
-// no TCP; no signals out), a clean environment and no inherited descriptors, inside its
-// own memory cgroup when the daemon is root (RLIMIT_DATA otherwise). Every script gets a
+// no TCP; no signals out), the lease processes' seccomp filter, a clean environment and
+// no inherited descriptors, inside its own memory cgroup of Config.Cell (RLIMIT_DATA
+// without one), where the kernel kills it when it goes over its script's budget. Every script gets a
 // fresh QuickJS runtime, so nothing crosses from one script to the next, whose WASI root
 // is an empty read-only directory and whose std/os globals are deleted. A worker makes
 // those runtimes ahead, a few at a time, while it has no job (a runtime costs ~3 ms of
@@ -19,6 +20,7 @@
 package script
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,8 +50,16 @@ const (
 
 // Config configures a Runner. Zero fields take the defaults above.
 type Config struct {
-	Enabled    bool
-	Workers    int    // pool size, default 2
+	Enabled bool
+	Workers int // pool size, default 2
+	// MaxPerLease is how many workers one lease's scripts hold at once (the shared
+	// token's are not capped); default half the pool, at least 1.
+	MaxPerLease int
+	// QueueWait bounds how long a script waits for a worker before Run gives up with
+	// ErrBusy; its own timeout starts only once it runs. Default MaxTimeout + 5 s: time
+	// for the longest script ahead of it (fair turns and MaxPerLease keep it to one) and
+	// for a worker to start.
+	QueueWait  time.Duration
 	HelperPath string // binary whose WorkerArgs start a worker; default os.Executable()
 	// WorkerArgs are the arguments that make HelperPath run WorkerMain; default
 	// ["__script-worker"].
@@ -62,11 +72,12 @@ type Config struct {
 	// CacheDir holds wazero's compilation cache so that a new worker starts in ~0.3 s
 	// instead of ~1.4 s. Empty: a private temporary directory removed by Close.
 	CacheDir string
-	// CgroupParent is the memory cgroup (relative to the v1 memory hierarchy) under which
-	// the pool's cgroup "sidecar-scripts-<pid>" is made; default the hierarchy root.
-	CgroupParent string
-	// CgroupName names the pool's cgroup; default "sidecar-scripts-<pid>".
-	CgroupName string
+	// Cell bounds the workers' memory with the kernel: each worker runs in a child
+	// cgroup of it limited to its script's budget, and the cell to the pool's. The daemon
+	// passes a sandbox.Cell, a cgroup under its cgroup parent (v1 or v2); the Runner owns
+	// it from New on and removes it on Close. nil: RLIMIT_DATA and an RSS watchdog bound
+	// the workers (a daemon that is not root, or runs without isolation).
+	Cell Cell
 	// WorkerUID/WorkerGID run workers when the daemon is root; default 65534 (nobody).
 	WorkerUID, WorkerGID int
 	// Seccomp is "strict" (default): workers run under the lease processes' system-call
@@ -75,12 +86,27 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
+// Cell is the cgroup the workers run in: package sandbox's Cell, which the same cgroup
+// code as the leases' makes (v1 or v2). A child is a worker's own cgroup.
+type Cell interface {
+	SetMemory(bytes int64) error
+	NewChild(child string, memoryBytes int64) error
+	SetChildMemory(child string, bytes int64) error
+	Join(child string, pid int) error
+	OOMKills(child string) int64
+	RemoveChild(ctx context.Context, child string) error
+	Remove(ctx context.Context) error
+}
+
 // Request is one script run.
 type Request struct {
 	Source      string          // defines function transform(input)
 	Input       json.RawMessage // passed to transform; empty means null
 	Timeout     time.Duration   // 0: Config.DefaultTimeout
 	MemoryBytes int64           // 0: Config.DefaultMemoryBytes
+	// Lease is the lease whose token asked, "" for the shared token: callers take turns
+	// for the workers, and a lease holds at most Config.MaxPerLease of them.
+	Lease string
 }
 
 // Result is a successful run.

@@ -2,7 +2,6 @@ package script
 
 import (
 	"errors"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,39 +17,24 @@ const (
 	cacheDirPrefix = "sidecar-script-cache-"
 )
 
-var (
-	staleCgroup = regexp.MustCompile(`^sidecar-scripts-(\d+)$`)
-	staleDir    = regexp.MustCompile(`^sidecar-script-(?:root|cache)-(\d+)-\d+$`)
-)
+var staleDir = regexp.MustCompile(`^sidecar-script-(?:root|cache)-(\d+)-\d+$`)
 
-// CleanupStale removes what the Runners of dead daemons left behind when they were
-// killed before Close: pool cgroups "sidecar-scripts-<pid>" (and their worker cgroups)
-// under cgroupParent in the v1 memory hierarchy, and the temporary WASI roots and
-// caches "sidecar-script-{root,cache}-<pid>-*" in tmpDir (os.TempDir() when empty). It
-// touches only names whose pid no longer runs, and returns what it removed.
-func CleanupStale(cgroupParent, tmpDir string) ([]string, error) {
+// CleanupStale removes the temporary WASI roots and compilation caches
+// "sidecar-script-{root,cache}-<pid>-*" in tmpDir (os.TempDir() when empty) that the
+// Runners of dead daemons left when they were killed before Close. It touches only names
+// whose pid no longer runs, and returns what it removed. (The workers' cgroups are in a
+// cell under the daemon's own cgroup parent, which the next daemon's sandbox.NewCell
+// clears.)
+func CleanupStale(tmpDir string) ([]string, error) {
 	if tmpDir == "" {
 		tmpDir = os.TempDir()
 	}
-	var removed []string
-	var errs []error
-	parent := filepath.Join(memoryRoot, filepath.Clean("/"+cgroupParent))
-	if entries, err := os.ReadDir(parent); err == nil {
-		for _, e := range entries {
-			if m := staleCgroup.FindStringSubmatch(e.Name()); e.IsDir() && m != nil && !alive(m[1]) {
-				dir := filepath.Join(parent, e.Name())
-				if err := cgroupfs.RemoveTree(dir); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				removed = append(removed, dir)
-			}
-		}
-	}
 	entries, err := os.ReadDir(tmpDir)
 	if err != nil {
-		return removed, errors.Join(append(errs, err)...)
+		return nil, err
 	}
+	var removed []string
+	var errs []error
 	for _, e := range entries {
 		if m := staleDir.FindStringSubmatch(e.Name()); e.IsDir() && m != nil && !alive(m[1]) {
 			dir := filepath.Join(tmpDir, e.Name())

@@ -1,8 +1,6 @@
 package script
 
 import (
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox/cgroupfs"
-
 	"fmt"
 	"os"
 	"os/exec"
@@ -34,27 +32,7 @@ func TestCleanupStale(t *testing.T) {
 	want = append(want, filepath.Join(tmp, fmt.Sprintf("sidecar-script-cache-%d-2", deadPID)),
 		filepath.Join(tmp, fmt.Sprintf("sidecar-script-root-%d-1", deadPID)))
 
-	// A private parent cgroup holds a stale and a live pool cgroup.
-	parent := fmt.Sprintf("sidecar-scripts-test-%s-%d", t.Name(), livePID)
-	if pool, err := newMemCgroup(parent, 1<<30); err != nil {
-		t.Logf("no cgroup part (%v): need root and a cgroup v1 memory hierarchy", err)
-		parent = "sidecar-scripts-test-none"
-	} else {
-		t.Cleanup(func() { _ = cgroupfs.RemoveTree(pool.dir) })
-		stale, err := pool.child(fmt.Sprintf("sidecar-scripts-%d", deadPID), 1<<30)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := stale.child("w1", 1<<30); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.child(fmt.Sprintf("sidecar-scripts-%d", livePID), 1<<30); err != nil {
-			t.Fatal(err)
-		}
-		want = append(want, stale.dir)
-	}
-
-	removed, err := CleanupStale(parent, tmp)
+	removed, err := CleanupStale(tmp)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,108 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// A cell is a cgroup beside the leases' under the parent, made by the same driver: its
+// child holds a process under a memory limit the kernel enforces (the OOM kill is
+// counted), Sweep never takes it for an orphan lease, a new cell of the same name clears
+// what an earlier run left, and Remove leaves nothing.
+func TestCellUnderTheParent(t *testing.T) {
+	s := newTestSandbox(t)
+	cell, err := NewCell(testCgroupParent, "cell-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cell.Remove(context.Background()) })
+	if err := cell.SetMemory(256 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := cell.NewChild("w1", 32<<20); err != nil {
+		t.Fatal(err)
+	}
+	// Joined before it allocates: the shell reads its go-ahead from stdin.
+	hog := exec.Command("sh", "-c", "read go; exec python3 -c 'b = bytearray(128 << 20); print(len(b))'")
+	stdin, err := hog.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cell.Join("w1", hog.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range cgroupDirs(s, cellPrefix+"cell-test", "w1") {
+		procs, _ := os.ReadFile(d + "/cgroup.procs")
+		if !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(hog.Process.Pid)) {
+			t.Errorf("process %d not in %s", hog.Process.Pid, d)
+		}
+	}
+	stdin.Write([]byte("go\n"))
+	err = hog.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		if _, lookErr := exec.LookPath("python3"); lookErr != nil {
+			t.Skip("no python3 to allocate with")
+		}
+		t.Fatalf("a process over its child's 32 MiB limit: %v, want SIGKILL", err)
+	}
+	if n := cell.OOMKills("w1"); n != 1 {
+		t.Errorf("OOM kills %d, want 1", n)
+	}
+
+	if _, _, err := s.Sweep(context.Background(), func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range cgroupDirs(s, cellPrefix+"cell-test", "w1") {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("Sweep took the cell: %v", err)
+		}
+	}
+
+	// A daemon's next run makes the cell afresh, without what the last one left in it.
+	sleeper := exec.Command("sleep", "100")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cell.Join("w1", sleeper.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	again, err := NewCell(testCgroupParent, "cell-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sleeper.Wait(); err == nil {
+		t.Error("the earlier run's process survived a new cell")
+	}
+	for _, d := range cgroupDirs(s, cellPrefix+"cell-test", "w1") {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("the earlier run's child %s is still there (%v)", d, err)
+		}
+	}
+	if err := again.Remove(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range cgroupDirs(s, cellPrefix+"cell-test") {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after Remove (%v)", d, err)
+		}
+	}
+}
+
+func TestCellNames(t *testing.T) {
+	for _, name := range []string{"", "Scripts", "../x", "a/b", "_x", strings.Repeat("a", 33)} {
+		if _, err := NewCell(testCgroupParent, name, nil); !errors.Is(err, ErrInvalid) {
+			t.Errorf("NewCell(%q) = %v, want ErrInvalid", name, err)
+		}
+	}
+}
