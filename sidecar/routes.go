@@ -54,6 +54,11 @@ func (s *Server) routes() {
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
 
+	if s.console != nil {
+		s.mux.Handle("/ui/", s.console)
+		s.mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
+	}
+
 	// The catch-all matches only what no route above does, so a routed request is
 	// looked up once.
 	s.mux.HandleFunc("/", s.unrouted)

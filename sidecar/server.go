@@ -24,6 +24,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/console"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -128,6 +129,9 @@ type ServerOptions struct {
 	// CapacityMemoryBytes is the memory leases may commit in all, for the capacity GET
 	// /v1/info reports (0: none counted).
 	CapacityMemoryBytes int64
+	// Console serves the operator console at /ui/ and takes its session cookie on the
+	// API routes (SIDECAR_CONSOLE); off: /ui/ is 404 and no cookie is looked at.
+	Console bool
 }
 
 // Server serves the v1 API over TLS.
@@ -148,6 +152,8 @@ type Server struct {
 	stop     context.CancelFunc
 	// patterns are the routes as registered, for the OpenAPI contract test.
 	patterns []string
+	// console serves /ui/ and its sessions; nil when ServerOptions.Console is off.
+	console *console.Console
 	// draining refuses new leases (drain.go).
 	draining atomic.Bool
 }
@@ -168,6 +174,9 @@ func NewServer(opts ServerOptions) *Server {
 		mux:  http.NewServeMux(),
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
+	if opts.Console {
+		s.console = console.New(s.auth.isShared, opts.Now)
+	}
 	s.metrics = newMetrics(s)
 	s.routes()
 	s.http = &http.Server{
@@ -271,11 +280,11 @@ func (s *Server) route(pattern string, need access, h handlerFunc) {
 	s.patterns = append(s.patterns, pattern)
 	_, path, _ := strings.Cut(pattern, " ")
 	s.mux.Handle(pattern, s.metrics.instrument(path, func(w *responseWriter, r *http.Request) {
-		if !originAllowed(r, s.opts.AllowedOrigins) {
+		if !s.originAllowed(r) {
 			s.writeError(w, r, forbidden("origin not allowed"))
 			return
 		}
-		p, err := s.auth.authenticate(r, need)
+		p, err := s.authenticate(w, r, need)
 		if err != nil {
 			s.metrics.authFailures.Inc()
 			s.log.WarnContext(r.Context(), "auth failed", "audit", true, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "reason", err.Error())

@@ -60,6 +60,8 @@ type Config struct {
 	// or "off" (the API meter only). See lease/disk.
 	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
+	// Console serves the operator console at /ui/ (docs/operations.md).
+	Console bool `env:"SIDECAR_CONSOLE"`
 
 	// CapacityMemoryBytes is the memory all leases may commit, reported in GET /v1/info
 	// for placement across sidecars; 0: the host's MemTotal.
@@ -322,6 +324,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 		Files:          d.rt,
 		Host:           d.rt,
 		AllowedOrigins: cfg.AllowedOrigins,
+		Console:        cfg.Console,
 		Limits:         cfg.HTTP,
 		CertNotAfter:   cfg.CertNotAfter,
 		Now:            cfg.Now,
