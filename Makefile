@@ -31,7 +31,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
+.PHONY: all build run test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test
 
 all: build
 
@@ -70,6 +70,15 @@ run: build
 	fi
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token \
 	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) $(RUNBIN)/sidecar serve
+
+# console: the operator console (sidecar/console/web, TypeScript) built with npm into
+# sidecar/console/dist, which is committed and embedded, so `make build` needs no Node.js.
+# console-test: it in Debian's Chromium (/usr/bin/chromium) against a real daemon.
+console:
+	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run build
+
+console-test: build
+	cd sidecar/console/web && npm ci --no-audit --no-fund && npm test
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.
