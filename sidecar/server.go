@@ -154,6 +154,8 @@ type Server struct {
 	patterns []string
 	// console serves /ui/ and its sessions; nil when ServerOptions.Console is off.
 	console *console.Console
+	// usage is each lease's recent usage samples (usage.go).
+	usage usageHistory
 	// draining refuses new leases (drain.go).
 	draining atomic.Bool
 }

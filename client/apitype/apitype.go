@@ -33,6 +33,7 @@ const (
 	RouteShell              = "/v1/leases/{id}/shells/{sid}"
 	RouteShellRun           = "/v1/leases/{id}/shells/{sid}/run"
 	RouteLeftoverSignal     = "/v1/leases/{id}/leftovers/{pid}/signal"
+	RouteLeaseUsage         = "/v1/leases/{id}/usage"
 	RouteFiles              = "/v1/leases/{id}/files/{path...}"
 	RouteArchive            = "/v1/leases/{id}/archive/{path...}"
 	RouteScriptsRun         = "/v1/scripts/run"
@@ -246,6 +247,26 @@ type Usage struct {
 	Pids        int64   `json:"pids"`
 	DiskBytes   int64   `json:"disk_bytes"`
 	OOMKills    int64   `json:"oom_kills"`
+}
+
+// The usage history the daemon keeps of each lease: a sample every
+// UsageSampleInterval, the last UsageHistorySamples of them (one hour).
+const (
+	UsageSampleInterval = 10 * time.Second
+	UsageHistorySamples = 360
+)
+
+// UsageSample is a lease's usage at one moment.
+type UsageSample struct {
+	At time.Time `json:"at"`
+	Usage
+}
+
+// UsageHistory is the reply of GET /v1/leases/{id}/usage: the lease's samples, oldest
+// first, at most UsageHistorySamples of them taken every IntervalSeconds.
+type UsageHistory struct {
+	IntervalSeconds int64         `json:"interval_seconds"`
+	Samples         []UsageSample `json:"samples"`
 }
 
 // Lease is one session's sandbox as the inspection endpoint shows it.

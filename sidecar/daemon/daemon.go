@@ -354,8 +354,9 @@ func (d *Daemon) serve(ctx context.Context) error {
 	d.srv.Store(srv)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
-	d.wg.Add(4)
+	d.wg.Add(5)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
+	go func() { defer d.wg.Done(); srv.RunUsageSampler(runCtx) }()
 	go func() { defer d.wg.Done(); d.leases.Run(runCtx, cfg.ReapInterval) }()
 	go func() { defer d.wg.Done(); d.pruneLeftovers(runCtx, cfg.ReapInterval) }()
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so

@@ -14,6 +14,7 @@ export function lineChart(title: string, points: { t: number; v: number }[], lim
   c.style.height = `${H}px`;
   wrap.append(cap, c);
   const g = c.getContext("2d");
+  if (points.length < 2) cap.textContent += " — collecting samples";
   if (!g || points.length < 2) return wrap;
   g.scale(devicePixelRatio, devicePixelRatio);
   const t0 = points[0].t, t1 = points[points.length - 1].t;

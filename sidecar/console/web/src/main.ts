@@ -183,28 +183,19 @@ function leasePage(id: string): void {
     h("h2", {}, "Files"), files, h("h2", {}, "Terminal"), term);
   const fb = new FileBrowser(id, files);
   void fb.show("");
-  const local: api.UsageSample[] = [];
   let lastChart = 0;
   every(POLL_MS, async () => {
     const [l, pl] = await Promise.all([api.getJSON<api.Lease>(api.leasePath(id)), api.getJSON<{ processes: api.Process[] }>(api.leasePath(id, "/processes"))]);
     summary.replaceChildren(renderLeaseSummary(l));
     procs.replaceChildren(renderProcesses(id, l, pl.processes, output));
-    if (l.usage) local.push({ at: new Date().toISOString(), ...l.usage });
-    if (Date.now() - lastChart >= 10_000 || lastChart === 0) {
+    // The daemon takes a sample every 10 s: the charts are redrawn as often.
+    if (Date.now() - lastChart >= 10_000) {
       lastChart = Date.now();
-      charts.replaceChildren(...renderCharts(await usageHistory(id, local), l.limits));
+      const hist = await api.getJSON<{ interval_seconds: number; samples: api.UsageSample[] }>(api.leasePath(id, "/usage"));
+      charts.replaceChildren(...renderCharts(hist.samples, l.limits),
+        h("p", { class: "note" }, `${hist.samples.length} samples, one every ${hist.interval_seconds} s, the last hour at most (kept by the daemon).`));
     }
   });
-}
-
-// usageHistory is the daemon's ring of samples of the lease (GET …/usage); a daemon
-// without it gives the samples this page took since it opened.
-async function usageHistory(id: string, local: api.UsageSample[]): Promise<api.UsageSample[]> {
-  try {
-    return (await api.getJSON<{ samples: api.UsageSample[] }>(api.leasePath(id, "/usage"))).samples;
-  } catch {
-    return local;
-  }
 }
 
 function renderCharts(samples: api.UsageSample[], limits: api.Limits): HTMLElement[] {

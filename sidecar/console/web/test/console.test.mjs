@@ -110,8 +110,13 @@ test("the console in a browser: sign-in, leases, terminal, files, release", { ti
   await page.fill("#filter", "");
 
   // One lease: its summary, files, download, upload.
+  const usage = page.waitForResponse((r) => r.url().endsWith(`/v1/leases/${leaseA.id}/usage`));
   await page.click(`#leases tr[data-lease="${leaseA.id}"] a.lease-link`);
   await page.waitForSelector("#summary table.kv");
+  assert.equal((await usage).status(), 200);
+  const hist = JSON.parse((await d.api("GET", `/v1/leases/${leaseA.id}/usage`)).body);
+  assert.equal(hist.interval_seconds, 10);
+  await page.waitForSelector("#charts figure.chart");
   await page.waitForSelector('#files tr[data-file="report.txt"]');
   const [download] = await Promise.all([page.waitForEvent("download"), page.click('#files a.file[data-name="report.txt"]')]);
   assert.equal(download.suggestedFilename(), "report.txt");
