@@ -126,6 +126,22 @@ test("the console in a browser: sign-in, leases, terminal, files, release", { ti
   const got = await d.api("GET", `/v1/leases/${leaseA.id}/files/uploaded.txt`);
   assert.equal(got.body, "from the browser\n");
 
+  // A background process: its output followed, then killed; a leftover killed.
+  const bg = JSON.parse((await d.api("POST", `/v1/leases/${leaseA.id}/processes`, { argv: ["sh", "-c", "for i in 1 2 3; do echo line-$i; done; exec sleep 600"] })).body);
+  assert.equal((await d.api("POST", `/v1/leases/${leaseA.id}/exec`, { argv: ["sh", "-c", "sleep 601 >/dev/null 2>&1 &"] })).status, 200);
+  await page.click(`#processes tr[data-pid="${bg.pid}"] button.follow`);
+  await page.waitForSelector("#output:has-text('line-3')");
+  await page.click(`#processes tr[data-pid="${bg.pid}"] button.danger`);
+  await page.click("dialog.confirm button.danger");
+  await page.waitForSelector("#output:has-text('[ended: signal KILL]')");
+  const leftover = page.locator("#processes tr[data-leftover]");
+  await leftover.waitFor();
+  const lpid = await leftover.getAttribute("data-leftover");
+  await leftover.locator("button.danger").click();
+  await page.click("dialog.confirm button.danger");
+  await page.waitForSelector(`#processes tr[data-leftover="${lpid}"]`, { state: "detached" });
+  assert.equal(JSON.parse((await d.api("GET", `/v1/leases/${leaseA.id}`)).body).leftover_count, 0);
+
   // The terminal: a command's output read back from the screen, and a resize.
   await page.click("#open-terminal");
   await page.waitForSelector(".term-status:has-text('connected')");
