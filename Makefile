@@ -73,12 +73,13 @@ run: build
 
 # console: the operator console (sidecar/console/web, TypeScript) built with npm into
 # sidecar/console/dist, which is committed and embedded, so `make build` needs no Node.js.
-# console-test: it in Debian's Chromium (/usr/bin/chromium) against a real daemon.
+# console-test: the committed bundle is what the source builds, and the console works in
+# Debian's Chromium (/usr/bin/chromium) against a real daemon.
 console:
 	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run build
 
 console-test: build
-	cd sidecar/console/web && npm ci --no-audit --no-fund && npm test
+	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run check && npm test
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.
