@@ -184,6 +184,8 @@ type Info struct {
 	Draining bool `json:"draining"`
 	// Capacity is what is free now, for a client that places leases on several sidecars.
 	Capacity Capacity `json:"capacity"`
+	// CertNotAfter is when the daemon's TLS certificate expires (nil: not known).
+	CertNotAfter *time.Time `json:"cert_not_after,omitempty"`
 }
 
 // Capacity is the free room of one daemon, as GET /v1/info reports it. Memory is

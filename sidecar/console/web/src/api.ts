@@ -88,7 +88,7 @@ export interface Lease {
   process_count: number; leftover_count: number; leftovers?: Leftover[];
 }
 export interface Info {
-  version: string; api_version: string; draining: boolean; default_ttl_seconds: number;
+  version: string; api_version: string; draining: boolean; default_ttl_seconds: number; cert_not_after?: string;
   capabilities: { isolation: string; cgroups: string; landlock_abi: number; seccomp: boolean; disk_quota: string; layers: string[]; uid_isolation: boolean; network_isolation: boolean };
   limits: { max_leases: number; max_ttl_seconds: number };
   capacity: { active_leases: number; free_leases: number; memory_bytes: number; memory_committed_bytes: number; memory_headroom_bytes: number };

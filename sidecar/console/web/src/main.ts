@@ -114,6 +114,8 @@ function renderInfo(i: api.Info): HTMLElement {
     row("layers", c.layers.join(", ") || "none"),
     row("leases", `${cap.active_leases} active, ${cap.free_leases} free of ${i.limits.max_leases}`),
     row("memory", meter(cap.memory_committed_bytes, cap.memory_bytes, bytes)),
+    row("certificate", i.cert_not_after ? h("span", { id: "cert", class: until(i.cert_not_after) < 14 * 86400 ? "warn" : "" },
+      `expires ${new Date(i.cert_not_after).toISOString().slice(0, 10)}, in ${duration(until(i.cert_not_after))}`) : "—"),
     row("draining", h("span", { id: "draining", class: i.draining ? "warn" : "" }, i.draining ? "yes: new leases are refused" : "no")),
   );
 }

@@ -86,6 +86,7 @@ test("the console in a browser: sign-in, leases, terminal, files, release", { ti
   await page.waitForSelector(`#leases tr[data-lease="${leaseB.id}"]`);
   await page.waitForSelector("#daemon table.kv");
   assert.match(await page.locator("#daemon").innerText(), /isolation/);
+  assert.match(await page.locator("#cert").innerText(), /^expires \d{4}-\d\d-\d\d, in \d+d/);
   await shot("2-daemon-and-leases");
 
   // The session: an HttpOnly, Secure, SameSite=Strict cookie; the token nowhere.
