@@ -186,6 +186,17 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, need acces
 	return principal{shared: true}, nil
 }
 
+// auditSignIn logs a console sign-in, and counts a refused one with the other
+// authentication failures (sidecar_auth_failures_total).
+func (s *Server) auditSignIn(r *http.Request, ok bool) {
+	if !ok {
+		s.metrics.authFailures.Inc()
+		s.log.WarnContext(r.Context(), "console sign-in refused", "audit", true, "remote", r.RemoteAddr, "reason", "not the shared token")
+		return
+	}
+	s.log.InfoContext(r.Context(), "console sign-in", "audit", true, "remote", r.RemoteAddr)
+}
+
 // hasCredential reports whether the request offers a bearer credential, good or bad;
 // such a request is judged by it alone, whatever cookie comes with it.
 func hasCredential(r *http.Request) bool {

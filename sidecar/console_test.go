@@ -93,6 +93,10 @@ func TestConsoleSignIn(t *testing.T) {
 			}
 		})
 	}
+	// The refused sign-in with a wrong token counts as an authentication failure.
+	if m := do(s, "GET", "/metrics", handlerToken, nil).Body.String(); !strings.Contains(m, "\nsidecar_auth_failures_total 1\n") {
+		t.Errorf("after one wrong sign-in, /metrics has no sidecar_auth_failures_total 1")
+	}
 	c := sessionCookie(t, s)
 	if !c.HttpOnly || !c.Secure || c.SameSite != http.SameSiteStrictMode || c.Path != "/" || c.Domain != "" {
 		t.Fatalf("cookie %+v: want HttpOnly, Secure, SameSite=Strict, Path=/, no Domain", c)

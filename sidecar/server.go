@@ -177,7 +177,7 @@ func NewServer(opts ServerOptions) *Server {
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	if opts.Console {
-		s.console = console.New(s.auth.isShared, opts.Now)
+		s.console = console.New(s.auth.isShared, s.auditSignIn, opts.Now)
 	}
 	s.metrics = newMetrics(s)
 	s.routes()

@@ -52,6 +52,7 @@ var dist embed.FS
 // Console serves /ui/ and keeps the sessions.
 type Console struct {
 	checkToken func(string) bool
+	audit      func(r *http.Request, ok bool)
 	now        func() time.Time
 	assets     fs.FS
 	index      []byte // dist/index.html, with the nonce placeholder
@@ -61,17 +62,21 @@ type Console struct {
 }
 
 // New builds the console. checkToken says whether a string is the shared token (in
-// constant time); now is the daemon's clock (nil: time.Now).
-func New(checkToken func(string) bool, now func() time.Time) *Console {
+// constant time); audit hears of every sign-in with the token checked, accepted or not
+// (nil: none); now is the daemon's clock (nil: time.Now).
+func New(checkToken func(string) bool, audit func(r *http.Request, ok bool), now func() time.Time) *Console {
 	if now == nil {
 		now = time.Now
+	}
+	if audit == nil {
+		audit = func(*http.Request, bool) {}
 	}
 	assets, _ := fs.Sub(dist, "dist") // cannot fail: "dist" is a valid name
 	index, err := fs.ReadFile(assets, "index.html")
 	if err != nil {
 		index = []byte("<!doctype html><title>sidecar</title><p>This daemon was built without its console: run <code>make console</code>, then <code>make build</code>.")
 	}
-	return &Console{checkToken: checkToken, now: now, assets: assets, index: index,
+	return &Console{checkToken: checkToken, audit: audit, now: now, assets: assets, index: index,
 		sessions: make(map[[sha256.Size]byte]time.Time)}
 }
 
@@ -224,7 +229,9 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, apitype.CodeInvalidRequest, `sign-in body: {"token": "<the shared token>"}`)
 		return
 	}
-	if in.Token == "" || !c.checkToken(in.Token) {
+	ok := in.Token != "" && c.checkToken(in.Token)
+	c.audit(r, ok)
+	if !ok {
 		problem(w, http.StatusUnauthorized, apitype.CodeUnauthorized, "not the shared token (SIDECAR_AUTH_TOKEN)")
 		return
 	}
