@@ -14,8 +14,8 @@ export function lineChart(title: string, points: { t: number; v: number }[], lim
   c.style.height = `${H}px`;
   wrap.append(cap, c);
   const g = c.getContext("2d");
-  if (points.length < 2) cap.textContent += " — collecting samples";
-  if (!g || points.length < 2) return wrap;
+  if (points.length === 0) cap.textContent += " — collecting samples";
+  if (!g || points.length === 0) return wrap;
   g.scale(devicePixelRatio, devicePixelRatio);
   const t0 = points[0].t, t1 = points[points.length - 1].t;
   const vmax = Math.max(limit ?? 0, ...points.map((p) => p.v), 1e-9);
@@ -36,6 +36,7 @@ export function lineChart(title: string, points: { t: number; v: number }[], lim
   g.lineWidth = 1.5;
   g.beginPath();
   points.forEach((p, i) => (i ? g.lineTo(x(p.t), y(p.v)) : g.moveTo(x(p.t), y(p.v))));
+  if (points.length === 1) g.lineTo(W - 2, y(points[0].v)); // one sample: its level
   g.stroke();
   return wrap;
 }

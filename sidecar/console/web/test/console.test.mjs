@@ -186,6 +186,19 @@ test("the console in a browser: sign-in, leases, terminal, files, release", { ti
   assert.equal((await d.api("GET", `/v1/leases/${leaseB.id}`)).status, 404);
   await shot("5-after-release");
 
+  // The usage charts, once the daemon has two samples of the lease (one every 10 s).
+  const deadline = Date.now() + 30_000;
+  while (JSON.parse((await d.api("GET", `/v1/leases/${leaseA.id}/usage`)).body).samples.length < 2) {
+    if (Date.now() > deadline) throw new Error("the daemon took no two usage samples of the lease in 30 s");
+    await new Promise((r) => setTimeout(r, 200));
+  }
+  await page.goto(`${origin}/ui/#/lease/${leaseA.id}`);
+  await page.waitForSelector("#charts figure.chart");
+  const captions = await page.locator("#charts figcaption").allInnerTexts();
+  assert.equal(captions.length, 4);
+  assert.ok(captions.every((c) => !c.includes("collecting")), captions.join(" | "));
+  await shot("6-usage-charts");
+
   // Sign out: the session ends in the daemon, and the page goes back to sign-in.
   await page.click("#signout");
   await page.waitForSelector("#signin");
