@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test
 
 all: build
 
@@ -90,6 +90,16 @@ run: build
 # env prints the path of the client settings `make run` writes, for `. "$$(make -s env)"`.
 env:
 	@echo $(STATE)/env
+
+# console: the operator console (sidecar/console/web, TypeScript) built with npm into
+# sidecar/console/dist, which is committed and embedded, so `make build` needs no Node.js.
+# console-test: the committed bundle is what the source builds, and the console works in
+# Debian's Chromium (/usr/bin/chromium) against a real daemon.
+console:
+	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run build
+
+console-test: build
+	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run check && npm test
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.

@@ -57,6 +57,11 @@ func (l *Lease) Get(ctx context.Context) (apitype.Lease, error) {
 	return l.c.getLease(ctx, l.id, l)
 }
 
+// UsageHistory returns the lease's usage over the last hour (Client.UsageHistory).
+func (l *Lease) UsageHistory(ctx context.Context) (apitype.UsageHistory, error) {
+	return l.c.usageHistory(ctx, l.id, l)
+}
+
 // Renew extends the lease now by ttl (zero: the daemon's default) and keeps the fresh token.
 func (l *Lease) Renew(ctx context.Context, ttl time.Duration) (apitype.Lease, error) {
 	info, err := l.c.renew(ctx, l.id, l, ttl)

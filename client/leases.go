@@ -47,6 +47,25 @@ func (c *Client) Get(ctx context.Context, id string) (apitype.Lease, error) {
 	return c.getLease(ctx, id, nil)
 }
 
+// UsageHistory returns the lease's usage over the last hour: the daemon's samples, oldest
+// first, one every apitype.UsageSampleInterval.
+func (c *Client) UsageHistory(ctx context.Context, id string) (apitype.UsageHistory, error) {
+	if c.fleet != nil {
+		m, err := c.fleet.locate(ctx, id, "")
+		if err != nil {
+			return apitype.UsageHistory{}, err
+		}
+		return m.c.UsageHistory(ctx, id)
+	}
+	return c.usageHistory(ctx, id, nil)
+}
+
+func (c *Client) usageHistory(ctx context.Context, id string, h *Lease) (apitype.UsageHistory, error) {
+	var out apitype.UsageHistory
+	err := c.doJSON(ctx, request{method: http.MethodGet, path: leasePath(id) + "/usage", lease: h, idempotent: true}, &out)
+	return out, err
+}
+
 // getLease, renew and release act with h's credential, or the client's when h is nil.
 func (c *Client) getLease(ctx context.Context, id string, h *Lease) (apitype.Lease, error) {
 	var l apitype.Lease

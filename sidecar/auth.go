@@ -10,6 +10,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/sidecar/console"
 )
 
 // access says which credentials a route takes.
@@ -158,6 +159,52 @@ func originAllowed(r *http.Request, allowed []string) bool {
 	}
 	for _, a := range allowed {
 		if strings.EqualFold(strings.TrimRight(a, "/"), origin) {
+			return true
+		}
+	}
+	return false
+}
+
+// originAllowed is the browser policy of this server: a listed origin, or, with the
+// console on, the daemon's own origin (the console's pages).
+func (s *Server) originAllowed(r *http.Request) bool {
+	return originAllowed(r, s.opts.AllowedOrigins) || (s.console != nil && console.SameOrigin(r))
+}
+
+// authenticate finds the request's principal: a bearer credential when the request
+// carries one, else, with the console on, a live console session cookie, which acts as
+// the shared token under the console's cross-site rules.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, need access) (principal, error) {
+	c := s.console
+	if need == public || c == nil || hasCredential(r) || !c.Authenticated(r) {
+		return s.auth.authenticate(r, need)
+	}
+	if err := console.CheckRequest(r); err != nil {
+		return principal{}, forbidden(err.Error())
+	}
+	console.APIResponseHeaders(w.Header())
+	return principal{shared: true}, nil
+}
+
+// auditSignIn logs a console sign-in, and counts a refused one with the other
+// authentication failures (sidecar_auth_failures_total).
+func (s *Server) auditSignIn(r *http.Request, ok bool) {
+	if !ok {
+		s.metrics.authFailures.Inc()
+		s.log.WarnContext(r.Context(), "console sign-in refused", "audit", true, "remote", r.RemoteAddr, "reason", "not the shared token")
+		return
+	}
+	s.log.InfoContext(r.Context(), "console sign-in", "audit", true, "remote", r.RemoteAddr)
+}
+
+// hasCredential reports whether the request offers a bearer credential, good or bad;
+// such a request is judged by it alone, whatever cookie comes with it.
+func hasCredential(r *http.Request) bool {
+	if r.Header.Get(apitype.HeaderAuthorization) != "" {
+		return true
+	}
+	for _, p := range websocketProtocols(r) {
+		if strings.HasPrefix(p, apitype.BearerSubprotocolPrefix) {
 			return true
 		}
 	}

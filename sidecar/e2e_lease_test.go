@@ -51,6 +51,16 @@ func TestLeaseLifecycle(t *testing.T) {
 	if len(list) != 1 || list[0].ID != l.ID() || list[0].Usage == nil {
 		t.Fatalf("list: %+v", list)
 	}
+	// The usage history, with the lease's own token and with the shared one (the
+	// sampler's first pass may or may not have seen the lease yet).
+	for _, get := range []func(context.Context) (apitype.UsageHistory, error){
+		l.UsageHistory,
+		func(ctx context.Context) (apitype.UsageHistory, error) { return d.client.UsageHistory(ctx, l.ID()) },
+	} {
+		if h := must(get(ctx))(t); h.IntervalSeconds != 10 || h.Samples == nil {
+			t.Fatalf("usage history of a new lease: %+v", h)
+		}
+	}
 
 	if err := d.client.Release(ctx, l.ID()); err != nil {
 		t.Fatal(err)

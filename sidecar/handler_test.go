@@ -409,7 +409,11 @@ func TestHandlerScriptsCaller(t *testing.T) {
 }
 
 func TestHandlerInfo(t *testing.T) {
-	s := newHandlerServer(t, func(o *ServerOptions) { o.Info.Limits.MaxLeases = 7 })
+	notAfter := time.Date(2031, 2, 3, 4, 5, 6, 0, time.UTC)
+	s := newHandlerServer(t, func(o *ServerOptions) {
+		o.Info.Limits.MaxLeases = 7
+		o.CertNotAfter = func() time.Time { return notAfter }
+	})
 	l := acquire(t, s, "info")
 	w := do(s, "GET", "/v1/info", l.Token, nil)
 	if w.Code != http.StatusOK {
@@ -422,5 +426,8 @@ func TestHandlerInfo(t *testing.T) {
 	if info.Version != "handler-test" || info.APIVersion != apitype.APIVersion || info.Limits.MaxLeases != 7 ||
 		info.Capabilities.Isolation != "none" || info.Capabilities.Scripts || !info.Capabilities.Files {
 		t.Fatalf("info %+v", info)
+	}
+	if info.CertNotAfter == nil || !info.CertNotAfter.Equal(notAfter) {
+		t.Fatalf("cert_not_after %v, want %v", info.CertNotAfter, notAfter)
 	}
 }

@@ -54,6 +54,12 @@ func (s *Server) info() apitype.Info {
 	}
 	info.Draining = s.Draining()
 	info.Capacity = s.capacity()
+	if s.opts.CertNotAfter != nil {
+		if t := s.opts.CertNotAfter(); !t.IsZero() {
+			t = t.UTC()
+			info.CertNotAfter = &t
+		}
+	}
 	return info
 }
 

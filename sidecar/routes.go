@@ -20,6 +20,7 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}", leaseScope, s.handleGetLease)
 	s.route("POST /v1/leases/{id}/renew", leaseScope, s.handleRenew)
 	s.route("DELETE /v1/leases/{id}", leaseScope, s.handleRelease)
+	s.route("GET /v1/leases/{id}/usage", leaseScope, s.handleUsage)
 	s.route("POST /v1/cleanup", sharedOnly, s.handleCleanup)
 	s.route("POST /v1/drain", sharedOnly, s.handleDrain)
 	s.route("DELETE /v1/drain", sharedOnly, s.handleDrain)
@@ -59,6 +60,11 @@ func (s *Server) routes() {
 	s.route("GET /v1/leases/{id}/port-forward/{port}", leaseScope, s.handlePortForward)
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
+
+	if s.console != nil {
+		s.mux.Handle("/ui/", s.console)
+		s.mux.Handle("GET /ui", http.RedirectHandler("/ui/", http.StatusMovedPermanently))
+	}
 
 	// The catch-all matches only what no route above does, so a routed request is
 	// looked up once.

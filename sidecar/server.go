@@ -25,6 +25,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
+	"github.com/sidecar-sandbox/sidecar/sidecar/console"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/sidecar/script"
@@ -131,6 +132,9 @@ type ServerOptions struct {
 	// CapacityMemoryBytes is the memory leases may commit in all, for the capacity GET
 	// /v1/info reports (0: none counted).
 	CapacityMemoryBytes int64
+	// Console serves the operator console at /ui/ and takes its session cookie on the
+	// API routes (SIDECAR_CONSOLE); off: /ui/ is 404 and no cookie is looked at.
+	Console bool
 }
 
 // Server serves the v1 API over TLS.
@@ -151,6 +155,10 @@ type Server struct {
 	stop     context.CancelFunc
 	// patterns are the routes as registered, for the OpenAPI contract test.
 	patterns []string
+	// console serves /ui/ and its sessions; nil when ServerOptions.Console is off.
+	console *console.Console
+	// usage is each lease's recent usage samples (usage.go).
+	usage usageHistory
 	// draining refuses new leases (drain.go).
 	draining atomic.Bool
 	// portTransport carries the ports route's requests into leases (nil without Network).
@@ -175,6 +183,9 @@ func NewServer(opts ServerOptions) *Server {
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	if opts.Network != nil {
 		s.portTransport = newPortTransport(opts.Network)
+	}
+	if opts.Console {
+		s.console = console.New(s.auth.isShared, s.auditSignIn, opts.Now)
 	}
 	s.metrics = newMetrics(s)
 	s.routes()
@@ -279,11 +290,11 @@ func (s *Server) route(pattern string, need access, h handlerFunc) {
 	s.patterns = append(s.patterns, pattern)
 	_, path, _ := strings.Cut(pattern, " ")
 	s.mux.Handle(pattern, s.metrics.instrument(path, func(w *responseWriter, r *http.Request) {
-		if !originAllowed(r, s.opts.AllowedOrigins) {
+		if !s.originAllowed(r) {
 			s.writeError(w, r, forbidden("origin not allowed"))
 			return
 		}
-		p, err := s.auth.authenticate(r, need)
+		p, err := s.authenticate(w, r, need)
 		if err != nil {
 			s.metrics.authFailures.Inc()
 			s.log.WarnContext(r.Context(), "auth failed", "audit", true, "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "reason", err.Error())

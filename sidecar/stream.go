@@ -54,7 +54,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 		WriteBufferSize: wsBufferSize,
 		Subprotocols:    []string{proto},
 		// The route already applied the Origin policy; this repeats it for the upgrade.
-		CheckOrigin: func(r *http.Request) bool { return originAllowed(r, s.opts.AllowedOrigins) },
+		CheckOrigin: s.originAllowed,
 	}
 	conn, err := up.Upgrade(w, r, h)
 	if err != nil {

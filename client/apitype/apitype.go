@@ -38,6 +38,7 @@ const (
 	RouteLeftoverSignal = "/v1/leases/{id}/leftovers/{pid}/signal"
 	RouteFiles          = "/v1/leases/{id}/files/{path...}"
 	RouteArchive        = "/v1/leases/{id}/archive/{path...}"
+	RouteLeaseUsage     = "/v1/leases/{id}/usage"
 	RouteLeaseNetwork   = "/v1/leases/{id}/network"
 	RoutePorts          = "/v1/leases/{id}/ports/{port}/{path...}"
 	RoutePortForward    = "/v1/leases/{id}/port-forward/{port}"
@@ -198,6 +199,8 @@ type Info struct {
 	// Capacity is what is free now, for a client that places leases on several sidecars.
 	Capacity Capacity    `json:"capacity"`
 	Network  NetworkInfo `json:"network"`
+	// CertNotAfter is when the daemon's TLS certificate expires (nil: not known).
+	CertNotAfter *time.Time `json:"cert_not_after,omitempty"`
 }
 
 // Capacity is the free room of one daemon, as GET /v1/info reports it. Memory is
@@ -307,6 +310,26 @@ type Usage struct {
 	Pids        int64   `json:"pids"`
 	DiskBytes   int64   `json:"disk_bytes"`
 	OOMKills    int64   `json:"oom_kills"`
+}
+
+// The usage history the daemon keeps of each lease: a sample every
+// UsageSampleInterval, the last UsageHistorySamples of them (one hour).
+const (
+	UsageSampleInterval = 10 * time.Second
+	UsageHistorySamples = 360
+)
+
+// UsageSample is a lease's usage at one moment.
+type UsageSample struct {
+	At time.Time `json:"at"`
+	Usage
+}
+
+// UsageHistory is the reply of GET /v1/leases/{id}/usage: the lease's samples, oldest
+// first, at most UsageHistorySamples of them taken every IntervalSeconds.
+type UsageHistory struct {
+	IntervalSeconds int64         `json:"interval_seconds"`
+	Samples         []UsageSample `json:"samples"`
 }
 
 // Lease is one session's sandbox as the inspection endpoint shows it.

@@ -215,13 +215,15 @@ func TestReadmeTour(t *testing.T) {
 // the git metadata, builds, state and caches.
 func copyCheckout(t *testing.T, src, dst string) {
 	t.Helper()
-	skip := map[string]bool{".git": true, "bin": true, ".state": true, ".cache": true, "node_modules": true, "dist": true}
+	skip := map[string]bool{".git": true, "bin": true, ".state": true, ".cache": true, "node_modules": true}
+	// The TypeScript client's build output is not committed; the console's bundle is.
+	skipPath := map[string]bool{filepath.Join("client", "ts", "dist"): true}
 	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		rel, _ := filepath.Rel(src, p)
-		if skip[d.Name()] && rel != "." {
+		if (skip[d.Name()] || skipPath[rel]) && rel != "." {
 			if d.IsDir() {
 				return filepath.SkipDir
 			}

@@ -60,6 +60,8 @@ type Config struct {
 	// or "off" (the API meter only). See lease/disk.
 	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
 	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
+	// Console serves the operator console at /ui/ (docs/operations.md).
+	Console bool `env:"SIDECAR_CONSOLE"`
 
 	// CapacityMemoryBytes is the memory all leases may commit, reported in GET /v1/info
 	// for placement across sidecars; 0: the host's MemTotal.
@@ -356,6 +358,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 		Files:          d.rt,
 		Host:           d.rt,
 		AllowedOrigins: cfg.AllowedOrigins,
+		Console:        cfg.Console,
 		Limits:         cfg.HTTP,
 		CertNotAfter:   cfg.CertNotAfter,
 		Now:            cfg.Now,
@@ -389,8 +392,9 @@ func (d *Daemon) serve(ctx context.Context) error {
 	d.srv.Store(srv)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
-	d.wg.Add(4)
+	d.wg.Add(5)
 	go func() { defer d.wg.Done(); d.serveErr <- srv.Serve() }()
+	go func() { defer d.wg.Done(); srv.RunUsageSampler(runCtx) }()
 	go func() { defer d.wg.Done(); d.leases.Run(runCtx, cfg.ReapInterval) }()
 	go func() { defer d.wg.Done(); d.pruneLeftovers(runCtx, cfg.ReapInterval) }()
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so

@@ -13,6 +13,7 @@ import { Fleet, FleetError, isFleet, splitURLs } from "./fleet.js";
 
 export type Schemas = components["schemas"];
 export type Lease = Schemas["Lease"];
+export type UsageHistory = Schemas["UsageHistory"];
 export type AcquireRequest = Schemas["AcquireRequest"];
 export type ExecRequest = Schemas["ExecRequest"];
 export type ExecResult = Schemas["ExecResult"];
@@ -252,6 +253,13 @@ export class Client {
   async getLease(id: string): Promise<Lease> {
     if (this.fleet) return (await this.fleet.locate(id)).client.getLease(id);
     return this.json({ method: "GET", path: leasePath(id) });
+  }
+
+  /** The lease's usage over the last hour: the daemon's samples, oldest first, one every
+   * `interval_seconds` (10), at most 360. */
+  async usageHistory(id: string): Promise<UsageHistory> {
+    if (this.fleet) return (await this.fleet.locate(id)).client.usageHistory(id);
+    return this.json({ method: "GET", path: leasePath(id) + "/usage" });
   }
 
   async releaseLease(id: string): Promise<void> {

@@ -306,3 +306,13 @@ test("a worker holding only the lease token works with it", { timeout: 120_000 }
   assert.equal(res.stdout, "from the worker\n");
   await owner.release();
 });
+
+test("the daemon keeps a lease's usage history, a sample every 10 s", { timeout: 120_000 }, async () => {
+  const l = await lease("ts-usage-history");
+  let h = await d.client.usageHistory(l.id);
+  assert.equal(h.interval_seconds, 10);
+  await eventually("a usage sample", async () => (h = await d.client.usageHistory(l.id)).samples.length > 0);
+  const s = h.samples[h.samples.length - 1];
+  assert.ok(Date.parse(s.at) > 0 && s.memory_bytes >= 0 && s.cpu_seconds >= 0 && s.pids >= 0, JSON.stringify(s));
+  await l.release();
+});
