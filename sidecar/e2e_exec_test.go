@@ -62,10 +62,25 @@ func TestExecResults(t *testing.T) {
 	if res = must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"cat"}}))(t); res.Stdout != "" || res.ExitCode != 0 {
 		t.Fatalf("empty stdin: %+v", res)
 	}
-	// Output beyond the cap is cut and flagged.
-	res = must(l.Exec(ctx, sh(`head -c 3000000 /dev/zero`)))(t)
-	if !res.StdoutTruncated || int64(len(res.Stdout)) != d.cfg.MaxOutputBytes {
-		t.Fatalf("cap: truncated=%v len=%d", res.StdoutTruncated, len(res.Stdout))
+	// Output beyond the cap keeps its head and its end, flagged, the bytes dropped counted
+	// exactly: 3 MiB between a first and a last line that appear nowhere else.
+	res = must(l.Exec(ctx, sh(`echo FIRST-LINE; head -c 3145728 /dev/zero | tr '\0' x; echo; echo LAST-LINE`)))(t)
+	total := int64(len("FIRST-LINE\n") + 3<<20 + 1 + len("LAST-LINE\n"))
+	head, tail := apitype.OutputParts(res.Stdout, res.StdoutDropped, res.StdoutDroppedAt)
+	if !res.StdoutTruncated || int64(len(res.Stdout)) != d.cfg.MaxOutputBytes || res.StdoutDropped != total-d.cfg.MaxOutputBytes ||
+		int64(len(head)) != d.cfg.MaxOutputBytes/2 || !strings.HasPrefix(head, "FIRST-LINE\nxxx") || !strings.HasSuffix(tail, "xxx\nLAST-LINE\n") {
+		t.Fatalf("cap: truncated=%v len=%d dropped=%d at %d, head %.20q… tail …%.20q", res.StdoutTruncated, len(res.Stdout),
+			res.StdoutDropped, res.StdoutDroppedAt, head, tail[max(len(tail)-20, 0):])
+	}
+	if marked := apitype.OutputWithMarker(res.Stdout, res.StdoutDropped, res.StdoutDroppedAt); marked != head+"\n[… "+
+		strconv.FormatInt(total-d.cfg.MaxOutputBytes, 10)+" bytes dropped …]\n"+tail {
+		t.Fatalf("marker: %.40q", marked[len(head)-5:])
+	}
+	// output_head_bytes outside 0..max_output_bytes is refused, naming the setting.
+	bad := sh("true")
+	bad.OutputHeadBytes = new(int64(d.cfg.MaxOutputBytes + 1))
+	if _, err := l.Exec(ctx, bad); !errors.Is(err, client.ErrInvalidRequest) || !strings.Contains(err.Error(), "SIDECAR_MAX_OUTPUT_BYTES") {
+		t.Fatalf("output_head_bytes over the cap: %v", err)
 	}
 	// cwd inside the workdir.
 	must(l.Exec(ctx, sh(`mkdir -p sub/dir`)))(t)
