@@ -43,7 +43,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	if !s.caps.PrivateTmp {
 		tmp = l.TmpDir // no mount namespace: the lease's tmp dir is used where it is
 	}
-	env, err := buildEnv(s.identity(v), tmp, spec.TTY, spec.Env)
+	env, err := buildEnv(s.identity(v), s.path, tmp, spec.TTY, spec.Env)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -55,7 +55,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		return nil, nil, err
 	}
 	hostDir, dir := filepath.Join(l.Workdir, rel), filepath.Join(v.work, rel)
-	pathEnv := DefaultPath
+	pathEnv := s.path
 	if p, ok := spec.Env["PATH"]; ok {
 		pathEnv = p
 	}
