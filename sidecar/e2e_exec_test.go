@@ -361,3 +361,28 @@ func TestExecKernelSurfaceDenied(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q (want only the open-file limit 4096), stderr %q", res.ExitCode, res.Stdout, res.Stderr)
 	}
 }
+
+// SIDECAR_LEASE_PATH reaches a lease through the daemon: its directory follows the
+// default PATH, and an exec runs a tool from it by name.
+func TestLeasePathReachesLeases(t *testing.T) {
+	dir, err := os.MkdirTemp("/usr/local", "sidecar-e2e-path-") // where leases may run programs
+	if err != nil {
+		t.Skipf("no directory under /usr/local: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sidecar-e2e-tool"), []byte("#!/bin/sh\necho from the lease path\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, func(c *daemon.Config) { c.LeasePath = dir })
+	l := d.acquire("lease-path")
+	ctx := context.Background()
+	if res := must(l.Exec(ctx, sh(`echo "$PATH"`)))(t); res.Stdout != sandbox.DefaultPath+":"+dir+"\n" {
+		t.Fatalf("lease PATH %q, want the default then %s", res.Stdout, dir)
+	}
+	if res := must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sidecar-e2e-tool"}}))(t); res.Stdout != "from the lease path\n" || res.ExitCode != 0 {
+		t.Fatalf("tool by name: %+v", res)
+	}
+}
