@@ -94,7 +94,13 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 	}
 	m.mu.Lock()
 	lp.execs[run] = struct{}{}
+	// A ReleaseLease between the start and this line did not see the run: it is this
+	// Exec's to kill, as ReleaseLease would have.
+	released := m.leases[leaseID] != lp
 	m.mu.Unlock()
+	if released {
+		run.kill(false)
+	}
 	defer func() {
 		m.mu.Lock()
 		delete(lp.execs, run)
