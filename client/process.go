@@ -71,7 +71,7 @@ type Process struct {
 	ctx    context.Context // ends with Close or the end of the process
 	cancel context.CancelFunc
 
-	offset atomic.Int64 // next output byte this handle expects
+	offset atomic.Int64 // next output byte no Read has returned yet (outPipe counts them)
 	lost   atomic.Int64
 
 	mu          sync.Mutex
@@ -82,7 +82,7 @@ type Process struct {
 
 	wmu sync.Mutex // gorilla allows one writer at a time
 
-	outW, errW *io.PipeWriter
+	outW, errW *outPipe
 	done       chan struct{}
 	once       sync.Once
 	status     apitype.Status
@@ -232,10 +232,8 @@ func newProcess(l *Lease, pid string, tty, reattach bool) *Process {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Process{lease: l, id: pid, tty: tty, reattach: reattach, ctx: ctx, cancel: cancel,
 		connChanged: make(chan struct{}), done: make(chan struct{})}
-	outR, outW := io.Pipe()
-	errR, errW := io.Pipe()
-	p.Stdout, p.outW = outR, outW
-	p.Stderr, p.errW = errR, errW
+	p.outW, p.errW = newOutPipe(&p.offset), newOutPipe(&p.offset)
+	p.Stdout, p.Stderr = p.outW, p.errW
 	p.Stdin = stdinWriter{p}
 	return p
 }
@@ -251,7 +249,11 @@ func (p *Process) begin(a attachment, since int64) {
 // ID is the daemon's id of the process, for Attach and Signal.
 func (p *Process) ID() string { return p.id }
 
-// Offset is the output offset up to which this handle has delivered output.
+// Offset is the output offset just past the last byte a Read of Stdout or Stderr
+// returned (bytes Lost counted as passed): a later Attach from it continues with the
+// next byte, with no repeat and no gap, wherever the last Read ended inside a frame.
+// Taken between Reads it is exact; taken during one it may already count that Read's
+// bytes.
 func (p *Process) Offset() int64 { return p.offset.Load() }
 
 // Lost counts output bytes this handle never delivered because the daemon no longer had
@@ -298,13 +300,8 @@ func (p *Process) finish(st apitype.Status, err error) {
 	p.once.Do(func() {
 		p.status, p.err = st, err
 		p.cancel()
-		if err == nil {
-			p.outW.Close()
-			p.errW.Close()
-		} else {
-			p.outW.CloseWithError(err)
-			p.errW.CloseWithError(err)
-		}
+		p.outW.closeWithError(err)
+		p.errW.closeWithError(err)
 		p.mu.Lock()
 		conn := p.conn
 		p.mu.Unlock()
@@ -431,16 +428,15 @@ func (p *Process) readAttachment(a attachment, skip int64, buf []byte) (gotFrame
 	}
 }
 
-// deliver copies one output frame into the reader's pipe, advancing the offset only by
+// deliver copies one output frame into the reader's pipe, which advances the offset by
 // what the reader took, so a drop mid-frame resumes at the exact byte.
-func (p *Process) deliver(w *io.PipeWriter, r io.Reader, buf []byte) error {
+func (p *Process) deliver(w *outPipe, r io.Reader, buf []byte) error {
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
-			if _, err := w.Write(buf[:n]); err != nil {
+			if _, err := w.write(buf[:n]); err != nil {
 				return err // the handle was closed
 			}
-			p.offset.Add(int64(n))
 		}
 		if rerr == io.EOF {
 			return nil

@@ -37,6 +37,8 @@ type fakeAttach struct {
 	skip int64
 	// stderrEvery > 0 sends every n-th frame on stderr instead of stdout.
 	stderrEvery int
+	// frame is the payload size of an output frame; 0: 1000.
+	frame       int
 	mu          sync.Mutex
 	sinces      []int64
 	stdin       bytes.Buffer
@@ -71,13 +73,19 @@ func (f *fakeAttach) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if first && f.cut > 0 {
 		end = f.cut
 	}
-	const frame = 1000 // not a divisor of the line length: cuts fall mid-line
-	for off := int(start); off < end; off += frame {
+	frame := 1000 // not a divisor of the line length: cuts fall mid-line
+	if f.frame > 0 {
+		frame = f.frame
+	}
+	// Frames lie at fixed offsets of the output, as the daemon's chunks do: an attach
+	// from inside one gets the rest of that frame first.
+	for off, next := int(start), 0; off < end; off = next {
+		next = min(off-off%frame+frame, end)
 		ch := apitype.ChannelStdout
 		if f.stderrEvery > 0 && (off/frame)%f.stderrEvery == f.stderrEvery-1 {
 			ch = apitype.ChannelStderr
 		}
-		if err := conn.WriteMessage(websocket.BinaryMessage, append([]byte{ch}, f.out[off:min(off+frame, end)]...)); err != nil {
+		if err := conn.WriteMessage(websocket.BinaryMessage, append([]byte{ch}, f.out[off:next]...)); err != nil {
 			return
 		}
 	}
@@ -325,5 +333,61 @@ func TestAttachLosslessNeedsTheDaemon(t *testing.T) {
 	defer p.Close()
 	if !p.Lossless() {
 		t.Fatal("Lossless() = false on a confirmed lossless attach")
+	}
+}
+
+// Offset is exact wherever a Read ends inside a frame: a handle that read k bytes (for
+// every k, frames on stdout and stderr alike) reports offset k, and an attach from it
+// returns exactly the rest, with no byte repeated.
+func TestOffsetResumesAtEveryPosition(t *testing.T) {
+	const frame, stderrEvery = 16, 2
+	out := countedOutput(9) // 63 bytes: frames of 16, 16, 16 and 15, every second on stderr
+	onStderr := func(off int) bool { return (off/frame)%stderrEvery == stderrEvery-1 }
+	f := &fakeAttach{t: t, out: out, frame: frame, stderrEvery: stderrEvery}
+	c, _ := newTestClient(t, f)
+	lease := c.OpenLease("L1", "tok")
+	for k := 0; k <= len(out); k++ {
+		p, err := lease.Attach(context.Background(), "p1", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off < k; {
+			end := min(off-off%frame+frame, k)
+			r := p.Stdout
+			if onStderr(off) {
+				r = p.Stderr
+			}
+			if _, err := io.ReadFull(r, make([]byte, end-off)); err != nil {
+				t.Fatalf("k=%d: read at %d: %v", k, off, err)
+			}
+			off = end
+		}
+		if got := p.Offset(); got != int64(k) {
+			t.Fatalf("after reading %d bytes Offset is %d", k, got)
+		}
+		p.Close()
+
+		rest, err := lease.Attach(context.Background(), "p1", int64(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stdout, stderr := readAll(t, rest)
+		if _, err := rest.Wait(context.Background()); err != nil {
+			t.Fatalf("k=%d: %v", k, err)
+		}
+		var wantOut, wantErr []byte
+		for off := k; off < len(out); off++ {
+			if onStderr(off) {
+				wantErr = append(wantErr, out[off])
+			} else {
+				wantOut = append(wantOut, out[off])
+			}
+		}
+		if !bytes.Equal(stdout, wantOut) || !bytes.Equal(stderr, wantErr) {
+			t.Fatalf("resumed at %d: stdout %q stderr %q, want %q and %q", k, stdout, stderr, wantOut, wantErr)
+		}
+		if rest.Offset() != int64(len(out)) {
+			t.Fatalf("resumed at %d: final offset %d, want %d", k, rest.Offset(), len(out))
+		}
 	}
 }

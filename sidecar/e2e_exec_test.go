@@ -62,10 +62,25 @@ func TestExecResults(t *testing.T) {
 	if res = must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"cat"}}))(t); res.Stdout != "" || res.ExitCode != 0 {
 		t.Fatalf("empty stdin: %+v", res)
 	}
-	// Output beyond the cap is cut and flagged.
-	res = must(l.Exec(ctx, sh(`head -c 3000000 /dev/zero`)))(t)
-	if !res.StdoutTruncated || int64(len(res.Stdout)) != d.cfg.MaxOutputBytes {
-		t.Fatalf("cap: truncated=%v len=%d", res.StdoutTruncated, len(res.Stdout))
+	// Output beyond the cap keeps its head and its end, flagged, the bytes dropped counted
+	// exactly: 3 MiB between a first and a last line that appear nowhere else.
+	res = must(l.Exec(ctx, sh(`echo FIRST-LINE; head -c 3145728 /dev/zero | tr '\0' x; echo; echo LAST-LINE`)))(t)
+	total := int64(len("FIRST-LINE\n") + 3<<20 + 1 + len("LAST-LINE\n"))
+	head, tail := apitype.OutputParts(res.Stdout, res.StdoutDropped, res.StdoutDroppedAt)
+	if !res.StdoutTruncated || int64(len(res.Stdout)) != d.cfg.MaxOutputBytes || res.StdoutDropped != total-d.cfg.MaxOutputBytes ||
+		int64(len(head)) != d.cfg.MaxOutputBytes/2 || !strings.HasPrefix(head, "FIRST-LINE\nxxx") || !strings.HasSuffix(tail, "xxx\nLAST-LINE\n") {
+		t.Fatalf("cap: truncated=%v len=%d dropped=%d at %d, head %.20q… tail …%.20q", res.StdoutTruncated, len(res.Stdout),
+			res.StdoutDropped, res.StdoutDroppedAt, head, tail[max(len(tail)-20, 0):])
+	}
+	if marked := apitype.OutputWithMarker(res.Stdout, res.StdoutDropped, res.StdoutDroppedAt); marked != head+"\n[… "+
+		strconv.FormatInt(total-d.cfg.MaxOutputBytes, 10)+" bytes dropped …]\n"+tail {
+		t.Fatalf("marker: %.40q", marked[len(head)-5:])
+	}
+	// output_head_bytes outside 0..max_output_bytes is refused, naming the setting.
+	bad := sh("true")
+	bad.OutputHeadBytes = new(int64(d.cfg.MaxOutputBytes + 1))
+	if _, err := l.Exec(ctx, bad); !errors.Is(err, client.ErrInvalidRequest) || !strings.Contains(err.Error(), "SIDECAR_MAX_OUTPUT_BYTES") {
+		t.Fatalf("output_head_bytes over the cap: %v", err)
 	}
 	// cwd inside the workdir.
 	must(l.Exec(ctx, sh(`mkdir -p sub/dir`)))(t)
@@ -345,5 +360,30 @@ func TestExecKernelSurfaceDenied(t *testing.T) {
 		`python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)' 2>/dev/null && echo raw; ulimit -n`)))(t)
 	if res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "4096" {
 		t.Fatalf("exit %d, stdout %q (want only the open-file limit 4096), stderr %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+// SIDECAR_LEASE_PATH reaches a lease through the daemon: its directory follows the
+// default PATH, and an exec runs a tool from it by name.
+func TestLeasePathReachesLeases(t *testing.T) {
+	dir, err := os.MkdirTemp("/usr/local", "sidecar-e2e-path-") // where leases may run programs
+	if err != nil {
+		t.Skipf("no directory under /usr/local: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sidecar-e2e-tool"), []byte("#!/bin/sh\necho from the lease path\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, func(c *daemon.Config) { c.LeasePath = dir })
+	l := d.acquire("lease-path")
+	ctx := context.Background()
+	if res := must(l.Exec(ctx, sh(`echo "$PATH"`)))(t); res.Stdout != sandbox.DefaultPath+":"+dir+"\n" {
+		t.Fatalf("lease PATH %q, want the default then %s", res.Stdout, dir)
+	}
+	if res := must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sidecar-e2e-tool"}}))(t); res.Stdout != "from the lease path\n" || res.ExitCode != 0 {
+		t.Fatalf("tool by name: %+v", res)
 	}
 }

@@ -189,7 +189,7 @@ func TestContractCheckCatchesMismatches(t *testing.T) {
 		r, _ := http.NewRequest(method, "https://127.0.0.1:7443"+path, nil)
 		return r
 	}
-	good := `{"exit_code":0,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"timed_out":false,"oom_killed":false,"duration_ms":1}`
+	good := `{"exit_code":0,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"stdout_dropped":0,"stderr_dropped":0,"stdout_dropped_at":0,"stderr_dropped_at":0,"timed_out":false,"oom_killed":false,"duration_ms":1}`
 	if f := cv.check(req("POST", "/v1/leases/L1/exec"), reply(200, "application/json", good)); f != "" {
 		t.Fatalf("a valid exec result failed: %s", f)
 	}

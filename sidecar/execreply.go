@@ -20,7 +20,8 @@ const replyPiece = 8 << 10
 // whole it was about 6× the output for bytes that are not UTF-8 (issue 19).
 func writeExecResult(w http.ResponseWriter, res apitype.ExecResult) error {
 	r := newReplyWriter(w)
-	r.output(res.ExitCode, res.Signal, res.Stdout, res.Stderr, res.StdoutTruncated, res.StderrTruncated, res.TimedOut)
+	r.output(res.ExitCode, res.Signal, res.Stdout, res.Stderr, outputMeta{res.StdoutTruncated, res.StderrTruncated,
+		res.StdoutDropped, res.StderrDropped, res.StdoutDroppedAt, res.StderrDroppedAt}, res.TimedOut)
 	r.flag("oom_killed", res.OOMKilled)
 	r.raw(`,"duration_ms":` + strconv.FormatInt(res.DurationMS, 10) + "}\n")
 	return r.flush()
@@ -29,7 +30,8 @@ func writeExecResult(w http.ResponseWriter, res apitype.ExecResult) error {
 // writeShellResult is writeExecResult for a shell session command's result.
 func writeShellResult(w http.ResponseWriter, res apitype.ShellResult) error {
 	r := newReplyWriter(w)
-	r.output(res.ExitCode, res.Signal, res.Stdout, res.Stderr, res.StdoutTruncated, res.StderrTruncated, res.TimedOut)
+	r.output(res.ExitCode, res.Signal, res.Stdout, res.Stderr, outputMeta{res.StdoutTruncated, res.StderrTruncated,
+		res.StdoutDropped, res.StderrDropped, res.StdoutDroppedAt, res.StderrDroppedAt}, res.TimedOut)
 	r.flag("ended", res.Ended)
 	r.raw(`,"cwd":`)
 	r.str(res.Cwd)
@@ -74,9 +76,21 @@ func (r *replyWriter) flag(name string, v bool) {
 	r.raw(`,"` + name + `":` + strconv.FormatBool(v))
 }
 
+func (r *replyWriter) int(name string, v int64) {
+	r.raw(`,"` + name + `":` + strconv.FormatInt(v, 10))
+}
+
+// outputMeta is what an exec's and a shell command's results say of their output
+// beyond the output itself.
+type outputMeta struct {
+	stdoutTruncated, stderrTruncated bool
+	stdoutDropped, stderrDropped     int64
+	stdoutDroppedAt, stderrDroppedAt int64
+}
+
 // output opens the object with the fields an exec's and a shell command's results share,
 // in their order.
-func (r *replyWriter) output(code int, signal, stdout, stderr string, stdoutTruncated, stderrTruncated, timedOut bool) {
+func (r *replyWriter) output(code int, signal, stdout, stderr string, m outputMeta, timedOut bool) {
 	r.raw(`{"exit_code":` + strconv.Itoa(code))
 	if signal != "" {
 		r.raw(`,"signal":`)
@@ -86,8 +100,12 @@ func (r *replyWriter) output(code int, signal, stdout, stderr string, stdoutTrun
 	r.str(stdout)
 	r.raw(`,"stderr":`)
 	r.str(stderr)
-	r.flag("stdout_truncated", stdoutTruncated)
-	r.flag("stderr_truncated", stderrTruncated)
+	r.flag("stdout_truncated", m.stdoutTruncated)
+	r.flag("stderr_truncated", m.stderrTruncated)
+	r.int("stdout_dropped", m.stdoutDropped)
+	r.int("stderr_dropped", m.stderrDropped)
+	r.int("stdout_dropped_at", m.stdoutDroppedAt)
+	r.int("stderr_dropped_at", m.stderrDroppedAt)
 	r.flag("timed_out", timedOut)
 }
 

@@ -16,8 +16,8 @@ import (
 // The streamed exec reply is byte for byte what encoding/json made of the whole result:
 // invalid UTF-8, multi-byte runes across piece boundaries, HTML and line separators.
 func TestWriteExecResultMatchesEncodingJSON(t *testing.T) {
-	if n := reflect.TypeFor[apitype.ExecResult]().NumField(); n != 9 {
-		t.Fatalf("ExecResult has %d fields: writeExecResult writes 9; teach it the new ones", n)
+	if n := reflect.TypeFor[apitype.ExecResult]().NumField(); n != 13 {
+		t.Fatalf("ExecResult has %d fields: writeExecResult writes 13; teach it the new ones", n)
 	}
 	for i, res := range replyCases() {
 		checkReply(t, i, res, func(w http.ResponseWriter) error { return writeExecResult(w, res) })
@@ -26,13 +26,15 @@ func TestWriteExecResultMatchesEncodingJSON(t *testing.T) {
 
 // So is the shell command's, with its own fields.
 func TestWriteShellResultMatchesEncodingJSON(t *testing.T) {
-	if n := reflect.TypeFor[apitype.ShellResult]().NumField(); n != 10 {
-		t.Fatalf("ShellResult has %d fields: writeShellResult writes 10; teach it the new ones", n)
+	if n := reflect.TypeFor[apitype.ShellResult]().NumField(); n != 14 {
+		t.Fatalf("ShellResult has %d fields: writeShellResult writes 14; teach it the new ones", n)
 	}
 	for i, e := range replyCases() {
 		res := apitype.ShellResult{
 			ExitCode: e.ExitCode, Signal: e.Signal, Stdout: e.Stdout, Stderr: e.Stderr,
 			StdoutTruncated: e.StdoutTruncated, StderrTruncated: e.StderrTruncated, TimedOut: e.TimedOut,
+			StdoutDropped: e.StdoutDropped, StderrDropped: e.StderrDropped,
+			StdoutDroppedAt: e.StdoutDroppedAt, StderrDroppedAt: e.StderrDroppedAt,
 			Ended: e.OOMKilled, Cwd: e.Stderr[:min(len(e.Stderr), 300)], DurationMS: e.DurationMS,
 		}
 		checkReply(t, i, res, func(w http.ResponseWriter) error { return writeShellResult(w, res) })
@@ -59,7 +61,8 @@ func replyCases() []apitype.ExecResult {
 	cases := []apitype.ExecResult{
 		{},
 		{ExitCode: 137, Signal: "KILL", TimedOut: true, OOMKilled: true, DurationMS: 12},
-		{Stdout: "hi\n", Stderr: "err\n", StdoutTruncated: true, StderrTruncated: true},
+		{Stdout: "hi\n", Stderr: "err\n", StdoutTruncated: true, StderrTruncated: true,
+			StdoutDropped: 1 << 40, StderrDropped: 7, StdoutDroppedAt: 1, StderrDroppedAt: 3},
 		{Stdout: "<a href=\"x\">&amp;</a>\u2028\u2029\x00\x1f\t\\", Stderr: "\xff\xfe\xc3"},
 		{Stdout: random(3*replyPiece + 17), Stderr: random(replyPiece)},
 		{Stdout: strings.Repeat("\x80", 2*replyPiece+3), Stderr: strings.Repeat("é", replyPiece)},

@@ -59,7 +59,8 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request, _ principal)
 		Timeout:     seconds(req.TimeoutSeconds),
 		IdleTimeout: seconds(req.IdleTimeoutSeconds),
 
-		KillLeftovers: req.KillLeftovers,
+		KillLeftovers:   req.KillLeftovers,
+		OutputHeadBytes: req.OutputHeadBytes,
 		// Written while the exec still holds its slot and its share of the output
 		// budget, so a client that reads its reply slowly stays within both.
 		Reply: func(res process.ExecResult) error { replied = true; return writeExecResult(w, res) },

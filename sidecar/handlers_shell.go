@@ -87,7 +87,7 @@ func (s *Server) handleRunShell(w http.ResponseWriter, r *http.Request, _ princi
 		return err
 	}
 	_, err = sess.Run(r.Context(), shell.RunRequest{
-		Command: req.Command, Timeout: seconds(req.TimeoutSeconds),
+		Command: req.Command, Timeout: seconds(req.TimeoutSeconds), OutputHeadBytes: req.OutputHeadBytes,
 		// Written while the output still holds its share of the daemon's output budget,
 		// and streamed, as an exec's: never whole in memory.
 		Reply: func(res shell.Result) error { return writeShellResult(w, res) },

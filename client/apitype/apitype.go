@@ -394,9 +394,19 @@ type ExecRequest struct {
 	// KillLeftovers kills what the command leaves behind once it exits; without it
 	// that stays in the lease (listed as its leftovers) until the lease ends.
 	KillLeftovers bool `json:"kill_leftovers,omitempty"`
+	// OutputHeadBytes: of the max_output_bytes kept of a stream that outgrows them (GET
+	// /v1/info), how many come from its start; the rest come from its end. nil: half.
+	// Outside 0..max_output_bytes: 400 invalid_request.
+	OutputHeadBytes *int64 `json:"output_head_bytes,omitempty"`
 }
 
 // ExecResult is the body of a finished exec.
+//
+// A stream longer than the daemon's max_output_bytes (or than the output budget lets it
+// hold) comes back as its head and its end: Stdout is the first StdoutDroppedAt
+// characters (Unicode code points, as a JSON parser decodes them) of the output, then its
+// last bytes; the StdoutDropped bytes in between are gone, and StdoutTruncated is set.
+// OutputParts splits them.
 type ExecResult struct {
 	ExitCode        int    `json:"exit_code"`
 	Signal          string `json:"signal,omitempty"`
@@ -404,6 +414,10 @@ type ExecResult struct {
 	Stderr          string `json:"stderr"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
+	StdoutDropped   int64  `json:"stdout_dropped"`
+	StderrDropped   int64  `json:"stderr_dropped"`
+	StdoutDroppedAt int64  `json:"stdout_dropped_at"`
+	StderrDroppedAt int64  `json:"stderr_dropped_at"`
 	TimedOut        bool   `json:"timed_out"`
 	OOMKilled       bool   `json:"oom_killed"`
 	DurationMS      int64  `json:"duration_ms"`
@@ -504,9 +518,12 @@ type ShellList struct {
 type ShellRunRequest struct {
 	Command        string  `json:"command"`
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty"`
+	// OutputHeadBytes: as ExecRequest's.
+	OutputHeadBytes *int64 `json:"output_head_bytes,omitempty"`
 }
 
-// ShellResult is the body of a finished shell command.
+// ShellResult is the body of a finished shell command; its output fields are
+// ExecResult's.
 type ShellResult struct {
 	ExitCode        int    `json:"exit_code"`
 	Signal          string `json:"signal,omitempty"`
@@ -514,6 +531,10 @@ type ShellResult struct {
 	Stderr          string `json:"stderr"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
+	StdoutDropped   int64  `json:"stdout_dropped"`
+	StderrDropped   int64  `json:"stderr_dropped"`
+	StdoutDroppedAt int64  `json:"stdout_dropped_at"`
+	StderrDroppedAt int64  `json:"stderr_dropped_at"`
 	TimedOut        bool   `json:"timed_out"`
 	// Ended: the shell itself exited (or was killed) during the command; ExitCode is the
 	// shell's, and the session is gone.

@@ -101,10 +101,24 @@ func runExec(ctx context.Context, args []string) error {
 	}
 	_, _ = io.WriteString(os.Stdout, res.Stdout)
 	_, _ = io.WriteString(os.Stderr, res.Stderr)
-	if res.StdoutTruncated || res.StderrTruncated {
-		fmt.Fprintln(os.Stderr, "sidecar: output truncated at the daemon's limit")
-	}
+	noteTruncation(res.StdoutTruncated, res.StderrTruncated, res.StdoutDropped, res.StderrDropped)
 	return exitFor(res.ExitCode, res.Signal, res.TimedOut)
+}
+
+// noteTruncation tells stderr what the daemon dropped of a run's output, if anything.
+func noteTruncation(stdoutTruncated, stderrTruncated bool, stdoutDropped, stderrDropped int64) {
+	for _, s := range []struct {
+		name      string
+		truncated bool
+		dropped   int64
+	}{{"stdout", stdoutTruncated, stdoutDropped}, {"stderr", stderrTruncated, stderrDropped}} {
+		switch {
+		case s.dropped > 0:
+			fmt.Fprintf(os.Stderr, "sidecar: %s over the daemon's limit: %d bytes dropped between its head and its end\n", s.name, s.dropped)
+		case s.truncated:
+			fmt.Fprintf(os.Stderr, "sidecar: %s truncated: output was lost before the daemon kept it\n", s.name)
+		}
+	}
 }
 
 // exitFor passes a remote outcome on as this process's exit code.

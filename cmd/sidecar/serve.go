@@ -113,6 +113,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.Seccomp != "strict" && c.Seccomp != "off" {
 		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
 	}
+	if _, err := sandbox.LeasePathDirs(c.LeasePath); err != nil {
+		errs = append(errs, err)
+	}
 	if c.UIDRange != "" {
 		if c.UIDFirst, c.UIDLast, err = parseUIDRange(c.UIDRange); err != nil {
 			errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))

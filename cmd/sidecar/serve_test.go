@@ -57,7 +57,8 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 		"SIDECAR_SCRIPT_MAX_PER_LEASE":          "-1",
 		"SIDECAR_MIN_LANDLOCK_ABI":              "9",
 		"SIDECAR_REQUIRE_CGROUP":                "v3",
-		"SIDECAR_OUTPUT_BUDGET_BYTES":           "1024", // below two full outputs
+		"SIDECAR_OUTPUT_BUDGET_BYTES":           "1024",                        // below two full outputs
+		"SIDECAR_LEASE_PATH":                    "/usr/local/go/bin::/usr/bin", // an empty entry
 	}
 	_, err := loadServeConfig(env)
 	if err == nil {
@@ -66,7 +67,8 @@ func TestServeConfigReportsEveryProblem(t *testing.T) {
 	msg := err.Error()
 	for _, want := range []string{"SIDECAR_AUTH_TOKEN must be at least 32", "SIDECAR_MAX_LEASES", "SIDECAR_LEASE_TTL", "SIDECAR_ISOLATION", "SIDECAR_SECCOMP", "SIDECAR_DISK_QUOTA", "SIDECAR_UID_RANGE", "SIDECAR_LOG_FORMAT", "TLS is required", "SIDECAR_DEFAULT_LIMITS_PIDS",
 		"SIDECAR_DEFAULT_LIMITS_CPU_MILLICORES must be at least 10", "SIDECAR_SCRIPT_MAX_PER_LEASE",
-		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2", "SIDECAR_OUTPUT_BUDGET_BYTES"} {
+		"SIDECAR_MIN_LANDLOCK_ABI must be 0 to 7", "SIDECAR_REQUIRE_CGROUP must be v1, v2", "SIDECAR_OUTPUT_BUDGET_BYTES",
+		"SIDECAR_LEASE_PATH \"/usr/local/go/bin::/usr/bin\" has an empty entry"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error does not name %s:\n%s", want, msg)
 		}

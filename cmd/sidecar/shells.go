@@ -164,9 +164,7 @@ func shellsRun(ctx context.Context, args []string) error {
 		_, _ = io.WriteString(os.Stdout, res.Stdout)
 		_, _ = io.WriteString(os.Stderr, res.Stderr)
 	}
-	if res.StdoutTruncated || res.StderrTruncated {
-		fmt.Fprintln(os.Stderr, "sidecar: output truncated at the daemon's limit")
-	}
+	noteTruncation(res.StdoutTruncated, res.StderrTruncated, res.StdoutDropped, res.StderrDropped)
 	if res.Ended {
 		fmt.Fprintln(os.Stderr, "sidecar: the shell exited; the session is closed")
 	}

@@ -54,7 +54,10 @@ type Config struct {
 	Seccomp           string `env:"SIDECAR_SECCOMP" envDefault:"strict"`     // "strict" or "off": the system-call filter on lease processes and script workers
 	MinLandlockABI    int    `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"` // operator's floor: refuse to start below it; 0 none
 	RequireCgroup     string `env:"SIDECAR_REQUIRE_CGROUP"`                  // operator's floor: "v1", "v2" or "" (either)
-	LandlockMaxABI    int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
+	// LeasePath extends lease processes' PATH: directories after sandbox.DefaultPath,
+	// ':'-separated (sandbox.LeasePathDirs says which are accepted).
+	LeasePath      string `env:"SIDECAR_LEASE_PATH"`
+	LandlockMaxABI int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
 	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
 	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
 	// or "off" (the API meter only). See lease/disk.
@@ -174,7 +177,12 @@ func (d *Daemon) open(ctx context.Context) error {
 	if helper != "" {
 		helper = sandbox.HelperBeside(helper)
 	}
+	leasePath, err := sandbox.LeasePathDirs(cfg.LeasePath)
+	if err != nil {
+		return err
+	}
 	if d.sandbox, err = sandbox.New(sandbox.Config{
+		LeasePath:      leasePath,
 		CgroupParent:   cfg.CgroupParent,
 		Isolation:      cfg.Isolation,
 		HelperPath:     helper,

@@ -290,3 +290,45 @@ func TestExecOutputBudget(t *testing.T) {
 		t.Fatalf("exec with the budget back: %d bytes, %v; want %d", len(res.Stdout), err, limit)
 	}
 }
+
+// A run's output over the cap comes back as its head and its end, the dropped bytes
+// counted exactly: a test suite's first line and its summary both arrive.
+func TestExecKeepsHeadAndTail(t *testing.T) {
+	m := newManager(t, Config{}) // 1 MiB per stream
+	// 3 MiB between a first and a last line that appear nowhere else.
+	script := `echo FIRST-LINE; head -c 3145728 /dev/zero | tr '\0' x; echo; echo LAST-LINE`
+	const total int64 = int64(len("FIRST-LINE\n") + 3<<20 + 1 + len("LAST-LINE\n"))
+	half := int64(DefaultMaxOutputBytes / 2)
+	for _, tc := range []struct {
+		name       string
+		head       *int64
+		first, end bool // kept
+		at         int64
+	}{
+		{"default half and half", nil, true, true, half},
+		{"tail only", new(int64), false, true, 0},
+		{"head only", ptr(int64(DefaultMaxOutputBytes)), true, false, DefaultMaxOutputBytes},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh(script), OutputHeadBytes: tc.head})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Stdout) != DefaultMaxOutputBytes || res.StdoutDropped != total-DefaultMaxOutputBytes ||
+				res.StdoutDroppedAt != tc.at || !res.StdoutTruncated || res.ExitCode != 0 {
+				t.Fatalf("kept %d bytes, dropped %d at %d (truncated %v, exit %d); want %d, %d at %d",
+					len(res.Stdout), res.StdoutDropped, res.StdoutDroppedAt, res.StdoutTruncated, res.ExitCode,
+					DefaultMaxOutputBytes, total-DefaultMaxOutputBytes, tc.at)
+			}
+			first, end := strings.HasPrefix(res.Stdout, "FIRST-LINE\n"), strings.HasSuffix(res.Stdout, "\nLAST-LINE\n")
+			if first != tc.first || end != tc.end {
+				t.Fatalf("first line kept %v, last line kept %v; want %v, %v", first, end, tc.first, tc.end)
+			}
+		})
+	}
+	if _, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("true"), OutputHeadBytes: ptr(int64(-1))}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a negative head: %v, want ErrInvalid", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -645,5 +646,43 @@ func TestShutdownEndsSubscriptions(t *testing.T) {
 	}
 	if _, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh("true")}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Exec after Shutdown: %v", err)
+	}
+}
+
+// startHookExecer runs after() right after each command started, before Exec has
+// registered its run: the window a ReleaseLease must not slip through.
+type startHookExecer struct {
+	*testExecer
+	after func()
+}
+
+type startHookTree struct {
+	Tree
+	after func()
+}
+
+func (e startHookExecer) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
+	cmd, tree, err := e.testExecer.Command(leaseID, spec)
+	return cmd, startHookTree{tree, e.after}, err
+}
+
+func (t startHookTree) Start() error {
+	err := t.Tree.Start()
+	t.after()
+	return err
+}
+
+// A ReleaseLease that comes between an Exec's start and its registration still ends it.
+func TestReleaseLeaseKillsExecStartingMeanwhile(t *testing.T) {
+	var m *Manager
+	m = newManager(t, Config{Execer: startHookExecer{newTestExecer(t), func() { m.ReleaseLease("lease") }}})
+	done := make(chan ExecResult, 1)
+	go func() {
+		res, _ := m.Exec(context.Background(), "lease", ExecRequest{Spec: sh("sleep 1000")})
+		done <- res
+	}()
+	// Before, the run was missed and slept on: this waited for the test's timeout.
+	if res := <-done; res.Signal != "KILL" {
+		t.Fatalf("result %+v, want killed", res)
 	}
 }

@@ -47,7 +47,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	if l.Network != nil {
 		netEnv = l.Network.Env
 	}
-	env, err := buildEnv(s.identity(v), tmp, spec.TTY, netEnv, spec.Env)
+	env, err := buildEnv(s.identity(v), s.path, tmp, spec.TTY, netEnv, spec.Env)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -59,7 +59,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		return nil, nil, err
 	}
 	hostDir, dir := filepath.Join(l.Workdir, rel), filepath.Join(v.work, rel)
-	pathEnv := DefaultPath
+	pathEnv := s.path
 	if p, ok := spec.Env["PATH"]; ok {
 		pathEnv = p
 	}

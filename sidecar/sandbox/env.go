@@ -14,8 +14,48 @@ import (
 // ErrOutsideWorkdir is ErrInvalid for a path that resolves outside the lease's workdir.
 var ErrOutsideWorkdir = fmt.Errorf("%w: path outside the workdir", ErrInvalid)
 
-// DefaultPath is the PATH a lease process starts with.
+// DefaultPath is the PATH a lease process starts with, followed by the operator's
+// Config.LeasePath.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// LeasePathDirs parses SIDECAR_LEASE_PATH: directories separated by ':', each absolute,
+// clean and inside the system directories lease processes may run programs from
+// (systemExecDirs: what Landlock lets them execute, and where a start looks for
+// argv[0]); an empty entry is refused rather than read as the cwd, as a shell would.
+// "" is none.
+func LeasePathDirs(s string) ([]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var dirs []string
+	for d := range strings.SplitSeq(s, ":") {
+		switch {
+		case d == "":
+			return nil, fmt.Errorf("%w: SIDECAR_LEASE_PATH %q has an empty entry (a leading, trailing or doubled ':')", ErrInvalid, s)
+		case !filepath.IsAbs(d) || filepath.Clean(d) != d:
+			return nil, fmt.Errorf("%w: SIDECAR_LEASE_PATH entry %q is not a clean absolute path", ErrInvalid, d)
+		case !inAny(d, systemExecDirs):
+			return nil, fmt.Errorf("%w: SIDECAR_LEASE_PATH entry %q is outside the directories lease processes may run programs from (%s)",
+				ErrInvalid, d, strings.Join(systemExecDirs, ", "))
+		}
+		dirs = append(dirs, d)
+	}
+	return dirs, nil
+}
+
+// leasePath is the PATH of lease processes: DefaultPath, then dirs (see LeasePathDirs),
+// each of which must be a directory on the host.
+func leasePath(dirs []string) (string, error) {
+	if _, err := LeasePathDirs(strings.Join(dirs, ":")); err != nil {
+		return "", err
+	}
+	for _, d := range dirs {
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			return "", fmt.Errorf("%w: SIDECAR_LEASE_PATH entry %q is not a directory on this host", ErrInvalid, d)
+		}
+	}
+	return strings.Join(append([]string{DefaultPath}, dirs...), ":"), nil
+}
 
 // maxArgEnvBytes bounds argv plus environment, well under the kernel's ARG_MAX.
 const maxArgEnvBytes = 1 << 20
@@ -40,9 +80,9 @@ func (s *Sandbox) identity(v view) identity {
 
 // buildEnv is the clean base environment, then the lease's (KEY=VALUE), with the request's
 // on top, sorted. TERM is set for a terminal only, as ssh and docker exec do.
-func buildEnv(id identity, tmp string, tty bool, lease []string, req map[string]string) ([]string, error) {
+func buildEnv(id identity, path, tmp string, tty bool, lease []string, req map[string]string) ([]string, error) {
 	env := map[string]string{
-		"PATH": DefaultPath, "HOME": id.home, "LANG": "C.UTF-8", "SHELL": id.shell,
+		"PATH": path, "HOME": id.home, "LANG": "C.UTF-8", "SHELL": id.shell,
 		"USER": id.user, "LOGNAME": id.user, "TMPDIR": tmp,
 	}
 	if tty {

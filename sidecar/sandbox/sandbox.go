@@ -70,6 +70,10 @@ type Config struct {
 	// ColdStart makes every command start the plain way, without launchers (launcher.go):
 	// for benchmarks that compare the two.
 	ColdStart bool
+	// LeasePath are directories appended to DefaultPath in lease processes' PATH
+	// (SIDECAR_LEASE_PATH, see LeasePathDirs): tools the host has outside the default,
+	// such as /usr/local/go/bin. Each must be an existing directory.
+	LeasePath []string
 }
 
 // Caps says which isolation is in force (shown in /v1/info).
@@ -134,6 +138,7 @@ type Sandbox struct {
 	userRoot string
 	users    userDB
 	shell    string // $SHELL of lease processes
+	path     string // $PATH of lease processes: DefaultPath and Config.LeasePath
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
 	owner       *ownerLock    // the lock on the cgroup parent (owner.go), nil without Config.Owner
@@ -209,7 +214,11 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), coldStart: cfg.ColdStart,
+	path, err := leasePath(cfg.LeasePath)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, coldStart: cfg.ColdStart,
 		launching: make(chan struct{}, launchersAtOnce)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()

@@ -28,7 +28,8 @@
 //   - A command's output is held in a process.Capture, so it is captured exactly as a
 //     run-to-completion exec's: per stream up to the process layer's MaxOutputBytes, the
 //     first 4 KiB always, beyond them only what the daemon-wide OutputBudgetBytes (shared
-//     with every exec) grants; the rest is dropped and flagged truncated, and the command
+//     with every exec) grants, kept as the stream's head and end (RunRequest.
+//     OutputHeadBytes); the middle is dropped, counted and flagged truncated, and the command
 //     is never held back. The budget is given back once the reply is written (RunRequest.
 //     Reply) or Run returns. Output a background job writes between commands is dropped;
 //     during a command, it is that command's.

@@ -47,8 +47,9 @@ type Processes interface {
 	Signal(leaseID, pid, name string) error
 	Kill(leaseID, pid string) error
 	// NewCapture holds a command's output within the limit and the daemon-wide output
-	// budget that run-to-completion execs share.
-	NewCapture() *process.Capture
+	// budget that run-to-completion execs share, keeping head bytes of a long stream's
+	// start (nil: half) and the rest from its end.
+	NewCapture(head *int64) (*process.Capture, error)
 }
 
 // Config configures a Manager; zero values take the defaults.
@@ -362,6 +363,8 @@ type RunRequest struct {
 	// Timeout interrupts the command once passed (see the package doc). Zero: none; at
 	// most process.MaxTimeout.
 	Timeout time.Duration
+	// OutputHeadBytes: as process.ExecRequest's.
+	OutputHeadBytes *int64
 	// Reply, when set, gets the result of a run that ended without error, before Run
 	// returns: the output's share of the daemon's output budget is held until Reply
 	// returns (the session is free again already), so a caller that writes its reply
@@ -383,7 +386,10 @@ func (s *Session) Run(ctx context.Context, r RunRequest) (Result, error) {
 	if err := s.checkRun(r); err != nil {
 		return Result{}, err
 	}
-	out := s.m.cfg.Processes.NewCapture()
+	out, err := s.m.cfg.Processes.NewCapture(r.OutputHeadBytes)
+	if err != nil {
+		return Result{}, err
+	}
 	defer out.Release()
 	res, err := s.run(ctx, r, newCommand(newNonce(), out))
 	if err == nil && r.Reply != nil {
@@ -567,5 +573,7 @@ func (c *command) result() Result {
 	var r Result
 	r.Stdout, r.StdoutTruncated = c.out.Output(apitype.ChannelStdout)
 	r.Stderr, r.StderrTruncated = c.out.Output(apitype.ChannelStderr)
+	r.StdoutDropped, r.StdoutDroppedAt = c.out.Dropped(apitype.ChannelStdout)
+	r.StderrDropped, r.StderrDroppedAt = c.out.Dropped(apitype.ChannelStderr)
 	return r
 }

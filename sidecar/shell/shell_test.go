@@ -334,12 +334,29 @@ func TestContextEndInterrupts(t *testing.T) {
 	}
 }
 
+// A command's output over the cap keeps its head and its end, as an exec's, split as
+// output_head_bytes says, and counts what it dropped.
 func TestLargeOutputTruncated(t *testing.T) {
 	f := newFixtureWith(t, process.Config{MaxOutputBytes: 1000}, nil)
 	s := f.create(t, "")
-	res := run(t, s, "head -c 200000 /dev/zero | tr '\\0' a; echo tail >&2", 0)
-	if !res.StdoutTruncated || len(res.Stdout) != 1000 || res.Stdout != strings.Repeat("a", 1000) || res.Stderr != "tail\n" {
-		t.Fatalf("stdout %d bytes truncated=%v, stderr %q", len(res.Stdout), res.StdoutTruncated, res.Stderr)
+	const big = "echo first; head -c 200000 /dev/zero | tr '\\0' a; echo; echo last; echo tail >&2"
+	const total int64 = int64(len("first\n") + 200000 + 1 + len("last\n"))
+	res := run(t, s, big, 0)
+	want := "first\n" + strings.Repeat("a", 494) + strings.Repeat("a", 494) + "\nlast\n"
+	if !res.StdoutTruncated || res.Stdout != want || res.StdoutDropped != total-1000 || res.StdoutDroppedAt != 500 ||
+		res.Stderr != "tail\n" || res.StderrDropped != 0 {
+		t.Fatalf("stdout %d bytes truncated=%v dropped %d at %d, stderr %q", len(res.Stdout), res.StdoutTruncated,
+			res.StdoutDropped, res.StdoutDroppedAt, res.Stderr)
+	}
+	head := int64(100)
+	res, err := s.Run(context.Background(), RunRequest{Command: big, OutputHeadBytes: &head})
+	if err != nil || res.Stdout[:100] != want[:100] || !strings.HasSuffix(res.Stdout, "a\nlast\n") || len(res.Stdout) != 1000 ||
+		res.StdoutDroppedAt != 100 {
+		t.Fatalf("head of 100: %v, dropped at %d, %d bytes", err, res.StdoutDroppedAt, len(res.Stdout))
+	}
+	head = 1001
+	if _, err := s.Run(context.Background(), RunRequest{Command: "true", OutputHeadBytes: &head}); !errors.Is(err, process.ErrInvalid) {
+		t.Fatalf("head over the cap: %v, want process.ErrInvalid", err)
 	}
 	if res := run(t, s, "echo small", 0); res.Stdout != "small\n" || res.StdoutTruncated {
 		t.Fatalf("next: %+v", res)
@@ -355,7 +372,7 @@ func TestOutputBudget(t *testing.T) {
 	f := newFixtureWith(t, process.Config{MaxOutputBytes: limit, OutputBudgetBytes: budget}, nil)
 	s := f.create(t, "")
 	kept := func(n int) (int, bool) { // what a new capture keeps of n bytes, released
-		c := f.procs.NewCapture()
+		c := mustCapture(t, f.procs)
 		defer c.Release()
 		c.Write(apitype.ChannelStdout, make([]byte, n))
 		out, truncated := c.Output(apitype.ChannelStdout)
@@ -363,7 +380,7 @@ func TestOutputBudget(t *testing.T) {
 	}
 
 	const held = 10 << 10
-	hold := f.procs.NewCapture() // another request's output: first + held
+	hold := mustCapture(t, f.procs) // another request's output: first + held
 	hold.Write(apitype.ChannelStdout, make([]byte, first+held))
 	if out, truncated := hold.Output(apitype.ChannelStdout); len(out) != first+held || truncated {
 		t.Fatalf("holding capture kept %d bytes, truncated %v", len(out), truncated)
@@ -413,7 +430,7 @@ func TestStreamSplitMarker(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i <= len(n); i++ {
-		capture := procs.NewCapture()
+		capture := mustCapture(t, procs)
 		st := newStream(n, capture, apitype.ChannelStdout)
 		data := "out" + n + "0:/x" + n
 		cut := 3 + i
@@ -457,4 +474,14 @@ func TestDescendants(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}()
+}
+
+// mustCapture is a Capture with the default split.
+func mustCapture(t *testing.T, procs *process.Manager) *process.Capture {
+	t.Helper()
+	c, err := procs.NewCapture(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

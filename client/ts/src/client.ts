@@ -519,10 +519,12 @@ export class LeaseHandle {
     return this.client.json({ method: "GET", path: leasePath(this.id, "shells", encodeURIComponent(sid)), lease: this });
   }
 
-  /** runShell runs one command in a session; ShellBusyError while another runs. */
-  runShell(sid: string, command: string, timeoutSeconds = 0): Promise<ShellResult> {
-    return this.client.json({ method: "POST", path: leasePath(this.id, "shells", encodeURIComponent(sid), "run"),
-      json: { command, timeout_seconds: timeoutSeconds }, lease: this });
+  /** runShell runs one command in a session; ShellBusyError while another runs.
+   * outputHeadBytes: as an exec's output_head_bytes (undefined: the daemon's half). */
+  runShell(sid: string, command: string, timeoutSeconds = 0, outputHeadBytes?: number): Promise<ShellResult> {
+    const json: Schemas["ShellRunRequest"] = { command, timeout_seconds: timeoutSeconds };
+    if (outputHeadBytes !== undefined) json.output_head_bytes = outputHeadBytes;
+    return this.client.json({ method: "POST", path: leasePath(this.id, "shells", encodeURIComponent(sid), "run"), json, lease: this });
   }
 
   closeShell(sid: string): Promise<void> {

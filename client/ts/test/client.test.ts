@@ -10,7 +10,7 @@ import { finished } from "node:stream/promises";
 import {
   SidecarError, NotFoundError, LeaseNotFoundError, InvalidRequestError, PathOutsideWorkdirError,
   errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, DrainingError, UnavailableError,
-  ShellBusyError, ShellNotFoundError, type LeaseHandle, type Process,
+  ShellBusyError, ShellNotFoundError, outputParts, outputWithMarker, type LeaseHandle, type Process,
 } from "../src/index.js";
 import { startDaemon, type Daemon } from "./daemon.js";
 
@@ -87,6 +87,34 @@ test("leases renew themselves, run commands and move files", { timeout: 120_000 
   assert.equal(res.stdout, "out\n");
   assert.equal(res.stderr, "err\n");
   assert.equal(res.exit_code, 3);
+
+  // 3 MiB between a unique first and last line: both come back, the bytes dropped between
+  // them counted exactly, and the helpers split the output there.
+  const big = await l.exec({ argv: ["sh", "-c", "echo FIRST-LINE; head -c 3145728 /dev/zero | tr '\\0' x; echo; echo LAST-LINE"] });
+  const max = (await d.client.info()).limits.max_output_bytes;
+  const total = "FIRST-LINE\n".length + 3 * 2 ** 20 + 1 + "LAST-LINE\n".length;
+  assert.equal(big.stdout.length, max);
+  assert.equal(big.stdout_truncated, true);
+  assert.equal(big.stdout_dropped, total - max);
+  assert.equal(big.stdout_dropped_at, max / 2);
+  const { head, tail } = outputParts(big.stdout, big.stdout_dropped, big.stdout_dropped_at);
+  assert.ok(head.startsWith("FIRST-LINE\nxxx") && head.length === max / 2);
+  assert.ok(tail.endsWith("xxx\nLAST-LINE\n") && tail.length === max / 2);
+  assert.equal(outputWithMarker(big.stdout, big.stdout_dropped, big.stdout_dropped_at),
+    `${head}\n[… ${total - max} bytes dropped …]\n${tail}`);
+  const tailOnly = await l.exec({ argv: ["sh", "-c", "echo FIRST-LINE; head -c 3145728 /dev/zero"], output_head_bytes: 0 });
+  assert.equal(tailOnly.stdout_dropped_at, 0);
+  assert.ok(!tailOnly.stdout.includes("FIRST-LINE"));
+  await assert.rejects(l.exec({ argv: ["true"], output_head_bytes: max + 1 }), InvalidRequestError);
+  // A character cut by the drop is dropped whole: the parts stay where a reader looks.
+  // Lines of 7 bytes ("é😀\n"): a head of 1002 bytes ends in the first byte of an é.
+  const wide = await l.exec({ argv: ["sh", "-c", "yes 'é😀' | head -c 2999997"], output_head_bytes: 1002 });
+  const parts = outputParts(wide.stdout, wide.stdout_dropped, wide.stdout_dropped_at);
+  assert.ok(!wide.stdout.includes("\ufffd"));
+  assert.equal(Buffer.byteLength(parts.head), 1001);
+  assert.ok(parts.head.endsWith("é😀\n") && parts.tail.endsWith("é😀\n"));
+  assert.equal([...parts.head].length, wide.stdout_dropped_at);
+  assert.equal(Buffer.byteLength(parts.head) + Buffer.byteLength(parts.tail) + wide.stdout_dropped, 2999997);
 
   await l.writeFile("dir/a.txt", "hello", { mkdirs: true, mode: 0o600 });
   assert.equal((await l.readFile("dir/a.txt")).toString(), "hello");
