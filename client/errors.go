@@ -53,6 +53,13 @@ var (
 	ErrShellNotFound = errors.New("shell session not found")
 	// ErrShellBusy: the shell session is running a command.
 	ErrShellBusy = errors.New("shell session busy")
+	// ErrSearchLimit: the lease or the daemon runs as many greps at once as it may, or
+	// the daemon's search memory budget cannot hold the pattern; retry shortly.
+	ErrSearchLimit = errors.New("search limit reached")
+	// ErrPatternTooComplex: the grep pattern compiles to too many instructions.
+	ErrPatternTooComplex = errors.New("pattern too complex")
+	// ErrWatchLimit: the lease's or the daemon's inotify budget is spent.
+	ErrWatchLimit = errors.New("watch limit reached")
 )
 
 var sentinelByCode = map[string]error{
@@ -84,6 +91,9 @@ var sentinelByCode = map[string]error{
 	apitype.CodeDraining:           ErrDraining,
 	apitype.CodeShellNotFound:      ErrShellNotFound,
 	apitype.CodeShellBusy:          ErrShellBusy,
+	apitype.CodeSearchLimit:        ErrSearchLimit,
+	apitype.CodePatternTooComplex:  ErrPatternTooComplex,
+	apitype.CodeWatchLimit:         ErrWatchLimit,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

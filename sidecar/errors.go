@@ -93,7 +93,9 @@ var sentinels = []struct {
 	{fsxfer.ErrPrecondition, http.StatusPreconditionFailed, apitype.CodePreconditionFailed},
 	{fsxfer.ErrNoMatch, http.StatusConflict, apitype.CodeOldTextNotFound},
 	{fsxfer.ErrAmbiguous, http.StatusConflict, apitype.CodeOldTextNotUnique},
-	{fsxfer.ErrTooMany, http.StatusTooManyRequests, apitype.CodeLeaseLimit},
+	{fsxfer.ErrSearchLimit, http.StatusTooManyRequests, apitype.CodeSearchLimit},
+	{fsxfer.ErrPatternTooComplex, http.StatusBadRequest, apitype.CodePatternTooComplex},
+	{fsxfer.ErrWatchLimit, http.StatusTooManyRequests, apitype.CodeWatchLimit},
 	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{script.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 }
