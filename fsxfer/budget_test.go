@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp/syntax"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -164,3 +167,142 @@ func TestGrepMemoryBudget(t *testing.T) {
 	}
 	g.Release()
 }
+
+// inotifyFDs counts this process's inotify instances.
+func inotifyFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && target == "anon_inode:inotify" {
+			n++
+		}
+	}
+	return n
+}
+
+// The daemon's inotify budget is a quarter of the host's per-user limits and a lease's
+// a quarter of that; neither reaches the host's limits.
+func TestInotifyBudgetsFromHost(t *testing.T) {
+	inst, watches := HostInotifyLimits()
+	b := newBudgets(t, BudgetConfig{})
+	c := b.Config()
+	leaseInst, leaseWatches := b.LeaseInotify()
+	t.Logf("host: %d instances, %d watches; daemon: %d, %d; lease: %d, %d", inst, watches, c.InotifyInstances, c.InotifyWatches, leaseInst, leaseWatches)
+	if c.InotifyInstances != max(1, inst/InotifyShare) || c.InotifyWatches != max(1, watches/InotifyShare) {
+		t.Fatalf("daemon budget %d instances, %d watches; want a quarter of the host's %d, %d", c.InotifyInstances, c.InotifyWatches, inst, watches)
+	}
+	if 2*c.InotifyInstances > inst/2 && inst >= 4 || 2*c.InotifyWatches > watches/2 {
+		t.Fatalf("two daemons would take more than half of root's inotify limits")
+	}
+	if leaseInst > MaxWatchesPerFS || leaseInst > max(1, c.InotifyInstances/LeaseInotifyShare) || leaseWatches > MaxWatchDirs || leaseWatches > max(1, c.InotifyWatches/LeaseInotifyShare) {
+		t.Fatalf("lease budget %d instances, %d watches", leaseInst, leaseWatches)
+	}
+}
+
+// Watches are charged to the lease's and the daemon's inotify budgets: the instance of
+// each watch and every directory it watches. A watch that cannot start within them is
+// refused with ErrWatchLimit naming which; a directory that appears later and cannot be
+// watched is a refused event (never a limit event); everything is given back when the
+// watches end.
+func TestWatchInotifyBudgets(t *testing.T) {
+	b := newBudgets(t, BudgetConfig{InotifyInstances: 8, InotifyWatches: 40}) // a lease: 2 instances, 10 watches
+	if i, w := b.LeaseInotify(); i != 2 || w != 10 {
+		t.Fatalf("lease share %d, %d", i, w)
+	}
+	before := inotifyFDs(t)
+	var fss []*FS
+	for range 5 {
+		l := newTestLease(t)
+		tree := map[string]string{}
+		for i := range 12 {
+			tree[fmt.Sprintf("big/d%02d/", i)] = ""
+		}
+		for i := range 4 {
+			tree[fmt.Sprintf("small/d%d/", i)] = ""
+		}
+		writeTree(t, l.work, tree)
+		cfg := l.config()
+		cfg.Budgets = b
+		fss = append(fss, openFS(t, cfg))
+	}
+	f := fss[0]
+	// A recursive watch of 13 directories is over the lease's 10: refused whole.
+	if _, err := f.Watch("big", WatchOptions{Recursive: true}); !errors.Is(err, ErrWatchLimit) || !strings.Contains(err.Error(), "lease") {
+		t.Fatalf("a watch over the lease's watches: %v", err)
+	}
+	if b.inotifyInstances != 0 || b.inotifyWatches != 0 || inotifyFDs(t) != before {
+		t.Fatalf("a refused watch holds %d instances, %d watches (%d inotify descriptors open, %d before)", b.inotifyInstances, b.inotifyWatches, inotifyFDs(t), before)
+	}
+	// Two watches are the lease's instances; a third is refused.
+	w1, err := f.Watch("small", WatchOptions{Recursive: true}) // 5 directories
+	if err != nil {
+		t.Fatal(err)
+	}
+	w2, err := f.Watch("", WatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Watch("", WatchOptions{}); !errors.Is(err, ErrWatchLimit) || !strings.Contains(err.Error(), "lease") {
+		t.Fatalf("a third watch: %v", err)
+	}
+	// Three more leases take the daemon's other 6 instances; a fifth lease is refused.
+	var more []*Watcher
+	for _, g := range fss[1:4] {
+		for range 2 {
+			w, err := g.Watch("", WatchOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			more = append(more, w)
+		}
+	}
+	if got := inotifyFDs(t) - before; got != 8 {
+		t.Fatalf("%d inotify instances open, want the daemon's 8", got)
+	}
+	if _, err := fss[4].Watch("", WatchOptions{}); !errors.Is(err, ErrWatchLimit) || !strings.Contains(err.Error(), "max_user_instances") {
+		t.Fatalf("a watch over the daemon's instances: %v", err)
+	}
+	for _, w := range more {
+		w.Close()
+	}
+	// The lease holds 6 of its 10 watches: four new directories are watched, the fifth
+	// is refused (an event), and once one goes away the next is watched again.
+	for i := range 5 {
+		if err := os.Mkdir(filepath.Join(l0(fss[0]), "small", fmt.Sprintf("n%d", i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := nextEvents(t, w1, 6)
+	want := []string{"create n0", "create n1", "create n2", "create n3", "create n4", "refused n4"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+	if err := os.Remove(filepath.Join(l0(fss[0]), "small", "d0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(l0(fss[0]), "small", "n5"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextEvents(t, w1, 2); !slices.Equal(got, []string{"remove d0", "create n5"}) {
+		t.Fatalf("after a watched directory went away: %q", got)
+	}
+	if err := os.WriteFile(filepath.Join(l0(fss[0]), "small", "n5", "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextEvents(t, w1, 1); got[0] != "create n5/f" {
+		t.Fatalf("the directory watched after one went away: %q", got)
+	}
+	w1.Close()
+	w2.Close()
+	if b.inotifyInstances != 0 || b.inotifyWatches != 0 || f.inotifyInstances != 0 || f.inotifyWatches != 0 || inotifyFDs(t) != before {
+		t.Fatalf("after every watch closed: daemon %d instances, %d watches; lease %d, %d; %d inotify descriptors open, %d before",
+			b.inotifyInstances, b.inotifyWatches, f.inotifyInstances, f.inotifyWatches, inotifyFDs(t), before)
+	}
+}
+
+// l0 is the workdir of an FS.
+func l0(f *FS) string { return f.cfg.Workdir }

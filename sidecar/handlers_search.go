@@ -251,7 +251,7 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request, _ principal
 	for {
 		select {
 		case e := <-events:
-			if err := send(apitype.WatchEvent{Type: e.Type, Path: e.Path, OldPath: e.OldPath, Dir: e.Dir, Dropped: e.Dropped}); err != nil {
+			if err := send(apitype.WatchEvent{Type: e.Type, Path: e.Path, OldPath: e.OldPath, Dir: e.Dir, Dropped: e.Dropped, Reason: e.Reason}); err != nil {
 				return nil // the client went away or stopped reading
 			}
 		case <-beat.C:
