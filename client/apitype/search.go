@@ -59,7 +59,7 @@ type GrepMatch struct {
 }
 
 // GrepResult is the body of GET …/grep/{path}. Truncated: a limit stopped the search
-// ("matches", "bytes" or "time").
+// ("matches", "bytes", "time", or "memory": the daemon's search budget was spent).
 type GrepResult struct {
 	Matches       []GrepMatch `json:"matches"`
 	Truncated     bool        `json:"truncated"`
