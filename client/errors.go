@@ -59,6 +59,13 @@ var (
 	ErrInvalidNetworkPolicy = errors.New("invalid network policy")
 	// ErrPortUnreachable: nothing listens on that port inside the lease.
 	ErrPortUnreachable = errors.New("port unreachable")
+	// ErrSearchLimit: the lease or the daemon runs as many greps at once as it may, or
+	// the daemon's search memory budget cannot hold the pattern; retry shortly.
+	ErrSearchLimit = errors.New("search limit reached")
+	// ErrPatternTooComplex: the grep pattern compiles to too many instructions.
+	ErrPatternTooComplex = errors.New("pattern too complex")
+	// ErrWatchLimit: the lease's or the daemon's inotify budget is spent.
+	ErrWatchLimit = errors.New("watch limit reached")
 )
 
 var sentinelByCode = map[string]error{
@@ -92,6 +99,9 @@ var sentinelByCode = map[string]error{
 	apitype.CodeShellBusy:            ErrShellBusy,
 	apitype.CodeInvalidNetworkPolicy: ErrInvalidNetworkPolicy,
 	apitype.CodePortUnreachable:      ErrPortUnreachable,
+	apitype.CodeSearchLimit:          ErrSearchLimit,
+	apitype.CodePatternTooComplex:    ErrPatternTooComplex,
+	apitype.CodeWatchLimit:           ErrWatchLimit,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

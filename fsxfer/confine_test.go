@@ -380,6 +380,7 @@ func TestMountNamesTheWorkdir(t *testing.T) {
 		t.Errorf("Find(/workspace) = %q, want %q (relative, as for a relative start)", found, want)
 	}
 	g, err := f.Grep(ctx, "/workspace", GrepOptions{Pattern: "ok"})
+	g.Release()
 	if err != nil || len(g.Matches) != 1 || g.Matches[0].Path != "moved.txt" {
 		t.Errorf("Grep(/workspace) = %+v, %v", g, err)
 	}

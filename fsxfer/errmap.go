@@ -66,7 +66,7 @@ const errRootEscape = "path escapes from parent"
 func classify(err error) error {
 	for _, s := range []error{ErrOutside, ErrNotFound, ErrNotDir, ErrIsDir, ErrExists,
 		ErrNotEmpty, ErrQuota, ErrDigest, ErrOffsetMismatch, ErrNotRegular, ErrInvalid, ErrTooLarge,
-		ErrPrecondition, ErrNoMatch, ErrAmbiguous} {
+		ErrPrecondition, ErrNoMatch, ErrAmbiguous, ErrWatchLimit, ErrSearchLimit, ErrPatternTooComplex} {
 		if errors.Is(err, s) {
 			return err
 		}

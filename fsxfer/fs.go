@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,8 +26,11 @@ type Config struct {
 	MaxListEntries    int           // longest directory listing, default 100_000
 	UploadIdle        time.Duration // partial uploads idle longer are reaped by ReapUploads; default 24h
 	UsageTTL          time.Duration // how long a usage scan is reused; default 2s
-	Now               func() time.Time
-	Logger            *slog.Logger // default: discard
+	// Budgets are the daemon-wide bounds on searches and watches that every FS of the
+	// daemon shares; nil: one per process.
+	Budgets *Budgets
+	Now     func() time.Time
+	Logger  *slog.Logger // default: discard
 }
 
 // Defaults for the zero values of Config.
@@ -49,6 +53,10 @@ type FS struct {
 	leaseUID int // the uid a hard-linked file must belong to before it is served or replaced
 	watchers watcherSet
 	mnt      uint64 // mount ID of the workdir: Find, Grep and Watch stay on it
+	budgets  *Budgets
+	searches atomic.Int64 // searches running (until their reply is written)
+	// inotify instances and watches the lease's watches hold, guarded by budgets.inotifyMu
+	inotifyInstances, inotifyWatches int
 }
 
 // Open opens the lease file area described by cfg. The workdir must exist; the uploads
@@ -84,6 +92,9 @@ func Open(cfg Config) (*FS, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.Budgets == nil {
+		cfg.Budgets = processBudgets()
+	}
 	if cfg.QuotaBytes < 0 {
 		return nil, fmt.Errorf("fsxfer: quota %d: %w", cfg.QuotaBytes, ErrInvalid)
 	}
@@ -96,6 +107,7 @@ func Open(cfg Config) (*FS, error) {
 		root:     root,
 		log:      cfg.Logger,
 		leaseUID: cfg.UID,
+		budgets:  cfg.Budgets,
 		meter:    newMeter(cfg.UsageRoot, cfg.QuotaBytes, cfg.UsageTTL, cfg.Now),
 	}
 	if f.leaseUID < 0 {

@@ -28,6 +28,17 @@ const (
 	MaxGrepResultBytes   = 16 << 20 // text of matches and context lines in one result
 	DefaultGrepTimeout   = 30 * time.Second
 	MaxGrepTimeout       = 120 * time.Second
+	// MaxGrepProgram bounds a pattern's compiled program, in RE2 instructions, as Go's
+	// regexp/syntax counts them before compiling: a counted repetition is its copies
+	// (a{1000} is 1,000), so a pattern of a few KiB cannot cost hundreds of MiB.
+	MaxGrepProgram = 10_000
+	// GrepInstBytes is what a search charges to the search budget per instruction of its
+	// pattern: the two programs it compiles and the matching state of each worker (about
+	// 400 bytes an instruction measured with 8 workers, 800 allocated while compiling).
+	GrepInstBytes = 1024
+	// grepMatchOverhead is charged per match beyond its text: the match as found and as
+	// returned, and the headers of its strings.
+	grepMatchOverhead = 256
 )
 
 // GrepOptions select and bound a Grep. Include and Exclude apply to file paths (an
@@ -56,9 +67,12 @@ type GrepMatch struct {
 }
 
 // GrepResult lists matches in walk order (files by name, parents first; lines in
-// order). Truncated says a limit stopped the search: Reason is "matches", "bytes" or
-// "time". Files with a NUL byte are binary and skipped; larger than MaxFileBytes skipped
-// unread.
+// order). Truncated says a limit stopped the search: Reason is "matches", "bytes",
+// "time" or "memory" (the daemon's search budget was spent). Files with a NUL byte are
+// binary and skipped; larger than MaxFileBytes skipped unread.
+//
+// A result holds its search's share of the lease's and the daemon's search budgets
+// until Release, which the caller calls once it has written the result out.
 type GrepResult struct {
 	Matches       []GrepMatch
 	Truncated     bool
@@ -66,7 +80,13 @@ type GrepResult struct {
 	Files         int // files searched
 	SkippedBinary int
 	SkippedLarge  int
+
+	hold *searchHold
 }
+
+// Release gives the search's slot and memory back to the budgets. It may be called
+// more than once.
+func (r GrepResult) Release() { r.hold.release() }
 
 func (o *GrepOptions) normalize() error {
 	return cmp.Or( // the first refusal
@@ -87,16 +107,71 @@ type matcher struct {
 	pre     *regexp.Regexp
 }
 
-func newMatcher(pattern string, fixed, ignoreCase bool) (*matcher, error) {
+// grepExpr is the regexp a pattern is matched with, and its cost: the instructions of
+// its compiled program (0 for a plain byte search). A pattern over MaxGrepProgram is
+// refused before anything is compiled.
+func grepExpr(pattern string, fixed, ignoreCase bool) (expr string, insts int64, err error) {
 	if fixed && !ignoreCase {
-		return &matcher{literal: []byte(pattern)}, nil
+		return "", 0, nil
 	}
-	expr := pattern
+	expr = pattern
 	if fixed {
 		expr = regexp.QuoteMeta(pattern)
 	}
 	if ignoreCase {
 		expr = "(?i)" + expr
+	}
+	tree, err := syntax.Parse(expr, syntax.Perl)
+	if err != nil {
+		return "", 0, fmt.Errorf("%w: pattern: %v", ErrInvalid, err)
+	}
+	if insts = progSize(tree); insts > MaxGrepProgram {
+		return "", 0, fmt.Errorf("%w: the pattern compiles to about %d instructions, over the %d allowed (counted repetitions such as a{1000} count each copy): simplify it, or search a shorter form and filter the results",
+			ErrPatternTooComplex, insts, MaxGrepProgram)
+	}
+	return expr, insts, nil
+}
+
+// progSize is the size in instructions of the program re compiles to, counted as Go's
+// regexp/syntax counts it against its own (much larger) limit; saturates above
+// MaxGrepProgram.
+func progSize(re *syntax.Regexp) int64 {
+	var size int64
+	switch re.Op {
+	case syntax.OpLiteral:
+		size = int64(len(re.Rune))
+	case syntax.OpCapture, syntax.OpStar:
+		size = 2 + progSize(re.Sub[0])
+	case syntax.OpPlus, syntax.OpQuest:
+		size = 1 + progSize(re.Sub[0])
+	case syntax.OpConcat, syntax.OpAlternate:
+		for _, sub := range re.Sub {
+			size += progSize(sub)
+		}
+		if re.Op == syntax.OpAlternate {
+			size += int64(len(re.Sub)) - 1
+		}
+	case syntax.OpRepeat:
+		sub := progSize(re.Sub[0])
+		switch {
+		case re.Max == -1 && re.Min == 0:
+			size = 2 + sub
+		case re.Max == -1:
+			size = 1 + int64(re.Min)*sub
+		default:
+			size = int64(re.Max)*sub + int64(re.Max-re.Min)
+		}
+	}
+	return min(max(1, size), MaxGrepProgram+1) // saturate: no overflow however deep
+}
+
+func newMatcher(pattern string, fixed, ignoreCase bool) (*matcher, error) {
+	expr, _, err := grepExpr(pattern, fixed, ignoreCase)
+	if err != nil {
+		return nil, err
+	}
+	if expr == "" {
+		return &matcher{literal: []byte(pattern)}, nil
 	}
 	line, err := regexp.Compile(expr)
 	if err != nil {
@@ -183,8 +258,6 @@ func cutLine(b []byte) (string, bool) {
 	return string(b[:n]), true
 }
 
-// grepJob is a run of files of one directory, consecutive in walk order: batching
-// them keeps the hand-offs between goroutines at one per run, not one per file.
 // grepJob is a run of files of one directory, consecutive in walk order. Workers
 // take jobs in order from a shared list and leave their results in them: under CPU
 // contention, a hand-off per file (or per job) through channels costs more in waiting
@@ -207,7 +280,9 @@ type grepOut struct {
 	matches []GrepMatch
 	binary  bool
 	large   bool
-	skipped bool // not searched: gone, or not a regular file of the lease
+	skipped bool  // not searched: gone, or not a regular file of the lease
+	nomem   bool  // not (wholly) searched: the search budget was spent
+	held    int64 // bytes of the search budget its matches hold
 }
 
 const (
@@ -215,13 +290,19 @@ const (
 	maxGrepLead  = 16_384 // files the walk may list ahead of the workers
 )
 
-var grepBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+// grepPoolBytes is the size of the pooled buffer each worker reads a file into; a
+// larger file is read into a buffer of its own, charged to the search budget while it
+// is searched, and left to the collector.
+const grepPoolBytes = 64 << 10
+
+var grepBufs = sync.Pool{New: func() any { b := make([]byte, 0, grepPoolBytes); return &b }}
 
 // grepRun is one Grep: the job list shared by the walk and the workers.
 type grepRun struct {
 	f    *FS
 	m    *matcher
 	opts GrepOptions
+	hold *searchHold
 
 	mu      sync.Mutex
 	cond    *sync.Cond
@@ -230,7 +311,8 @@ type grepRun struct {
 	listed  int // files in jobs
 	taken   int // files in jobs[:next]
 	walked  bool
-	stopped atomic.Bool // enough matches (or bytes) found, or the time is up
+	stopped atomic.Bool // enough matches (or bytes) found, the time is up, or no memory
+	noMem   atomic.Bool // the search budget was spent
 	matches atomic.Int64
 	bytes   atomic.Int64
 }
@@ -239,9 +321,33 @@ type grepRun struct {
 // lines matching opts.Pattern. Files are opened in directories the walk opened (never
 // through a symlink, never across a mount, only the lease's) and searched in parallel;
 // results come in walk order whatever order the searches finish in.
-func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, error) {
+//
+// A search takes one of the lease's MaxSearchesPerLease slots and one of the daemon's
+// (ErrSearchLimit beyond either), and charges its pattern (GrepInstBytes an
+// instruction: ErrSearchLimit when the budget cannot hold it), the files it holds in
+// memory beyond a pooled buffer and its matches to the daemon's search budget; when
+// the budget is spent mid-search the result is truncated with Reason "memory". The
+// caller must Release the result.
+func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (_ GrepResult, err error) {
 	if err := opts.normalize(); err != nil {
 		return GrepResult{}, err
+	}
+	_, insts, err := grepExpr(opts.Pattern, opts.Fixed, opts.IgnoreCase)
+	if err != nil {
+		return GrepResult{}, err
+	}
+	hold, err := f.admitSearch()
+	if err != nil {
+		return GrepResult{}, err
+	}
+	defer func() {
+		if err != nil {
+			hold.release()
+		}
+	}()
+	if !hold.take(insts * GrepInstBytes) {
+		return GrepResult{}, fmt.Errorf("%w: the daemon's searches hold its search memory budget (%d bytes, SIDECAR_SEARCH_BUDGET_BYTES); retry shortly, or with a simpler pattern",
+			ErrSearchLimit, f.budgets.cfg.SearchBytes)
 	}
 	m, err := newMatcher(opts.Pattern, opts.Fixed, opts.IgnoreCase)
 	if err != nil {
@@ -249,7 +355,7 @@ func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
-	g := &grepRun{f: f, m: m, opts: opts}
+	g := &grepRun{f: f, m: m, opts: opts, hold: hold}
 	g.cond = sync.NewCond(&g.mu)
 	stopOnDone := context.AfterFunc(ctx, g.stop)
 	defer stopOnDone()
@@ -270,7 +376,7 @@ func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, 
 
 	// Assemble in walk order. A job left undone after a stop is searched here if the
 	// jobs before it did not reach the limits.
-	res := GrepResult{Matches: []GrepMatch{}}
+	res := GrepResult{Matches: []GrepMatch{}, hold: hold}
 	total := 0
 	defer func() {
 		for _, j := range g.jobs {
@@ -281,12 +387,13 @@ func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, 
 	}()
 	timedOut := ctx.Err() != nil
 	for _, j := range g.jobs {
+		complete := true
 		if !j.done {
 			if timedOut {
 				res.Truncated, res.Reason = true, "time"
 				return res, nil
 			}
-			g.search(j)
+			complete = g.search(j, true)
 		}
 		for _, o := range j.outs {
 			switch {
@@ -312,8 +419,16 @@ func (f *FS) Grep(ctx context.Context, p string, opts GrepOptions) (GrepResult, 
 				res.Matches = append(res.Matches, mt)
 			}
 		}
+		if !complete {
+			res.Truncated, res.Reason = true, "memory"
+			return res, nil
+		}
 	}
 	if errors.Is(walkErr, errStopWalk) {
+		if g.noMem.Load() { // the walk stopped before listing every file
+			res.Truncated, res.Reason = true, "memory"
+			return res, nil
+		}
 		walkErr = nil
 	}
 	if timedOut && (walkErr == nil || errors.Is(walkErr, context.DeadlineExceeded)) {
@@ -403,25 +518,54 @@ func (g *grepRun) work() {
 			g.cond.Broadcast() // the walk may be waiting
 		}
 		g.mu.Unlock()
-		g.search(j)
+		g.search(j, false)
 	}
 }
 
-// search searches the files of one job and counts what it found towards the limits.
-func (g *grepRun) search(j *grepJob) {
-	j.outs = make([]grepOut, len(j.files))
-	n, size := 0, 0
+// search searches the files of one job and counts what each file found towards the
+// limits. A worker leaves the job undone, what it found given back, once the search
+// stops (so that no worker holds more than a file's results beyond the limits), or
+// when the budget is spent; the assembly (assembling) searches it again if the jobs
+// before it did not reach the limits, and keeps what the files before one the budget
+// could not hold gave (false: the job was cut there).
+func (g *grepRun) search(j *grepJob, assembling bool) bool {
+	outs := make([]grepOut, len(j.files))
 	for i, fn := range j.files {
-		j.outs[i] = g.f.grepFile(j.dir.fd, fn, g.m, g.opts)
-		n += len(j.outs[i].matches)
-		for _, mt := range j.outs[i].matches {
+		if !assembling && g.stopped.Load() {
+			g.drop(outs[:i])
+			return false
+		}
+		o := g.f.grepFile(j.dir.fd, fn, g)
+		outs[i] = o
+		if o.nomem {
+			g.noMem.Store(true)
+			g.stop()
+			if assembling {
+				g.drop(outs[i : i+1])
+				j.outs = outs[:i]
+				return false
+			}
+			g.drop(outs[:i+1])
+			return false
+		}
+		size := 0
+		for _, mt := range o.matches {
 			size += lineBytes(mt)
 		}
+		if g.matches.Add(int64(len(o.matches))) > int64(g.opts.MaxMatches) || g.bytes.Add(int64(size)) > MaxGrepResultBytes {
+			g.stop()
+		}
 	}
+	j.outs = outs
 	j.dir.release()
 	j.dir, j.done = nil, true
-	if g.matches.Add(int64(n)) > int64(g.opts.MaxMatches) || g.bytes.Add(int64(size)) > MaxGrepResultBytes {
-		g.stop()
+	return true
+}
+
+// drop gives back the budget the results of an undone job held.
+func (g *grepRun) drop(outs []grepOut) {
+	for _, o := range outs {
+		g.hold.give(o.held)
 	}
 }
 
@@ -475,13 +619,14 @@ func (f *FS) grepTargets(ctx context.Context, p string, opts TreeOptions, visit 
 // grepFile searches one file: never through a symlink, only a regular file of the
 // lease, and one over the size cap is not read at all. An unchanged file comes from the
 // content cache for the price of one stat.
-func (f *FS) grepFile(dirfd int, j grepName, m *matcher, opts GrepOptions) grepOut {
+func (f *FS) grepFile(dirfd int, j grepName, g *grepRun) grepOut {
 	var out grepOut
+	opts := g.opts
 	var st unix.Stat_t
 	if (j.ino == 0 || contentCache.has(j.ino)) && unix.Fstatat(dirfd, j.name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil &&
 		st.Mode&unix.S_IFMT == unix.S_IFREG && int(st.Uid) == f.leaseUID && st.Size <= opts.MaxFileBytes {
 		if buf := contentCache.get(&st); buf != nil {
-			return f.grepBuf(out, j, buf, m, opts)
+			return g.grepBuf(out, j, buf)
 		}
 	}
 	readAt := cacheNow()
@@ -495,19 +640,32 @@ func (f *FS) grepFile(dirfd int, j grepName, m *matcher, opts GrepOptions) grepO
 		out.large = true
 		return out
 	}
-	bp := grepBufs.Get().(*[]byte)
-	defer grepBufs.Put(bp)
-	buf, err := readFD(nfd, *bp, fst.Size)
-	*bp = buf
+	var buf []byte
+	if fst.Size <= grepPoolBytes {
+		bp := grepBufs.Get().(*[]byte)
+		defer grepBufs.Put(bp)
+		buf, err = readFD(nfd, *bp, fst.Size)
+		*bp = buf[:0]
+	} else {
+		if !g.hold.take(fst.Size) {
+			out.nomem = true
+			return out
+		}
+		defer g.hold.give(fst.Size)
+		buf, err = readFD(nfd, nil, fst.Size)
+	}
 	if err != nil {
 		out.skipped = true
 		return out
 	}
 	contentCache.put(fst, buf, readAt)
-	return f.grepBuf(out, j, buf, m, opts)
+	return g.grepBuf(out, j, buf)
 }
 
-func (f *FS) grepBuf(out grepOut, j grepName, buf []byte, m *matcher, opts GrepOptions) grepOut {
+// grepBuf finds the matching lines of one file's contents, each charged to the search
+// budget as it is kept.
+func (g *grepRun) grepBuf(out grepOut, j grepName, buf []byte) grepOut {
+	m, opts := g.m, g.opts
 	if bytes.IndexByte(buf, 0) >= 0 {
 		out.binary = true
 		return out
@@ -521,6 +679,12 @@ func (f *FS) grepBuf(out grepOut, j grepName, buf []byte, m *matcher, opts GrepO
 		if opts.Context > 0 {
 			mt.Before, mt.After = contextLines(buf, start, end, opts.Context)
 		}
+		cost := int64(lineBytes(mt) + grepMatchOverhead)
+		if !g.hold.take(cost) {
+			out.nomem = true
+			return false
+		}
+		out.held += cost
 		out.matches = append(out.matches, mt)
 		size += lineBytes(mt)
 		// One more than asked tells truncation.

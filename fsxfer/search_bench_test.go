@@ -80,6 +80,7 @@ func BenchmarkSearchTree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			r.Release()
 			return len(r.Matches)
 		}, "grep", "-rn", "-F", "needle", ".")
 	})
@@ -89,6 +90,7 @@ func BenchmarkSearchTree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			r.Release()
 			return len(r.Matches)
 		}, "grep", "-rn", "-F", "needle", ".")
 	})

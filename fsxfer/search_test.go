@@ -157,6 +157,7 @@ func TestFindNeverLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.Release()
 	if len(g.Matches) != 1 || g.Matches[0].Path != "in/a" {
 		t.Fatalf("grep left the lease's files: %+v", g)
 	}
@@ -236,6 +237,7 @@ func TestGrepOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.Release()
 	var got []string
 	for _, m := range g.Matches {
 		got = append(got, fmt.Sprintf("%s:%d:%d:%d:%v:%q:%q", m.Path, m.Line, m.Column, len(m.Text), m.Cut, m.Before, m.After))
@@ -256,14 +258,17 @@ func TestGrepOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	g.Release()
 	if len(g.Matches) != 1 || !g.Truncated || g.Reason != "matches" {
 		t.Fatalf("max matches: %+v", g)
 	}
 	g, _ = f.Grep(ctx, "", GrepOptions{Pattern: "needle", MaxMatches: 2, TreeOptions: TreeOptions{Include: []string{"*.txt", "*.go"}}})
+	g.Release()
 	if len(g.Matches) != 2 || g.Truncated {
 		t.Fatalf("under max matches: %+v", g)
 	}
 	g, _ = f.Grep(ctx, "a.txt", GrepOptions{Pattern: "^t"})
+	g.Release()
 	if len(g.Matches) != 2 || g.Matches[0].Path != "a.txt" || g.Matches[1].Line != 3 {
 		t.Fatalf("one file: %+v", g)
 	}
@@ -368,6 +373,7 @@ func TestGrepCache(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		g.Release()
 		var out []string
 		for _, m := range g.Matches {
 			out = append(out, m.Path+":"+m.Text)

@@ -22,6 +22,10 @@ const (
 	EventRename   = "rename"
 	EventOverflow = "overflow" // events were lost: Dropped of them (0: the kernel's queue overflowed, count unknown)
 	EventLimit    = "limit"    // a directory was not watched: MaxDirs reached
+	// EventRefused: a directory that appeared was not watched (nor, until one is freed,
+	// later ones) because the lease's or the daemon's inotify budget is spent, or the
+	// host refused; Reason says which.
+	EventRefused = "refused"
 )
 
 // WatchEvent is one change below a watched directory. Path (and OldPath of a rename)
@@ -32,6 +36,7 @@ type WatchEvent struct {
 	OldPath string
 	Dir     bool
 	Dropped int64
+	Reason  string // of a refused event
 }
 
 // Limits of Watch.
@@ -40,18 +45,17 @@ const (
 	MaxWatchDirs      = 8192
 	DefaultWatchQueue = 4096
 	MaxWatchQueue     = 65536
-	MaxWatchesPerFS   = 8
+	// MaxWatchesPerFS bounds the watches of one lease at once (each is an inotify
+	// instance); a small daemon budget lowers it (Budgets.LeaseInotify).
+	MaxWatchesPerFS = 8
 )
 
 // WatchOptions describe a watch.
 type WatchOptions struct {
 	Recursive bool
-	MaxDirs   int // directories watched at most (inotify watches are a host-wide resource); 0: DefaultWatchDirs
+	MaxDirs   int // directories watched at most by this watch; 0: DefaultWatchDirs
 	Queue     int // events held for a slow reader; beyond, they are dropped and counted; 0: DefaultWatchQueue
 }
-
-// ErrTooMany: too many watches on one lease at once.
-var ErrTooMany = errors.New("too many watches")
 
 // Watcher delivers the changes below one directory of the lease, in the order the
 // kernel reports them. It is a bounded queue: a reader that falls behind gets an
@@ -67,6 +71,9 @@ type Watcher struct {
 	paths  map[int]string // watch descriptor → directory, relative to the watched one ("" for it)
 	root   string         // the watched directory, relative to the workdir
 	limitd bool           // a limit event was sent
+	// refused: a refused event was sent; reset once a watch is given back, so that the
+	// next refusal is reported too.
+	refused bool
 
 	mu      sync.Mutex
 	queue   []WatchEvent
@@ -84,6 +91,11 @@ const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOV
 // Watch starts watching the directory p (and, with Recursive, the directories below it
 // that walkTree would enter: never through a symlink, never across a mount, only the
 // lease's).
+//
+// Its inotify instance and every directory it watches are charged to the lease's and
+// the daemon's inotify budgets (Budgets): when either cannot hold what the watch needs
+// to start, or the host refuses, Watch fails with ErrWatchLimit; a directory that
+// appears later and cannot be watched is reported by a refused event.
 func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 	if opts.MaxDirs < 0 || opts.MaxDirs > MaxWatchDirs || opts.Queue < 0 || opts.Queue > MaxWatchQueue {
 		return nil, fmt.Errorf("%w: max dirs 0..%d, queue 0..%d", ErrInvalid, MaxWatchDirs, MaxWatchQueue)
@@ -109,13 +121,18 @@ func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 	if rel != "." && int(st.Uid) != f.leaseUID {
 		return nil, wrap("watch", rel, ErrForeignLink)
 	}
+	if err := f.takeInotify(true, 0); err != nil {
+		return nil, err
+	}
 	ifd, err := unix.InotifyInit1(unix.IN_NONBLOCK | unix.IN_CLOEXEC)
 	if err != nil {
-		return nil, wrap("watch", rel, err)
+		f.giveInotify(1, 0)
+		return nil, hostInotifyError(err)
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
 		unix.Close(ifd)
+		f.giveInotify(1, 0)
 		return nil, wrap("watch", rel, err)
 	}
 	w := &Watcher{f: f, opts: opts, ifd: ifd, wake: wake, mnt: f.mnt, paths: map[int]string{}, root: rel,
@@ -124,26 +141,42 @@ func (f *FS) Watch(p string, opts WatchOptions) (*Watcher, error) {
 		w.closeFDs()
 		return nil, err
 	}
-	if err := w.addDir(fd(d), ""); err != nil {
+	err = w.addDir(fd(d), "")
+	if err == nil && opts.Recursive {
+		err = w.addTree("", false)
+	}
+	if err != nil {
 		f.removeWatcher(w)
 		w.closeFDs()
 		return nil, wrap("watch", rel, err)
-	}
-	if opts.Recursive {
-		w.addTree("", false)
 	}
 	go w.read()
 	return w, nil
 }
 
+// closeFDs closes the watch's descriptors and gives back what it held of the budgets.
 func (w *Watcher) closeFDs() {
 	unix.Close(w.ifd)
 	unix.Close(w.wake)
+	w.f.giveInotify(1, len(w.paths))
+	w.paths = map[int]string{}
 }
 
-// addDir watches the open directory dirfd, known as rel. The watch is placed through
-// the descriptor's /proc link, so it is the directory opened, not whatever a path
-// names by now.
+// hostInotifyError names the host's refusal of an inotify instance or watch: the
+// budgets are set below the host's limits, so this is other users of root's share (or
+// limits lowered since the daemon started).
+func hostInotifyError(err error) error {
+	if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENOSPC) {
+		return fmt.Errorf("%w: the host refused an inotify instance or watch (%v): its fs.inotify.max_user_instances or max_user_watches is reached by root's processes",
+			ErrWatchLimit, err)
+	}
+	return err
+}
+
+// addDir watches the open directory dirfd, known as rel, charging it to the budgets.
+// The watch is placed through the descriptor's /proc link, so it is the directory
+// opened, not whatever a path names by now. Past MaxDirs it sends a limit event and
+// returns nil; a budget's (or the host's) refusal is an error wrapping ErrWatchLimit.
 func (w *Watcher) addDir(dirfd int, rel string) error {
 	if len(w.paths) >= w.opts.MaxDirs {
 		if !w.limitd {
@@ -152,34 +185,60 @@ func (w *Watcher) addDir(dirfd int, rel string) error {
 		}
 		return nil
 	}
+	if err := w.f.takeInotify(false, 1); err != nil {
+		return err
+	}
 	wd, err := unix.InotifyAddWatch(w.ifd, "/proc/self/fd/"+strconv.Itoa(dirfd), watchMask)
 	if err != nil {
-		return err
+		w.f.giveInotify(0, 1)
+		return hostInotifyError(err)
+	}
+	if _, ok := w.paths[wd]; ok {
+		w.f.giveInotify(0, 1) // the same directory again: one watch
 	}
 	w.paths[wd] = rel
 	return nil
 }
 
 // addTree watches the directories below rel; with report, what it finds is reported
-// as created (it appeared before its directory was watched).
-func (w *Watcher) addTree(rel string, report bool) {
+// as created (it appeared before its directory was watched). It stops at the first
+// refusal of a budget (or the host) and returns it.
+func (w *Watcher) addTree(rel string, report bool) error {
 	start := path.Join(w.root, rel)
+	var refused error
 	visit := func(e *treeEntry) error {
 		crel := path.Join(rel, e.rel)
 		isDir := e.mode == unix.S_IFDIR
 		if report {
 			w.push(WatchEvent{Type: EventCreate, Path: crel, Dir: isDir})
 		}
-		if isDir && !e.mount {
+		if isDir && !e.mount && refused == nil {
 			child, err := openDirAt(e.dir.fd, e.name, w.mnt)
 			if err == nil {
-				_ = w.addDir(child, crel)
+				refused = w.addDir(child, crel)
 				unix.Close(child)
+			}
+			if refused != nil && !report {
+				return errStopWalk
+			}
+			if refused != nil {
+				w.refuse(crel, refused)
 			}
 		}
 		return nil
 	}
 	_ = w.f.walkTree(context.Background(), start, TreeOptions{Hidden: true}, visit, nil)
+	return refused
+}
+
+// refuse reports a directory the budgets (or the host) refused to watch, once until a
+// watch is given back.
+func (w *Watcher) refuse(rel string, err error) {
+	if w.refused {
+		return
+	}
+	w.refused = true
+	w.push(WatchEvent{Type: EventRefused, Path: rel, Dir: true, Reason: err.Error()})
 }
 
 // openSub opens the directory rel (below the watched one) without following its last
@@ -333,7 +392,11 @@ func (w *Watcher) read() {
 			}
 			dir, ok := w.paths[int(ev.Wd)]
 			if ev.Mask&unix.IN_IGNORED != 0 {
-				delete(w.paths, int(ev.Wd))
+				if ok {
+					delete(w.paths, int(ev.Wd))
+					w.f.giveInotify(0, 1)
+					w.refused = false
+				}
 				if ok && dir == "" {
 					flush()
 					return // the watched directory itself is gone
@@ -385,9 +448,12 @@ func (w *Watcher) watchNew(rel string) {
 	if err != nil {
 		return
 	}
-	_ = w.addDir(dfd, rel)
+	err = w.addDir(dfd, rel)
 	unix.Close(dfd)
-	w.addTree(rel, true)
+	if err != nil {
+		w.refuse(rel, err)
+	}
+	_ = w.addTree(rel, true) // reports what it holds even when it cannot be watched
 }
 
 // renamed moves the paths of the watched directories at or below from to to.
@@ -406,7 +472,9 @@ func (w *Watcher) forget(rel string) {
 	for wd, p := range w.paths {
 		if p == rel || strings.HasPrefix(p, rel+"/") {
 			_, _ = unix.InotifyRmWatch(w.ifd, uint32(wd))
-			delete(w.paths, wd)
+			delete(w.paths, wd) // its IN_IGNORED, when it comes, finds it gone
+			w.f.giveInotify(0, 1)
+			w.refused = false
 		}
 	}
 }
@@ -424,9 +492,6 @@ func (f *FS) addWatcher(w *Watcher) error {
 	defer s.mu.Unlock()
 	if s.closed {
 		return fmt.Errorf("%w: the lease's file area is closed", ErrNotFound)
-	}
-	if len(s.set) >= MaxWatchesPerFS {
-		return fmt.Errorf("%w: at most %d per lease", ErrTooMany, MaxWatchesPerFS)
 	}
 	if s.set == nil {
 		s.set = map[*Watcher]struct{}{}

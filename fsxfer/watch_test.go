@@ -143,7 +143,7 @@ func TestWatchLimits(t *testing.T) {
 		}
 		ws = append(ws, w)
 	}
-	if _, err := f.Watch("", WatchOptions{}); !errors.Is(err, ErrTooMany) {
+	if _, err := f.Watch("", WatchOptions{}); !errors.Is(err, ErrWatchLimit) {
 		t.Fatalf("one watch too many: %v", err)
 	}
 	for _, w := range ws {

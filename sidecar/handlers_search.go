@@ -1,6 +1,8 @@
 package sidecar
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -91,12 +93,37 @@ func (s *Server) handleGrep(w http.ResponseWriter, r *http.Request, _ principal)
 	if err != nil {
 		return err
 	}
-	out := apitype.GrepResult{Matches: make([]apitype.GrepMatch, 0, len(res.Matches)), Truncated: res.Truncated, Reason: res.Reason,
-		Files: res.Files, SkippedBinary: res.SkippedBinary, SkippedLarge: res.SkippedLarge}
-	for _, m := range res.Matches {
-		out.Matches = append(out.Matches, apitype.GrepMatch(m))
+	defer res.Release() // the result holds its share of the search budget until written
+	return writeGrep(w, res)
+}
+
+// writeGrep writes a grep result as writeJSON would, one match at a time: the reply is
+// never a second copy of the result in memory, whose matches the search budget counts.
+func writeGrep(w http.ResponseWriter, res fsxfer.GrepResult) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 32<<10)
+	enc := json.NewEncoder(bw)
+	bw.WriteString(`{"matches":[`)
+	for i, m := range res.Matches {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		if err := enc.Encode(apitype.GrepMatch(m)); err != nil { // its newline is JSON whitespace
+			return err
+		}
 	}
-	return writeJSON(w, http.StatusOK, out)
+	// The other members, as the struct encodes them after its matches.
+	rest, err := json.Marshal(apitype.GrepResult{Truncated: res.Truncated, Reason: res.Reason,
+		Files: res.Files, SkippedBinary: res.SkippedBinary, SkippedLarge: res.SkippedLarge})
+	if err != nil {
+		return err
+	}
+	bw.WriteByte(']')
+	bw.Write(bytes.TrimPrefix(rest, []byte(`{"matches":null`)))
+	bw.WriteByte('\n')
+	return bw.Flush()
 }
 
 func (s *Server) handleStat(w http.ResponseWriter, r *http.Request, _ principal) error {
@@ -224,7 +251,7 @@ func (s *Server) handleWatch(w http.ResponseWriter, r *http.Request, _ principal
 	for {
 		select {
 		case e := <-events:
-			if err := send(apitype.WatchEvent{Type: e.Type, Path: e.Path, OldPath: e.OldPath, Dir: e.Dir, Dropped: e.Dropped}); err != nil {
+			if err := send(apitype.WatchEvent{Type: e.Type, Path: e.Path, OldPath: e.OldPath, Dir: e.Dir, Dropped: e.Dropped, Reason: e.Reason}); err != nil {
 				return nil // the client went away or stopped reading
 			}
 		case <-beat.C:

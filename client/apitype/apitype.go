@@ -138,6 +138,17 @@ const (
 	CodeInvalidNetworkPolicy = "invalid_network_policy"
 	// CodePortUnreachable: nothing listens on that port inside the lease.
 	CodePortUnreachable = "port_unreachable"
+	// CodeSearchLimit (429): a grep refused because the lease (4) or the daemon
+	// (SIDECAR_MAX_SEARCHES) runs as many searches at once as it may, or the daemon's
+	// search memory budget (SIDECAR_SEARCH_BUDGET_BYTES) cannot hold its pattern.
+	CodeSearchLimit = "search_limit"
+	// CodePatternTooComplex (400): a grep pattern whose compiled program is over 10,000
+	// instructions (a counted repetition counts each copy).
+	CodePatternTooComplex = "pattern_too_complex"
+	// CodeWatchLimit (429): a watch refused because the lease or the daemon holds all the
+	// inotify instances or watches its budget allows (the daemon's is a quarter of the
+	// host's per-user limits), or the host refused one.
+	CodeWatchLimit = "watch_limit"
 )
 
 // Problem is an RFC 9457 problem details body.

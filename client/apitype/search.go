@@ -59,7 +59,7 @@ type GrepMatch struct {
 }
 
 // GrepResult is the body of GET …/grep/{path}. Truncated: a limit stopped the search
-// ("matches", "bytes" or "time").
+// ("matches", "bytes", "time", or "memory": the daemon's search budget was spent).
 type GrepResult struct {
 	Matches       []GrepMatch `json:"matches"`
 	Truncated     bool        `json:"truncated"`
@@ -91,7 +91,11 @@ const (
 	WatchRename   = "rename"   // Path is the new name, OldPath the old one
 	WatchOverflow = "overflow" // Dropped events were lost (0: the kernel's queue overflowed, count unknown)
 	WatchLimit    = "limit"    // the directory at Path and others were not watched: max_dirs reached
-	WatchEnd      = "end"      // last: the watch ended (lease released, directory removed, daemon stopping)
+	// WatchRefused: the directory at Path (and, until a watched one goes away, later
+	// ones) appeared but was not watched: the lease's or the daemon's inotify budget is
+	// spent, or the host refused. Reason says which.
+	WatchRefused = "refused"
+	WatchEnd     = "end" // last: the watch ended (lease released, directory removed, daemon stopping)
 )
 
 // WatchEvent is the JSON "data:" of one server-sent event of a watch.
@@ -101,5 +105,5 @@ type WatchEvent struct {
 	OldPath string `json:"old_path,omitempty"`
 	Dir     bool   `json:"dir,omitempty"`
 	Dropped int64  `json:"dropped,omitempty"`
-	Reason  string `json:"reason,omitempty"` // of "end"
+	Reason  string `json:"reason,omitempty"` // of "end" and "refused"
 }

@@ -156,6 +156,12 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	if c.MaxExecs < 1 || c.OutputBudgetBytes < 2*c.MaxOutputBytes {
 		errs = append(errs, errors.New("SIDECAR_MAX_EXECS_PER_LEASE must be positive and SIDECAR_OUTPUT_BUDGET_BYTES at least twice SIDECAR_MAX_OUTPUT_BYTES"))
 	}
+	if c.MaxSearches < 1 {
+		errs = append(errs, errors.New("SIDECAR_MAX_SEARCHES must be positive"))
+	}
+	if c.SearchBudgetBytes < 1<<20 {
+		errs = append(errs, errors.New("SIDECAR_SEARCH_BUDGET_BYTES must be at least 1048576 (1 MiB)"))
+	}
 	if c.MaxShells < 1 {
 		errs = append(errs, errors.New("SIDECAR_MAX_SHELLS_PER_LEASE must be positive"))
 	}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/disk"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
@@ -77,6 +78,8 @@ type Config struct {
 	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`        // run-to-completion execs per lease at once
 	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"` // output all execs and shell commands hold in memory, daemon-wide
 	MaxShells         int   `env:"SIDECAR_MAX_SHELLS_PER_LEASE" envDefault:"8"`        // shell sessions per lease
+	MaxSearches       int   `env:"SIDECAR_MAX_SEARCHES" envDefault:"16"`               // greps running at once, daemon-wide (4 per lease)
+	SearchBudgetBytes int64 `env:"SIDECAR_SEARCH_BUDGET_BYTES" envDefault:"268435456"` // memory all greps hold at once, daemon-wide
 
 	Network NetworkConfig
 
@@ -238,7 +241,18 @@ func (d *Daemon) open(ctx context.Context) error {
 	if d.network, err = cfg.Network.open(cfg.Isolation, d.sandbox.Caps(), log); err != nil {
 		return err
 	}
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Network: d.network.manager}
+	// Searches and watches of every lease draw on these: the daemon's memory for greps,
+	// and a quarter of root's inotify instances and watches.
+	budgets, err := fsxfer.NewBudgets(fsxfer.BudgetConfig{MaxSearches: cfg.MaxSearches, SearchBytes: cfg.SearchBudgetBytes})
+	if err != nil {
+		return err
+	}
+	bc := budgets.Config()
+	leaseInst, leaseWatches := budgets.LeaseInotify()
+	log.Info("file tool budgets", "max_searches", bc.MaxSearches, "search_budget_bytes", bc.SearchBytes,
+		"inotify_instances", bc.InotifyInstances, "inotify_watches", bc.InotifyWatches,
+		"lease_inotify_instances", leaseInst, "lease_inotify_watches", leaseWatches)
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))

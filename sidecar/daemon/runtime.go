@@ -27,7 +27,8 @@ type Runtime struct {
 	Processes  *process.Manager
 	Shells     *shell.Manager // nil: none (its sessions die with their shells anyway)
 	UploadIdle time.Duration
-	Disk       *disk.Quotas // nil: usage is the fsxfer meter's scan
+	Disk       *disk.Quotas    // nil: usage is the fsxfer meter's scan
+	Budgets    *fsxfer.Budgets // searches and watches of all leases; nil: fsxfer's per-process one
 	// Network serves each lease's egress inside its network namespace; nil: leases
 	// share the host's network (SIDECAR_NETWORK_ISOLATION=host, or isolation none).
 	Network *network.Manager
@@ -133,6 +134,7 @@ func (rt *Runtime) FS(l lease.Lease) (*fsxfer.FS, error) {
 		GID:        gid,
 		QuotaBytes: l.Limits.DiskBytes,
 		UploadIdle: rt.UploadIdle,
+		Budgets:    rt.Budgets,
 	})
 	if err != nil {
 		return nil, err

@@ -64,6 +64,13 @@ export class ShellBusyError extends SidecarError {}
 export class InvalidNetworkPolicyError extends InvalidRequestError {}
 /** 502 port_unreachable: nothing listens on that port inside the lease. */
 export class PortUnreachableError extends SidecarError {}
+/** 429 search_limit: the lease or the daemon runs as many greps as it may, or the
+ * daemon's search memory budget cannot hold the pattern; retry shortly. */
+export class SearchLimitError extends SidecarError {}
+/** 400 pattern_too_complex: the grep pattern compiles to over 10,000 instructions. */
+export class PatternTooComplexError extends InvalidRequestError {}
+/** 429 watch_limit: the lease's or the daemon's inotify budget is spent. */
+export class WatchLimitError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -102,6 +109,9 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   shell_busy: ShellBusyError,
   invalid_network_policy: InvalidNetworkPolicyError,
   port_unreachable: PortUnreachableError,
+  search_limit: SearchLimitError,
+  pattern_too_complex: PatternTooComplexError,
+  watch_limit: WatchLimitError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).
