@@ -18,6 +18,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
+	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
@@ -403,6 +404,9 @@ func TestTwoDaemonsOneHost(t *testing.T) {
 		cfg.ListenAddr = "127.0.0.1:0"
 		cfg.CgroupParent += "-c"
 		cfg.UIDFirst, cfg.UIDLast = a.cfg.UIDLast, a.cfg.UIDLast+10
+		// The refused daemon made its cgroup parent before the lease table refused the
+		// range; a parent outlives a daemon by design (its leases survive a restart).
+		t.Cleanup(func() { _ = daemontest.RemoveCgroupParent(cfg.CgroupParent) })
 		if dd, err := daemon.Start(ctx, cfg); err == nil {
 			dd.Close(ctx)
 			t.Fatal("a daemon started with uids a running one hands out")
