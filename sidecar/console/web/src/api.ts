@@ -82,8 +82,11 @@ export function filePath(id: string, route: string, path: string): string {
 export interface Limits { memory_bytes?: number; cpu_millicores?: number; pids?: number; disk_bytes?: number }
 export interface Usage { memory_bytes: number; cpu_seconds: number; pids: number; disk_bytes: number; oom_kills: number }
 export interface Leftover { pid: number; argv: string[]; started_at: string; rss_bytes: number }
+export interface NetworkPolicy { egress: string; allow_out?: string[]; deny_out?: string[] }
+export interface NetworkStats { bytes_sent: number; bytes_received: number; connections_allowed: number; connections_denied: number; connections_open: number }
 export interface Lease {
-  id: string; session_id: string; labels?: Record<string, string>; state: string; network: string;
+  id: string; session_id: string; labels?: Record<string, string>; state: string;
+  network: NetworkPolicy; network_stats?: NetworkStats;
   created_at: string; expires_at: string; last_activity_at: string; limits: Limits; usage?: Usage;
   process_count: number; leftover_count: number; leftovers?: Leftover[];
 }

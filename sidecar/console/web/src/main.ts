@@ -223,7 +223,8 @@ function renderLeaseSummary(l: api.Lease): HTMLElement {
     row("session", l.session_id),
     row("labels", Object.entries(l.labels ?? {}).map(([k, v]) => `${k}=${v}`).join(" ") || "—"),
     row("state", l.state),
-    row("network", l.network),
+    row("network", networkPolicy(l.network)),
+    row("traffic", networkTraffic(l.network_stats)),
     row("age", duration(since(l.created_at))),
     row("expires in", h("span", { id: "expires" }, duration(until(l.expires_at)))),
     row("memory", meter(u?.memory_bytes, l.limits.memory_bytes, bytes)),
@@ -232,6 +233,19 @@ function renderLeaseSummary(l: api.Lease): HTMLElement {
     row("disk", meter(u?.disk_bytes, l.limits.disk_bytes, bytes)),
     row("OOM kills", String(u?.oom_kills ?? 0)),
   );
+}
+
+function networkPolicy(p: api.NetworkPolicy): string {
+  const parts = [p.egress];
+  if (p.allow_out?.length) parts.push(`allow ${p.allow_out.join(" ")}`);
+  if (p.deny_out?.length) parts.push(`deny ${p.deny_out.join(" ")}`);
+  return parts.join("; ");
+}
+
+// Absent stats: the lease shares the host's network, where the daemon sees no traffic.
+function networkTraffic(s?: api.NetworkStats): string {
+  if (!s) return "— (host network)";
+  return `${bytes(s.bytes_sent)} sent, ${bytes(s.bytes_received)} received; connections ${s.connections_allowed} allowed, ${s.connections_denied} denied, ${s.connections_open} open`;
 }
 
 let following: WebSocket | null = null;

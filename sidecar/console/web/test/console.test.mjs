@@ -115,6 +115,12 @@ test("the console in a browser: sign-in, leases, terminal, files, release", { ti
   await page.click(`#leases tr[data-lease="${leaseA.id}"] a.lease-link`);
   await page.waitForSelector("#summary table.kv");
   assert.equal((await usage).status(), 200);
+  // The network row: the lease's policy as the API states it, and its traffic.
+  const leaseInfo = JSON.parse((await d.api("GET", `/v1/leases/${leaseA.id}`)).body);
+  const summary = await page.locator("#summary").innerText();
+  assert.match(summary, new RegExp(`network\\s+${leaseInfo.network.egress}`));
+  assert.ok(!summary.includes("[object"), summary);
+  assert.match(summary, leaseInfo.network_stats ? /traffic\s+[\d.]+ \S+ sent, [\d.]+ \S+ received; connections \d+ allowed/ : /traffic\s+— \(host network\)/);
   const hist = JSON.parse((await d.api("GET", `/v1/leases/${leaseA.id}/usage`)).body);
   assert.equal(hist.interval_seconds, 10);
   await page.waitForSelector("#charts figure.chart");
