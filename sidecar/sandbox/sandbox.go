@@ -99,6 +99,9 @@ type LeaseSpec struct {
 	// Network puts the lease in a network namespace of its own (loopback only); nil
 	// leaves it on the host's network.
 	Network *LeaseNetwork
+	// Root runs the lease in an image (rootfs.go), its overlay in the directory that
+	// holds Workdir and TmpDir; nil: the host's root, read-only.
+	Root *LeaseRoot
 }
 
 // LeaseNetwork is what a lease with a network namespace of its own is given to reach out:
@@ -158,6 +161,8 @@ type lease struct {
 	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
 	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
 	group    string
+	root     string   // the merged directory of the lease's root overlay; "" for the host's root
+	rootRW   []string // what Landlock lets the lease write in its root (rootWritable)
 	next     int             // next child cgroup number
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
@@ -388,7 +393,7 @@ func validateSpec(l LeaseSpec) error {
 	if l.UID < 0 || l.GID < 0 {
 		return fmt.Errorf("%w: negative uid/gid", ErrInvalid)
 	}
-	return nil
+	return validateRoot(l)
 }
 
 // Provision prepares a lease: its cgroup with limits (created or adopted), Workdir and
@@ -406,6 +411,9 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	}
 	if l.Network != nil && !s.caps.NetworkIsolation {
 		return fmt.Errorf("%w: network isolation", ErrUnsupported)
+	}
+	if l.Root != nil && !s.caps.PrivateTmp {
+		return fmt.Errorf("%w: an image root needs strict isolation (a mount namespace per process)", ErrUnsupported)
 	}
 	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
 		return fmt.Errorf("%w: workdir %s is under /tmp, which the lease's private /tmp hides", ErrInvalid, l.Workdir)
@@ -436,10 +444,17 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		}
 	}
 
+	root, rootRW, err := s.provisionRoot(l)
+	if err != nil {
+		return err
+	}
 	le, err := s.register(l, pts, passwd, group, resolv)
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	le.root, le.rootRW = root, rootRW
+	s.mu.Unlock()
 	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "netns", l.Network != nil)
 	s.refillLauncher(le, nil) // the first command's
 	return nil
@@ -525,7 +540,10 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 		errs = append(errs, le.netns.Close())
 	}
 	if le != nil {
-		errs = append(errs, removePTS(le.pts))
+		errs = append(errs, removePTS(le.pts), unmountRoot(le.spec))
+	} else {
+		_, err := sweepRoots(func(id string) bool { return id != leaseID })
+		errs = append(errs, err)
 	}
 	errs = append(errs, s.removeUserFiles(leaseID))
 	if err := errors.Join(errs...); err != nil {
@@ -578,6 +596,14 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 			errs = append(errs, err)
 		}
 		seen[id] = true
+	}
+	roots, err := sweepRoots(known)
+	errs = append(errs, err)
+	for _, id := range roots {
+		s.log.InfoContext(ctx, "unmounted orphan lease root", "lease", id)
+		if !seen[id] && !slices.Contains(forget, id) {
+			forget = append(forget, id)
+		}
 	}
 	if s.cg == nil {
 		return forget, nil, errors.Join(errs...)

@@ -69,6 +69,10 @@ type Config struct {
 	// private mount namespace, the last of the mounts: lease processes never need the
 	// host's path to it.
 	WorkDir string
+	// Root is the lease's root directory (an overlay the daemon mounted): every mount
+	// above goes into it instead of the host's root, with a /dev of its own, and the
+	// helper pivots into it after the last (root.go). "": the host's root.
+	Root string
 	// NetNS says NetNSFD is a network namespace to join.
 	NetNS bool
 	// Landlock is the filesystem policy; nil applies none.

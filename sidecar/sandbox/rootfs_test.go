@@ -1,0 +1,244 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
+)
+
+// testImageOSRelease is what the test image's /etc/os-release says.
+const testImageOSRelease = "ID=sidecar-test-image\n"
+
+// testImageBinaries are the host programs copied into the test image, with the libraries
+// ldd names for them.
+var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch"}
+
+// newTestImage builds a two-layer image from host binaries and returns its layers, top
+// first: the lower holds the programs, their libraries, an /etc/os-release and /etc/gone,
+// a world-writable /scratch; the upper replaces os-release, deletes /etc/gone with an
+// overlay whiteout and adds /etc/added.
+func newTestImage(t *testing.T) []string {
+	t.Helper()
+	testtool.Need(t, "ldd", "libc-bin", "it lists the libraries of the programs the test image holds")
+	dir, err := os.MkdirTemp("/var/tmp", "sidecar-image-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) }) // no mount point: overlays are under lease dirs
+	lower, upper := filepath.Join(dir, "lower"), filepath.Join(dir, "upper")
+	for _, name := range testImageBinaries {
+		host, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copyHostFile(t, host, filepath.Join(lower, "bin", name), 0o755)
+		for _, lib := range libraries(t, host) {
+			copyHostFile(t, lib, filepath.Join(lower, lib), 0o755)
+		}
+	}
+	writeTestFile(t, filepath.Join(lower, "etc/os-release"), "ID=lower\n", 0o644)
+	writeTestFile(t, filepath.Join(lower, "etc/gone"), "deleted by the upper layer\n", 0o644)
+	mkdirMode(t, filepath.Join(lower, "scratch"), 0o777)
+	writeTestFile(t, filepath.Join(upper, "etc/os-release"), testImageOSRelease, 0o644)
+	writeTestFile(t, filepath.Join(upper, "etc/added"), "added\n", 0o644)
+	if err := unix.Mknod(filepath.Join(upper, "etc/gone"), unix.S_IFCHR, 0); err != nil { // a whiteout
+		t.Fatal(err)
+	}
+	return []string{upper, lower}
+}
+
+var lddPath = regexp.MustCompile(`(?m)(?:=> )?(/\S+) \(0x`)
+
+// libraries are the shared libraries ldd names for program.
+func libraries(t *testing.T, program string) []string {
+	t.Helper()
+	out, err := exec.Command("ldd", program).Output()
+	if err != nil {
+		t.Fatalf("ldd %s: %v", program, err)
+	}
+	var libs []string
+	for _, m := range lddPath.FindAllStringSubmatch(string(out), -1) {
+		libs = append(libs, m[1])
+	}
+	return libs
+}
+
+// copyHostFile copies what the host's src resolves to into dst, making its directories.
+func copyHostFile(t *testing.T, src, dst string, mode os.FileMode) {
+	t.Helper()
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeTestFile(t, dst, string(b), mode)
+}
+
+func writeTestFile(t *testing.T, path, data string, mode os.FileMode) {
+	t.Helper()
+	mkdirMode(t, filepath.Dir(path), 0o755)
+	if err := os.WriteFile(path, []byte(data), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mkdirMode(t *testing.T, dir string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// imageRoot is a LeaseRoot on layers with the test image's PATH.
+func imageRoot(layers []string) *LeaseRoot {
+	return &LeaseRoot{Layers: layers, Env: []string{"PATH=/bin", "HOME=/image-home", "IMAGE_VAR=from-image"}}
+}
+
+// mountsUnder lists what is mounted at or under dir, or from lease id's overlay, in this
+// thread's mount namespace.
+func mountsUnder(t *testing.T, dir, id string) []string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		_, in := under(m.Mountpoint, dir)
+		return !(in || m.Source == overlayFSName+id), false
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.Mountpoint+" ("+m.FSType+" "+m.Source+")")
+	}
+	return out
+}
+
+// A lease in an image sees the image's files, not the host's; /workspace, /tmp, its uid
+// and the image's PATH work as on the host's root; what it writes into the image is its
+// own, seen by its next command and by no other lease, and gone with the lease.
+func TestLeaseRoot(t *testing.T) {
+	layers := newTestImage(t)
+	hostOnly, err := os.CreateTemp("/var/tmp", "sidecar-host-only-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostOnly.Close()
+	t.Cleanup(func() { os.Remove(hostOnly.Name()) })
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
+		r := run(t, s, l.ID, sh(`cat /etc/os-release; id -u; pwd; echo "$PATH $HOME $IMAGE_VAR"; ls /etc; [ -e `+hostOnly.Name()+` ] && echo host visible; true`))
+		want := testImageOSRelease + strconv.Itoa(l.UID) + "\n/workspace\n/bin /workspace from-image\n"
+		if r.exitCode != 0 || !strings.HasPrefix(r.stdout, want) {
+			t.Fatalf("in the image: %+v; want stdout to start %q", r, want)
+		}
+		etc := r.stdout[len(want):]
+		for _, f := range []string{"added", "os-release", "passwd"} {
+			if !strings.Contains(etc, f+"\n") {
+				t.Errorf("/etc lacks %s: %q", f, etc)
+			}
+		}
+		if strings.Contains(etc, "gone") || strings.Contains(etc, "host visible") {
+			t.Errorf("a whited-out file or the host's root shows: %q", etc)
+		}
+
+		r = run(t, s, l.ID, sh(`touch /workspace/w /tmp/t && echo hi > /scratch/mine && cat /scratch/mine; touch /etc/nope 2>/dev/null || echo etc read-only`))
+		if r.exitCode != 0 || r.stdout != "hi\netc read-only\n" {
+			t.Fatalf("writes: %+v", r)
+		}
+		for _, p := range []string{filepath.Join(l.Workdir, "w"), filepath.Join(l.TmpDir, "t")} {
+			if _, err := os.Stat(p); err != nil {
+				t.Errorf("the lease's file on the host: %v", err)
+			}
+		}
+		if r := run(t, s, l.ID, sh(`cat /scratch/mine`)); r.exitCode != 0 || r.stdout != "hi\n" {
+			t.Errorf("the lease's second command: %+v; want its file", r)
+		}
+		other := newTestLease(t, s, func(o *LeaseSpec) { o.Root = imageRoot(layers) })
+		if r := run(t, s, other.ID, sh(`cat /scratch/mine`)); r.exitCode == 0 {
+			t.Errorf("another lease on the same layers sees the file: %+v", r)
+		}
+
+		base := filepath.Dir(l.Workdir)
+		if err := s.Teardown(context.Background(), l.ID); err != nil {
+			t.Fatal(err)
+		}
+		if ms := mountsUnder(t, base, l.ID); len(ms) > 0 {
+			t.Errorf("mounted after release: %q", ms)
+		}
+		if _, err := os.Stat(filepath.Join(base, "root")); !os.IsNotExist(err) {
+			t.Errorf("the lease's writable layer after release: %v", err)
+		}
+		for _, layer := range layers {
+			if _, err := os.Stat(filepath.Join(layer, "scratch/mine")); !os.IsNotExist(err) {
+				t.Errorf("the lease's file reached layer %s: %v", layer, err)
+			}
+		}
+	})
+}
+
+// What a lease writes into its image counts against its disk: with the lease directory on
+// a small filesystem of its own (as a disk quota makes it), a write past it fails with
+// ENOSPC.
+func TestLeaseRootDiskFull(t *testing.T) {
+	layers := newTestImage(t)
+	testtool.Need(t, "mkfs.ext4", "e2fsprogs", "it makes the lease's small disk")
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		l := newTestLease(t, s, func(l *LeaseSpec) {
+			mountSmallDisk(t, filepath.Dir(l.Workdir), 8<<20)
+			for _, d := range []string{l.Workdir, l.TmpDir} {
+				if err := os.Mkdir(d, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l.Root = imageRoot(layers)
+		})
+		r := run(t, s, l.ID, sh(`cat /dev/zero > /scratch/big; echo "exit $?"`))
+		if !strings.Contains(r.stderr, "No space left on device") || !strings.HasPrefix(r.stdout, "exit 1") {
+			t.Errorf("a write past the lease's disk: %+v; want ENOSPC", r)
+		}
+	})
+}
+
+// mountSmallDisk mounts a fresh ext4 filesystem of size bytes on dir (its contents hidden
+// until the cleanup unmounts it, after the lease's own cleanup).
+func mountSmallDisk(t *testing.T, dir string, size int64) {
+	t.Helper()
+	img := dir + ".img"
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(size)
+	f.Close()
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-O", "^has_journal", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+	// Registered before the lease's cleanup, so run after it: the lease is gone first.
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v\n%s", dir, err, out)
+		}
+		os.Remove(img)
+		os.RemoveAll(dir) // unmounted: what was under the disk
+	})
+	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v\n%s", img, err, out)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+}
