@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,6 +50,11 @@ func newTestImage(t *testing.T) []string {
 	writeTestFile(t, filepath.Join(lower, "etc/os-release"), "ID=lower\n", 0o644)
 	writeTestFile(t, filepath.Join(lower, "etc/gone"), "deleted by the upper layer\n", 0o644)
 	mkdirMode(t, filepath.Join(lower, "scratch"), 0o777)
+	// A mount point the helper binds over, as a symlink (Ubuntu's images have this one):
+	// the lease gets a file in its place.
+	if err := os.Symlink("/run/systemd/resolve/stub-resolv.conf", filepath.Join(lower, "etc/resolv.conf")); err != nil {
+		t.Fatal(err)
+	}
 	writeTestFile(t, filepath.Join(upper, "etc/os-release"), testImageOSRelease, 0o644)
 	writeTestFile(t, filepath.Join(upper, "etc/added"), "added\n", 0o644)
 	if err := unix.Mknod(filepath.Join(upper, "etc/gone"), unix.S_IFCHR, 0); err != nil { // a whiteout
@@ -155,6 +161,11 @@ func TestLeaseRoot(t *testing.T) {
 			t.Errorf("a whited-out file or the host's root shows: %q", etc)
 		}
 
+		hostResolv, _ := os.ReadFile("/etc/resolv.conf")
+		if r := run(t, s, l.ID, sh(`cat /etc/resolv.conf`)); r.exitCode != 0 || r.stdout != string(hostResolv) {
+			t.Errorf("/etc/resolv.conf in the image (a symlink there): %+v; want the host's", r)
+		}
+
 		r = run(t, s, l.ID, sh(`touch /workspace/w /tmp/t && echo hi > /scratch/mine && cat /scratch/mine; touch /etc/nope 2>/dev/null || echo etc read-only`))
 		if r.exitCode != 0 || r.stdout != "hi\netc read-only\n" {
 			t.Fatalf("writes: %+v", r)
@@ -240,5 +251,79 @@ func mountSmallDisk(t *testing.T, dir string, size int64) {
 	}
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A mount point of the lease's root that a lease (or an image) turned into a symlink is
+// never mounted through: the command does not start. Cold, so that no launcher set up
+// before the symlink was made takes the command.
+func TestLeaseRootSymlinkedMountPoint(t *testing.T) {
+	layers := newTestImage(t)
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			s := newTestSandboxConfig(t, Config{HelperPath: h.usable(t), ColdStart: true})
+			l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
+			tmp := filepath.Join(leaseRootDirs(l).merged, "tmp")
+			if err := os.Remove(tmp); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("/etc", tmp); err != nil {
+				t.Fatal(err)
+			}
+			cmd, tr, err := s.Command(l.ID, sh("true"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			err = tr.Start()
+			if err == nil {
+				cmd.Wait()
+				t.Fatal("a command started with /tmp of its root a symlink to /etc")
+			}
+			if !strings.Contains(err.Error(), "on /tmp: ") {
+				t.Errorf("start: %v; want the /tmp bind refused", err)
+			}
+		})
+	}
+}
+
+// Provision again (a restart adopting the lease) keeps a mounted root as it is and mounts
+// an unmounted one again on the same writable layer; Sweep unmounts the root of a lease
+// the daemon no longer knows, even one this Sandbox never provisioned (a crash).
+func TestLeaseRootAdoptAndSweep(t *testing.T) {
+	layers := newTestImage(t)
+	s := newTestSandbox(t)
+	l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
+	if r := run(t, s, l.ID, sh("echo kept > /scratch/f")); r.exitCode != 0 {
+		t.Fatalf("write: %+v", r)
+	}
+	merged := leaseRootDirs(l).merged
+	ctx := context.Background()
+	if err := s.Provision(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if ms := mountsUnder(t, merged, l.ID); len(ms) != 1 {
+		t.Errorf("mounts after Provision again: %q; want the one overlay", ms)
+	}
+	if err := unix.Unmount(merged, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Provision(ctx, l); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, s, l.ID, sh("cat /scratch/f")); r.exitCode != 0 || r.stdout != "kept\n" {
+		t.Errorf("after the root was mounted again: %+v; want the lease's file", r)
+	}
+
+	other := newTestSandbox(t) // a daemon after a crash: it never provisioned l
+	gone, _, err := other.Sweep(ctx, func(id string) bool { return id != l.ID })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(gone, l.ID) {
+		t.Errorf("Sweep = %q; want %s among them", gone, l.ID)
+	}
+	if ms := mountsUnder(t, filepath.Dir(l.Workdir), l.ID); len(ms) > 0 {
+		t.Errorf("mounted after Sweep: %q", ms)
 	}
 }

@@ -161,8 +161,8 @@ type lease struct {
 	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
 	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
 	group    string
-	root     string   // the merged directory of the lease's root overlay; "" for the host's root
-	rootRW   []string // what Landlock lets the lease write in its root (rootWritable)
+	root     string          // the merged directory of the lease's root overlay; "" for the host's root
+	rootRW   []string        // what Landlock lets the lease write in its root (rootWritable)
 	next     int             // next child cgroup number
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
