@@ -22,7 +22,7 @@ const testImageOSRelease = "ID=sidecar-test-image\n"
 
 // testImageBinaries are the host programs copied into the test image, with the libraries
 // ldd names for them.
-var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch"}
+var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty"}
 
 // newTestImage builds a two-layer image from host binaries and returns its layers, top
 // first: the lower holds the programs, their libraries, an /etc/os-release and /etc/gone,
@@ -161,6 +161,12 @@ func TestLeaseRoot(t *testing.T) {
 			t.Errorf("a whited-out file or the host's root shows: %q", etc)
 		}
 
+		r = run(t, s, l.ID, sh(`cat /proc/self/status`))
+		for _, want := range []string{"NoNewPrivs:\t1\n", "Seccomp:\t2\n", "CapEff:\t0000000000000000\n"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("a lease process in the image: no %q in its status:\n%s", want, r.stdout)
+			}
+		}
 		hostResolv, _ := os.ReadFile("/etc/resolv.conf")
 		if r := run(t, s, l.ID, sh(`cat /etc/resolv.conf`)); r.exitCode != 0 || r.stdout != string(hostResolv) {
 			t.Errorf("/etc/resolv.conf in the image (a symlink there): %+v; want the host's", r)
@@ -326,4 +332,22 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 	if ms := mountsUnder(t, filepath.Dir(l.Workdir), l.ID); len(ms) > 0 {
 		t.Errorf("mounted after Sweep: %q", ms)
 	}
+}
+
+// A terminal command in an image root gets a PTY of the lease's own instance, and its
+// /dev/tty.
+func TestLeaseRootTTY(t *testing.T) {
+	layers := newTestImage(t)
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
+		cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"/bin/sh", "-c", "tty; echo tty-ok > /dev/tty"}, TTY: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tr.Close()
+		out := runTTY(t, s, l.ID, cmd, tr)
+		if !strings.Contains(out, "/dev/pts/0\r\n") || !strings.Contains(out, "tty-ok") {
+			t.Errorf("on a terminal: %q; want /dev/pts/0 and tty-ok", out)
+		}
+	})
 }
