@@ -22,13 +22,13 @@ const testImageOSRelease = "ID=sidecar-test-image\n"
 
 // testImageBinaries are the host programs copied into the test image, with the libraries
 // ldd names for them.
-var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty"}
+var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty", "true"}
 
 // newTestImage builds a two-layer image from host binaries and returns its layers, top
 // first: the lower holds the programs, their libraries, an /etc/os-release and /etc/gone,
 // a world-writable /scratch; the upper replaces os-release, deletes /etc/gone with an
 // overlay whiteout and adds /etc/added.
-func newTestImage(t *testing.T) []string {
+func newTestImage(t testing.TB) []string {
 	t.Helper()
 	testtool.Need(t, "ldd", "libc-bin", "it lists the libraries of the programs the test image holds")
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-image-")
@@ -66,7 +66,7 @@ func newTestImage(t *testing.T) []string {
 var lddPath = regexp.MustCompile(`(?m)(?:=> )?(/\S+) \(0x`)
 
 // libraries are the shared libraries ldd names for program.
-func libraries(t *testing.T, program string) []string {
+func libraries(t testing.TB, program string) []string {
 	t.Helper()
 	out, err := exec.Command("ldd", program).Output()
 	if err != nil {
@@ -80,7 +80,7 @@ func libraries(t *testing.T, program string) []string {
 }
 
 // copyHostFile copies what the host's src resolves to into dst, making its directories.
-func copyHostFile(t *testing.T, src, dst string, mode os.FileMode) {
+func copyHostFile(t testing.TB, src, dst string, mode os.FileMode) {
 	t.Helper()
 	b, err := os.ReadFile(src)
 	if err != nil {
@@ -89,7 +89,7 @@ func copyHostFile(t *testing.T, src, dst string, mode os.FileMode) {
 	writeTestFile(t, dst, string(b), mode)
 }
 
-func writeTestFile(t *testing.T, path, data string, mode os.FileMode) {
+func writeTestFile(t testing.TB, path, data string, mode os.FileMode) {
 	t.Helper()
 	mkdirMode(t, filepath.Dir(path), 0o755)
 	if err := os.WriteFile(path, []byte(data), mode); err != nil {
@@ -100,7 +100,7 @@ func writeTestFile(t *testing.T, path, data string, mode os.FileMode) {
 	}
 }
 
-func mkdirMode(t *testing.T, dir string, mode os.FileMode) {
+func mkdirMode(t testing.TB, dir string, mode os.FileMode) {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
