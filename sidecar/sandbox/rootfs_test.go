@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,4 +351,59 @@ func TestLeaseRootTTY(t *testing.T) {
 			t.Errorf("on a terminal: %q; want /dev/pts/0 and tty-ok", out)
 		}
 	})
+}
+
+// A root is refused, before anything is made for the lease, when overlayfs could not take
+// its layers or the lease directory has no place for it.
+func TestValidateRoot(t *testing.T) {
+	layer := t.TempDir()
+	base := LeaseSpec{ID: "l", Workdir: "/leases/l/work", TmpDir: "/leases/l/tmp"}
+	for name, tc := range map[string]struct {
+		mod func(*LeaseSpec)
+		ok  bool
+	}{
+		"valid":           {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: []string{layer}, Env: []string{"PATH=/bin"}} }, true},
+		"no root":         {func(l *LeaseSpec) {}, true},
+		"no layers":       {func(l *LeaseSpec) { l.Root = &LeaseRoot{} }, false},
+		"relative layer":  {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: []string{"layer"}} }, false},
+		"colon in layer":  {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: []string{layer + ":x"}} }, false},
+		"comma in layer":  {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: []string{layer + ",x"}} }, false},
+		"missing layer":   {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: []string{layer + "/missing"}} }, false},
+		"too many layers": {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: slices.Repeat([]string{layer}, 4096/len(layer)+1)} }, false},
+		"env without =":   {func(l *LeaseSpec) { l.Root = &LeaseRoot{Layers: []string{layer}, Env: []string{"PATH"}} }, false},
+		"dirs apart":      {func(l *LeaseSpec) { l.TmpDir = "/elsewhere/tmp"; l.Root = &LeaseRoot{Layers: []string{layer}} }, false},
+		"workdir under root": {func(l *LeaseSpec) {
+			l.Workdir, l.TmpDir = "/work", "/tmp"
+			l.Root = &LeaseRoot{Layers: []string{layer}}
+		}, false},
+	} {
+		l := base
+		tc.mod(&l)
+		if err := validateRoot(l); (err == nil) != tc.ok || err != nil && !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v; want ok %v, else ErrInvalid", name, err, tc.ok)
+		}
+	}
+}
+
+// Without strict isolation there is no mount namespace to pivot in: a lease with a root is
+// refused, and nothing is mounted for it.
+func TestLeaseRootNeedsStrictIsolation(t *testing.T) {
+	s, err := New(Config{Isolation: IsolationNone, HelperPath: mustExecutable(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := filepath.Join(t.TempDir(), "lease")
+	l := LeaseSpec{ID: "none-root", Workdir: filepath.Join(work, "work"), TmpDir: filepath.Join(work, "tmp"),
+		Root: &LeaseRoot{Layers: []string{t.TempDir()}}}
+	for _, d := range []string{l.Workdir, l.TmpDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Provision(context.Background(), l); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("Provision: %v; want ErrUnsupported", err)
+	}
+	if _, err := os.Stat(filepath.Join(work, "root")); !os.IsNotExist(err) {
+		t.Errorf("made for the refused lease: %v", err)
+	}
 }
