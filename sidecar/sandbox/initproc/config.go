@@ -1,6 +1,7 @@
 // Package initproc is the sandbox helper that every lease process starts as: it joins the
 // lease's cgroups, makes /tmp private, binds the lease's workdir on /workspace and its own
-// /etc/passwd and /etc/group, drops to the lease's uid, sets no_new_privs, applies
+// /etc/passwd and /etc/group (inside the lease's image root, then pivoting into it, for a
+// lease in an image: root.go), drops to the lease's uid, sets no_new_privs, applies
 // Landlock and then execs the target. It is its own package, importing little beyond the
 // standard library, so that a helper binary built from it starts fast; the daemon side is
 // package sandbox. cmd/sidecar-init/sidecar-init.c is the same helper in C (what `make
