@@ -51,6 +51,10 @@ func newTestImage(t testing.TB) []string {
 	writeTestFile(t, filepath.Join(lower, "etc/os-release"), "ID=lower\n", 0o644)
 	writeTestFile(t, filepath.Join(lower, "etc/gone"), "deleted by the upper layer\n", 0o644)
 	mkdirMode(t, filepath.Join(lower, "scratch"), 0o777)
+	// A program reached through an absolute symlink, as images' alternatives are.
+	if err := os.Symlink("/bin/cat", filepath.Join(lower, "bin/catlink")); err != nil {
+		t.Fatal(err)
+	}
 	// A mount point the helper binds over, as a symlink (Ubuntu's images have this one):
 	// the lease gets a file in its place.
 	if err := os.Symlink("/run/systemd/resolve/stub-resolv.conf", filepath.Join(lower, "etc/resolv.conf")); err != nil {
@@ -167,6 +171,12 @@ func TestLeaseRoot(t *testing.T) {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("a lease process in the image: no %q in its status:\n%s", want, r.stdout)
 			}
+		}
+		if r := run(t, s, l.ID, Spec{Argv: []string{"catlink", "/etc/added"}}); r.exitCode != 0 || r.stdout != "added\n" {
+			t.Errorf("a program found on the image's PATH through an absolute symlink: %+v", r)
+		}
+		if _, _, err := s.Command(l.ID, Spec{Argv: []string{"python3"}}); !errors.Is(err, exec.ErrNotFound) {
+			t.Errorf("a host program the image lacks: %v; want not found", err)
 		}
 		hostResolv, _ := os.ReadFile("/etc/resolv.conf")
 		if r := run(t, s, l.ID, sh(`cat /etc/resolv.conf`)); r.exitCode != 0 || r.stdout != string(hostResolv) {
