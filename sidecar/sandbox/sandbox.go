@@ -448,20 +448,17 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if err != nil {
 		return err
 	}
-	le, err := s.register(l, pts, passwd, group, resolv)
+	le, err := s.register(l, pts, passwd, group, resolv, root, rootRW)
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	le.root, le.rootRW = root, rootRW
-	s.mu.Unlock()
 	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "netns", l.Network != nil)
 	s.refillLauncher(le, nil) // the first command's
 	return nil
 }
 
 // register records a provisioned lease, making its network namespace if it needs one.
-func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lease, error) {
+func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string, rootRW []string) (*lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	le := s.leases[l.ID]
@@ -470,6 +467,7 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lea
 		s.leases[l.ID] = le
 	}
 	le.spec, le.pts, le.passwd, le.group, le.resolv = l, pts, passwd, group, resolv
+	le.root, le.rootRW = root, rootRW
 	if l.Network != nil && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
@@ -578,8 +576,8 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	return u, err
 }
 
-// Sweep removes lease cgroups the daemon no longer knows, killing their processes, and
-// forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
+// Sweep removes lease cgroups the daemon no longer knows, killing their processes,
+// unmounts their image roots, and forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string
