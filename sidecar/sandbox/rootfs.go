@@ -134,9 +134,10 @@ var (
 	rootMountFiles = []string{"etc/passwd", "etc/group", "etc/resolv.conf"}
 )
 
-// makeMountPoints makes each mount point the image lacks, replacing a symlink where one
-// is needed (the helper never mounts through a symlink): a directory root-owned 0755,
-// a file root-owned 0644.
+// makeMountPoints makes each mount point the image lacks, replacing a symlink or another
+// non-directory where one is needed (the helper never mounts through a symlink): a
+// directory root-owned 0755, a file root-owned 0644. The change is in the lease's writable
+// layer only.
 func makeMountPoints(merged string) error {
 	root, err := os.OpenRoot(merged)
 	if err != nil {
@@ -161,12 +162,12 @@ func mountPoint(root *os.Root, p string, dir bool) error {
 	switch {
 	case err == nil && st.IsDir() == dir && (dir || st.Mode().IsRegular()):
 		return nil
-	case err == nil && st.Mode()&fs.ModeSymlink != 0:
+	case err == nil && st.IsDir():
+		return fmt.Errorf("/%s in the image is a directory, not a file", p)
+	case err == nil:
 		if err := root.Remove(p); err != nil {
 			return err
 		}
-	case err == nil:
-		return fmt.Errorf("/%s in the image is a %s, not a %s", p, st.Mode().Type(), map[bool]string{true: "directory", false: "file"}[dir])
 	case !errors.Is(err, fs.ErrNotExist):
 		return err
 	}

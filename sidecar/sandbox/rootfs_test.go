@@ -60,6 +60,7 @@ func newTestImage(t testing.TB) []string {
 	if err := os.Symlink("/run/systemd/resolve/stub-resolv.conf", filepath.Join(lower, "etc/resolv.conf")); err != nil {
 		t.Fatal(err)
 	}
+	writeTestFile(t, filepath.Join(lower, "workspace"), "a file where the lease's workdir goes\n", 0o644)
 	writeTestFile(t, filepath.Join(upper, "etc/os-release"), testImageOSRelease, 0o644)
 	writeTestFile(t, filepath.Join(upper, "etc/added"), "added\n", 0o644)
 	if err := unix.Mknod(filepath.Join(upper, "etc/gone"), unix.S_IFCHR, 0); err != nil { // a whiteout
