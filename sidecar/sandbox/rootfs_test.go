@@ -418,3 +418,24 @@ func TestLeaseRootNeedsStrictIsolation(t *testing.T) {
 		t.Errorf("made for the refused lease: %v", err)
 	}
 }
+
+// At every Landlock ABI (and without Landlock) a lease in an image reads all of it and
+// writes where file modes let it; with Landlock, never into /proc, which file modes alone
+// would allow for its own processes.
+func TestLeaseRootLandlockABIs(t *testing.T) {
+	layers := newTestImage(t)
+	for _, abi := range []int{1, 3, NoLandlock} {
+		t.Run(strconv.Itoa(abi), func(t *testing.T) {
+			s := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), LandlockMaxABI: abi})
+			l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
+			r := run(t, s, l.ID, sh(`ls / >/dev/null && echo hi > /scratch/x && cat /scratch/x /etc/os-release; echo 600 2>/dev/null > /proc/self/oom_score_adj && echo proc written`))
+			want := "hi\n" + testImageOSRelease
+			if abi == NoLandlock {
+				want += "proc written\n"
+			}
+			if r.stdout != want {
+				t.Errorf("at ABI %d: %+v; want stdout %q", abi, r, want)
+			}
+		})
+	}
+}
