@@ -19,7 +19,9 @@
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
  * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, and its workdir on
- * /workspace (nosuid,nodev; last), oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
+ * /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts
+ * goes inside that root, through a descriptor opened without following symlinks, with a /dev
+ * tmpfs of its own, and the helper then pivots into it; oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
  * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
  * an execvp-like PATH search.
  *
@@ -53,6 +55,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/openat2.h>
 
 #ifndef SIDECAR_INIT_PARSE_ONLY
 #include <seccomp.h>
@@ -164,7 +167,7 @@ enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
-	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *work_dir;
+	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
 	int netns, landlock, have_uid, have_gid, seccomp, await;
 	long rlimit[NRLIMITS];
@@ -296,7 +299,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
-		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_work = 0;
+		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_work = 0, seen_root = 0;
 		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
@@ -335,6 +338,8 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				set_once(&c->resolv, &seen_resolv, key, v);
 			} else if (strcmp(key, "work_dir") == 0) {
 				set_once(&c->work_dir, &seen_work, key, v);
+			} else if (strcmp(key, "root") == 0) {
+				set_once(&c->root, &seen_root, key, v);
 			} else if (strcmp(key, "uid") == 0) {
 				c->uid = parse_id_once(&seen_uid, key, v);
 			} else if (strcmp(key, "gid") == 0) {
@@ -383,7 +388,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 					fail(EXIT_SETUP, "config", "out of memory");
 				lists[i]->n = 0;
 			}
-			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->work_dir = NULL;
+			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->work_dir = c->root = NULL;
 			c->netns = c->seccomp = c->await = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
@@ -419,6 +424,77 @@ static void write_file(const char *stage, const char *path, const char *value)
 		FAIL_ERRNO(stage, "close", path);
 }
 
+static int has(const char *s) { return s != NULL && s[0] != '\0'; }
+
+/* in_private_ns refuses a mount on dst unless the helper is in a mount namespace of its own
+ * whose mounts private_tmp made private (as initproc.inPrivateNS). */
+static void in_private_ns(const struct config *c, const char *dst)
+{
+	char ns[256];
+	ssize_t n = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
+	if (n < 0)
+		fail(EXIT_SETUP, "setup", "mount namespace: %s", strerror(errno));
+	if ((size_t)n >= sizeof ns - 1)
+		fail(EXIT_SETUP, "setup", "mount namespace: name too long");
+	ns[n] = '\0';
+	if (!has(c->tmp_dir) || !has(c->host_mount_ns) || strcmp(ns, c->host_mount_ns) == 0)
+		fail(EXIT_SETUP, "setup", "refusing to mount %s: not in a private mount namespace", dst);
+}
+
+/* open_in_root opens p (absolute, as the lease names it) beneath the lease's root without
+ * following any symlink (as initproc.inRoot): an O_PATH descriptor, or -1 with errno. */
+static int open_in_root(const struct config *c, const char *p)
+{
+	int root = open(c->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0)
+		fail(EXIT_SETUP, "setup", "open root %s: %s", c->root, strerror(errno));
+	char rel[PATH_MAX];
+	int n = snprintf(rel, sizeof rel, ".%s", p);
+	if (n < 0 || (size_t)n >= sizeof rel)
+		fail(EXIT_SETUP, "setup", "path too long: %s", p);
+	struct open_how how = {.flags = O_PATH | O_CLOEXEC, .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS};
+	int fd = (int)syscall(SYS_openat2, root, rel, &how, sizeof how);
+	int err = errno;
+	close(root);
+	errno = err;
+	return fd;
+}
+
+static void fd_path(char *buf, size_t size, int fd)
+{
+	int n = snprintf(buf, size, "/proc/self/fd/%d", fd);
+	if (n < 0 || (size_t)n >= size)
+		fail(EXIT_SETUP, "setup", "format fd path");
+}
+
+/* mount_in mounts on p (as the lease names it) inside the root through a descriptor, or on
+ * p without one (as initproc.mountIn): mount's result, errno set on failure. */
+static int mount_in(const struct config *c, const char *src, const char *p, const char *fstype, unsigned long flags,
+		    const char *data)
+{
+	if (!has(c->root))
+		return mount(src, p, fstype, flags, data);
+	int fd = open_in_root(c, p);
+	if (fd < 0)
+		return -1;
+	char target[64];
+	fd_path(target, sizeof target, fd);
+	int r = mount(src, target, fstype, flags, data);
+	int err = errno;
+	close(fd);
+	errno = err;
+	return r;
+}
+
+/* bind_root makes the root a mount of the helper's namespace (pivot_root needs one), with
+ * the mounts under it (as initproc.bindRoot). */
+static void bind_root(const struct config *c)
+{
+	in_private_ns(c, c->root);
+	if (mount(c->root, c->root, NULL, MS_BIND | MS_REC, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on itself: %s", c->root, strerror(errno));
+}
+
 /* private_tmp bind-mounts the lease's tmp dir on /tmp, refusing if the helper is still in
  * the daemon's mount namespace (a caller that dropped CLONE_NEWNS). */
 static void private_tmp(const struct config *c)
@@ -434,33 +510,19 @@ static void private_tmp(const struct config *c)
 		fail(EXIT_SETUP, "setup", "refusing to mount /tmp: not in a private mount namespace");
 	if (mount("", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "make / private: %s", strerror(errno));
-	if (mount(c->tmp_dir, "/tmp", NULL, MS_BIND, NULL) < 0)
+	if (has(c->root))
+		bind_root(c);
+	if (mount_in(c, c->tmp_dir, "/tmp", NULL, MS_BIND, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "bind %s on /tmp: %s", c->tmp_dir, strerror(errno));
-	if (mount("", "/tmp", NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
+	if (mount_in(c, "", "/tmp", NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "remount /tmp nosuid,nodev: %s", strerror(errno));
-}
-
-/* in_private_ns refuses a mount on dst unless the helper is in a mount namespace of its own
- * whose mounts private_tmp made private (as initproc.inPrivateNS). */
-static void in_private_ns(const struct config *c, const char *dst)
-{
-	char ns[256];
-	ssize_t n = readlink("/proc/self/ns/mnt", ns, sizeof ns - 1);
-	if (n < 0)
-		fail(EXIT_SETUP, "setup", "mount namespace: %s", strerror(errno));
-	if ((size_t)n >= sizeof ns - 1)
-		fail(EXIT_SETUP, "setup", "mount namespace: name too long");
-	ns[n] = '\0';
-	if (c->tmp_dir == NULL || c->tmp_dir[0] == '\0' || c->host_mount_ns == NULL || c->host_mount_ns[0] == '\0' ||
-	    strcmp(ns, c->host_mount_ns) == 0)
-		fail(EXIT_SETUP, "setup", "refusing to mount %s: not in a private mount namespace", dst);
 }
 
 /* bind_private binds src on dst in the private mount namespace. */
 static void bind_private(const struct config *c, const char *src, const char *dst)
 {
 	in_private_ns(c, dst);
-	if (mount(src, dst, NULL, MS_BIND, NULL) < 0)
+	if (mount_in(c, src, dst, NULL, MS_BIND, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "bind %s on %s: %s", src, dst, strerror(errno));
 }
 
@@ -468,19 +530,126 @@ static void bind_private(const struct config *c, const char *src, const char *ds
 static void private_workspace(const struct config *c)
 {
 	bind_private(c, c->work_dir, WORKSPACE);
-	if (mount("", WORKSPACE, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
+	if (mount_in(c, "", WORKSPACE, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
 		fail(EXIT_SETUP, "setup", "remount %s nosuid,nodev: %s", WORKSPACE, strerror(errno));
 }
 
 /* private_pts binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in the
- * private mount namespace only (private_tmp made the mounts private). */
+ * private mount namespace only (private_tmp made the mounts private); a root without an
+ * instance gets the host's (as initproc.privatePTS). */
 static void private_pts(const struct config *c)
 {
 	in_private_ns(c, "/dev/pts");
-	if (mount(c->pts_dir, "/dev/pts", NULL, MS_BIND, NULL) < 0)
-		fail(EXIT_SETUP, "setup", "bind %s on /dev/pts: %s", c->pts_dir, strerror(errno));
-	if (mount("/dev/pts/ptmx", "/dev/ptmx", NULL, MS_BIND, NULL) < 0)
-		fail(EXIT_SETUP, "setup", "bind /dev/pts/ptmx on /dev/ptmx: %s", strerror(errno));
+	const char *pts = c->pts_dir, *ptmx = "/dev/pts/ptmx";
+	char buf[PATH_MAX];
+	if (has(c->root) && !has(pts)) {
+		pts = "/dev/pts";
+		ptmx = "/dev/ptmx";
+	} else if (has(c->root)) {
+		int n = snprintf(buf, sizeof buf, "%s/ptmx", pts);
+		if (n < 0 || (size_t)n >= sizeof buf)
+			fail(EXIT_SETUP, "setup", "path too long: %s", pts);
+		ptmx = buf;
+	}
+	if (mount_in(c, pts, "/dev/pts", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on /dev/pts: %s", pts, strerror(errno));
+	if (mount_in(c, ptmx, "/dev/ptmx", NULL, MS_BIND, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "bind %s on /dev/ptmx: %s", ptmx, strerror(errno));
+}
+
+/* The root's /dev (as initproc.privateDev): a tmpfs with these host devices bound, the
+ * /proc/self/fd links and the PTY mount points, read-only once filled. */
+static const char *const root_devices[] = {"null", "zero", "full", "random", "urandom", "tty", "ptmx"};
+static const char *const root_dev_links[][2] = {
+	{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"}, {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}};
+#define DEV_OPTIONS "mode=0755,size=16k,nr_inodes=64"
+
+/* bind_device makes /dev/name in dev and binds the host's on it; ptmx only gets its mount
+ * point, for private_pts. */
+static void bind_device(int dev, const char *name)
+{
+	int fd = openat(dev, name, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0666);
+	if (fd < 0)
+		fail(EXIT_SETUP, "setup", "/dev/%s: %s", name, strerror(errno));
+	if (strcmp(name, "ptmx") != 0) {
+		char src[64], target[64];
+		int n = snprintf(src, sizeof src, "/dev/%s", name);
+		if (n < 0 || (size_t)n >= sizeof src)
+			fail(EXIT_SETUP, "setup", "format device path");
+		fd_path(target, sizeof target, fd);
+		if (mount(src, target, NULL, MS_BIND, NULL) < 0)
+			fail(EXIT_SETUP, "setup", "bind /dev/%s: %s", name, strerror(errno));
+	}
+	close(fd);
+}
+
+static void private_dev(const struct config *c)
+{
+	if (mount_in(c, "tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, DEV_OPTIONS) < 0)
+		fail(EXIT_SETUP, "setup", "mount /dev: %s", strerror(errno));
+	int dev = open_in_root(c, "/dev");
+	if (dev < 0)
+		fail(EXIT_SETUP, "setup", "open /dev in the lease root: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof root_devices / sizeof root_devices[0]; i++)
+		bind_device(dev, root_devices[i]);
+	for (size_t i = 0; i < sizeof root_dev_links / sizeof root_dev_links[0]; i++)
+		if (symlinkat(root_dev_links[i][1], dev, root_dev_links[i][0]) < 0)
+			fail(EXIT_SETUP, "setup", "/dev/%s: %s", root_dev_links[i][0], strerror(errno));
+	if (mkdirat(dev, "pts", 0755) < 0)
+		fail(EXIT_SETUP, "setup", "/dev/pts: %s", strerror(errno));
+	close(dev);
+}
+
+static void root_dev_read_only(const struct config *c)
+{
+	unsigned long flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	if (mount_in(c, "", "/dev", NULL, flags, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "remount /dev read-only: %s", strerror(errno));
+}
+
+/* enter_root pivots into the root and detaches the host's (as initproc.enterRoot). */
+static void enter_root(const struct config *c)
+{
+	if (chdir(c->root) < 0)
+		fail(EXIT_SETUP, "setup", "chdir %s: %s", c->root, strerror(errno));
+	if (syscall(SYS_pivot_root, ".", ".") < 0)
+		fail(EXIT_SETUP, "setup", "pivot_root %s: %s", c->root, strerror(errno));
+	if (umount2(".", MNT_DETACH) < 0)
+		fail(EXIT_SETUP, "setup", "detach the host's root: %s", strerror(errno));
+	if (chdir("/") < 0)
+		fail(EXIT_SETUP, "setup", "chdir /: %s", strerror(errno));
+}
+
+/* private_mounts makes the process's view in its private mount namespace, in
+ * initproc.privateMounts' order: /tmp, /proc, the root's /dev, PTYs, user files, the
+ * workdir last (no source path is ever looked up through /workspace), then the root. */
+static void private_mounts(const struct config *c)
+{
+	if (has(c->tmp_dir)) {
+		private_tmp(c);
+		/* A lease sees only its own uid's processes in a /proc of its own. */
+		if ((c->uid != 0 || has(c->root)) &&
+		    mount_in(c, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
+			fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
+	} else if (has(c->root)) {
+		in_private_ns(c, c->root); /* refuses: a root needs the private namespace */
+	}
+	if (has(c->root))
+		private_dev(c);
+	if (has(c->pts_dir) || has(c->root))
+		private_pts(c);
+	if (has(c->root))
+		root_dev_read_only(c);
+	if (has(c->passwd))
+		bind_private(c, c->passwd, "/etc/passwd");
+	if (has(c->group))
+		bind_private(c, c->group, "/etc/group");
+	if (has(c->resolv))
+		bind_private(c, c->resolv, "/etc/resolv.conf");
+	if (has(c->work_dir))
+		private_workspace(c);
+	if (has(c->root))
+		enter_root(c);
 }
 
 static int landlock_abi(void)
@@ -707,23 +876,7 @@ static void setup(const struct config *c)
 		write_file("setup: join cgroup", c->cgroup_procs.v[i], pid);
 	if (c->netns && syscall(SYS_setns, NETNS_FD, CLONE_NEWNET) < 0)
 		fail(EXIT_SETUP, "setup", "join network namespace: %s", strerror(errno));
-	if (c->tmp_dir != NULL && c->tmp_dir[0] != '\0') {
-		private_tmp(c);
-		/* A lease sees only its own uid's processes in a /proc of its own. */
-		if (c->uid != 0 && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
-			fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
-	}
-	if (c->pts_dir != NULL && c->pts_dir[0] != '\0')
-		private_pts(c);
-	if (c->passwd != NULL && c->passwd[0] != '\0')
-		bind_private(c, c->passwd, "/etc/passwd");
-	if (c->group != NULL && c->group[0] != '\0')
-		bind_private(c, c->group, "/etc/group");
-	if (c->resolv != NULL && c->resolv[0] != '\0')
-		bind_private(c, c->resolv, "/etc/resolv.conf");
-	/* Last of the mounts: no source path is ever looked up through /workspace. */
-	if (c->work_dir != NULL && c->work_dir[0] != '\0')
-		private_workspace(c);
+	private_mounts(c);
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
 	set_rlimits(c);

@@ -43,11 +43,11 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	if !s.caps.PrivateTmp {
 		tmp = l.TmpDir // no mount namespace: the lease's tmp dir is used where it is
 	}
-	var netEnv []string
+	leaseEnv := imageEnv(l.Root) // PATH and the rest of the image's, then the network's
 	if l.Network != nil {
-		netEnv = l.Network.Env
+		leaseEnv = append(leaseEnv, l.Network.Env...)
 	}
-	env, err := buildEnv(s.identity(v), s.path, tmp, spec.TTY, netEnv, spec.Env)
+	env, err := buildEnv(s.identity(v), s.path, tmp, spec.TTY, leaseEnv, spec.Env)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -59,11 +59,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		return nil, nil, err
 	}
 	hostDir, dir := filepath.Join(l.Workdir, rel), filepath.Join(v.work, rel)
-	pathEnv := s.path
-	if p, ok := spec.Env["PATH"]; ok {
-		pathEnv = p
-	}
-	if err := findExecutable(v, spec.Argv[0], pathEnv, dir); err != nil {
+	if err := findExecutable(v, spec.Argv[0], envValue(env, "PATH"), dir); err != nil {
 		return nil, nil, err
 	}
 
@@ -100,10 +96,11 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 	s.mu.Lock()
 	l, pts, passwd, group, resolv := le.spec, le.pts, le.passwd, le.group, le.resolv
+	root, rootRW := le.root, le.rootRW
 	s.mu.Unlock()
 	cfg := initproc.Config{
 		UID: l.UID, GID: l.GID,
-		Landlock: s.landlockPolicy(l),
+		Landlock: s.landlockPolicy(l, rootRW),
 		Seccomp:  s.caps.Seccomp,
 	}
 	if s.strict() {
@@ -116,8 +113,20 @@ func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 		cfg.PTSDir = pts
 		cfg.Passwd, cfg.Group, cfg.WorkDir = passwd, group, l.Workdir
 		cfg.Resolv = resolv
+		cfg.Root = root
+	}
+	if root != "" && resolv == "" {
+		cfg.Resolv = hostResolvConf() // the host's network: its resolver, not the image's
 	}
 	return cfg
+}
+
+// hostResolvConf is the host's /etc/resolv.conf when it has one, else "".
+func hostResolvConf() string {
+	if _, err := os.Stat("/etc/resolv.conf"); err != nil {
+		return ""
+	}
+	return "/etc/resolv.conf"
 }
 
 func (s *Sandbox) helperAttr() *syscall.SysProcAttr {
@@ -238,9 +247,11 @@ func (s *Sandbox) newChild(le *lease) (string, error) {
 
 // landlockPolicy is the lease's filesystem view: its workdir and /tmp read-write, system
 // directories read-only (and executable where binaries live), a few devices, nothing else.
+// A lease in an image root may write wherever file modes let it there (rootRW, its
+// top-level directories: the writable layer is its own), and read all of it.
 // The helper applies the best ABI the kernel has up to the cap, and in strict mode never
 // less than the ABI probed at startup: what /v1/info promised.
-func (s *Sandbox) landlockPolicy(l LeaseSpec) *initproc.Landlock {
+func (s *Sandbox) landlockPolicy(l LeaseSpec, rootRW []string) *initproc.Landlock {
 	if s.caps.LandlockABI == 0 {
 		return nil
 	}
@@ -251,6 +262,10 @@ func (s *Sandbox) landlockPolicy(l LeaseSpec) *initproc.Landlock {
 		RX:  systemExecDirs,
 		RO:  systemReadDirs,
 		Dev: deviceFiles,
+	}
+	if l.Root != nil {
+		p.RW = append(p.RW, rootRW...)
+		p.RX, p.RO = nil, []string{"/"} // ls / and the like
 	}
 	if s.landlockMax > 0 {
 		p.MaxABI = s.landlockMax

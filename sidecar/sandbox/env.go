@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrOutsideWorkdir is ErrInvalid for a path that resolves outside the lease's workdir.
@@ -76,6 +78,35 @@ func (s *Sandbox) identity(v view) identity {
 		}
 	}
 	return id
+}
+
+// leaseIdentityEnv are what an image's environment may not set: who and where the lease
+// process is.
+var leaseIdentityEnv = []string{"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR"}
+
+// imageEnv is what of a lease root's environment applies (KEY=VALUE): all but
+// leaseIdentityEnv; nil for the host's root.
+func imageEnv(r *LeaseRoot) []string {
+	if r == nil {
+		return nil
+	}
+	var env []string
+	for _, kv := range r.Env {
+		if k, _, _ := strings.Cut(kv, "="); !slices.Contains(leaseIdentityEnv, k) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// envValue is the value of key in env (KEY=VALUE entries), "" if unset.
+func envValue(env []string, key string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // buildEnv is the clean base environment, then the lease's (KEY=VALUE), with the request's
@@ -206,6 +237,8 @@ func executableInView(v view, p string) bool {
 		st, err = rootStat(v.workHost, rel)
 	} else if rel, ok := under(p, "/tmp"); ok && v.tmpHost != "" {
 		st, err = rootStat(v.tmpHost, rel)
+	} else if v.root != "" {
+		st, err = statInRoot(v.root, p)
 	} else if inAny(p, systemExecDirs) {
 		// System directories are the host's, read-only to leases: following their
 		// symlinks is safe, but the target must stay where Landlock allows execution.
@@ -219,6 +252,24 @@ func executableInView(v view, p string) bool {
 		return false
 	}
 	return err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0
+}
+
+// statInRoot stats p in a lease's root as the lease resolves it: symlinks, absolute ones
+// too, stay inside the root (RESOLVE_IN_ROOT), as after the helper's pivot_root.
+func statInRoot(root, p string) (fs.FileInfo, error) {
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dir)
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS}
+	fd, err := unix.Openat2(dir, p, &how)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	return f.Stat()
 }
 
 func rootStat(dir, rel string) (fs.FileInfo, error) {

@@ -99,6 +99,9 @@ type LeaseSpec struct {
 	// Network puts the lease in a network namespace of its own (loopback only); nil
 	// leaves it on the host's network.
 	Network *LeaseNetwork
+	// Root runs the lease in an image (rootfs.go), its overlay in the directory that
+	// holds Workdir and TmpDir; nil: the host's root, read-only.
+	Root *LeaseRoot
 }
 
 // LeaseNetwork is what a lease with a network namespace of its own is given to reach out:
@@ -158,6 +161,8 @@ type lease struct {
 	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
 	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
 	group    string
+	root     string          // the merged directory of the lease's root overlay; "" for the host's root
+	rootRW   []string        // what Landlock lets the lease write in its root (rootWritable)
 	next     int             // next child cgroup number
 	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
 	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
@@ -388,7 +393,7 @@ func validateSpec(l LeaseSpec) error {
 	if l.UID < 0 || l.GID < 0 {
 		return fmt.Errorf("%w: negative uid/gid", ErrInvalid)
 	}
-	return nil
+	return validateRoot(l)
 }
 
 // Provision prepares a lease: its cgroup with limits (created or adopted), Workdir and
@@ -406,6 +411,9 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	}
 	if l.Network != nil && !s.caps.NetworkIsolation {
 		return fmt.Errorf("%w: network isolation", ErrUnsupported)
+	}
+	if l.Root != nil && !s.caps.PrivateTmp {
+		return fmt.Errorf("%w: an image root needs strict isolation (a mount namespace per process)", ErrUnsupported)
 	}
 	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
 		return fmt.Errorf("%w: workdir %s is under /tmp, which the lease's private /tmp hides", ErrInvalid, l.Workdir)
@@ -436,7 +444,11 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		}
 	}
 
-	le, err := s.register(l, pts, passwd, group, resolv)
+	root, rootRW, err := s.provisionRoot(l)
+	if err != nil {
+		return err
+	}
+	le, err := s.register(l, pts, passwd, group, resolv, root, rootRW)
 	if err != nil {
 		return err
 	}
@@ -446,7 +458,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 }
 
 // register records a provisioned lease, making its network namespace if it needs one.
-func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lease, error) {
+func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string, rootRW []string) (*lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	le := s.leases[l.ID]
@@ -455,6 +467,7 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv string) (*lea
 		s.leases[l.ID] = le
 	}
 	le.spec, le.pts, le.passwd, le.group, le.resolv = l, pts, passwd, group, resolv
+	le.root, le.rootRW = root, rootRW
 	if l.Network != nil && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
@@ -525,7 +538,10 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 		errs = append(errs, le.netns.Close())
 	}
 	if le != nil {
-		errs = append(errs, removePTS(le.pts))
+		errs = append(errs, removePTS(le.pts), unmountRoot(le.spec))
+	} else {
+		_, err := sweepRoots(func(id string) bool { return id != leaseID })
+		errs = append(errs, err)
 	}
 	errs = append(errs, s.removeUserFiles(leaseID))
 	if err := errors.Join(errs...); err != nil {
@@ -560,8 +576,8 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	return u, err
 }
 
-// Sweep removes lease cgroups the daemon no longer knows, killing their processes, and
-// forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
+// Sweep removes lease cgroups the daemon no longer knows, killing their processes,
+// unmounts their image roots, and forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string
@@ -578,6 +594,14 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 			errs = append(errs, err)
 		}
 		seen[id] = true
+	}
+	roots, err := sweepRoots(known)
+	errs = append(errs, err)
+	for _, id := range roots {
+		s.log.InfoContext(ctx, "unmounted orphan lease root", "lease", id)
+		if !seen[id] && !slices.Contains(forget, id) {
+			forget = append(forget, id)
+		}
 	}
 	if s.cg == nil {
 		return forget, nil, errors.Join(errs...)

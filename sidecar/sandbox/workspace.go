@@ -56,13 +56,18 @@ type view struct {
 	work     string // the workdir as the lease names it
 	workHost string // the workdir on the host
 	tmpHost  string // the lease's tmp dir when it is what /tmp shows; "" otherwise
+	root     string // the lease's root (merged overlay) on the host; "" for the host's root
 }
 
 func (s *Sandbox) view(l LeaseSpec) view {
 	if !s.caps.PrivateTmp {
 		return view{work: l.Workdir, workHost: l.Workdir}
 	}
-	return view{work: Workspace, workHost: l.Workdir, tmpHost: l.TmpDir}
+	v := view{work: Workspace, workHost: l.Workdir, tmpHost: l.TmpDir}
+	if l.Root != nil {
+		v.root = leaseRootDirs(l).merged
+	}
+	return v
 }
 
 // workspaceRel turns an exec's working directory (relative to the workdir, or absolute

@@ -47,6 +47,7 @@ const (
 	keyGroup       = "group"
 	keyResolv      = "resolv"
 	keyWorkDir     = "work_dir"
+	keyRoot        = "root"
 	keyRlimit      = "rlimit_"
 	keyAwait       = "await"
 )
@@ -114,6 +115,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.WorkDir != "" {
 		put(keyWorkDir, cfg.WorkDir)
+	}
+	if cfg.Root != "" {
+		put(keyRoot, cfg.Root)
 	}
 	if cfg.NetNS {
 		put(keyNetNS, "1")
@@ -206,6 +210,8 @@ func Decode(b []byte) (*Config, error) {
 			cfg.Resolv = v
 		case keyWorkDir:
 			cfg.WorkDir = v
+		case keyRoot:
+			cfg.Root = v
 		case keyNetNS:
 			if v != "1" {
 				err = errors.New("not 1")

@@ -1,6 +1,7 @@
 // Package initproc is the sandbox helper that every lease process starts as: it joins the
 // lease's cgroups, makes /tmp private, binds the lease's workdir on /workspace and its own
-// /etc/passwd and /etc/group, drops to the lease's uid, sets no_new_privs, applies
+// /etc/passwd and /etc/group (inside the lease's image root, then pivoting into it, for a
+// lease in an image: root.go), drops to the lease's uid, sets no_new_privs, applies
 // Landlock and then execs the target. It is its own package, importing little beyond the
 // standard library, so that a helper binary built from it starts fast; the daemon side is
 // package sandbox. cmd/sidecar-init/sidecar-init.c is the same helper in C (what `make
@@ -69,6 +70,10 @@ type Config struct {
 	// private mount namespace, the last of the mounts: lease processes never need the
 	// host's path to it.
 	WorkDir string
+	// Root is the lease's root directory (an overlay the daemon mounted): every mount
+	// above goes into it instead of the host's root, with a /dev of its own, and the
+	// helper pivots into it after the last (root.go). "": the host's root.
+	Root string
 	// NetNS says NetNSFD is a network namespace to join.
 	NetNS bool
 	// Landlock is the filesystem policy; nil applies none.

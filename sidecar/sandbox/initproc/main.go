@@ -62,32 +62,8 @@ func setup(cfg *Config) error {
 			return fmt.Errorf("join network namespace: %w", err)
 		}
 	}
-	if cfg.TmpDir != "" {
-		if err := privateTmp(cfg); err != nil {
-			return err
-		}
-		if cfg.UID != 0 {
-			if err := privateProc(); err != nil {
-				return err
-			}
-		}
-	}
-	if cfg.PTSDir != "" {
-		if err := privatePTS(cfg); err != nil {
-			return err
-		}
-	}
-	for _, b := range []struct{ src, dst string }{{cfg.Passwd, "/etc/passwd"}, {cfg.Group, "/etc/group"}, {cfg.Resolv, "/etc/resolv.conf"}} {
-		if b.src != "" {
-			if err := bindPrivate(cfg, b.src, b.dst); err != nil {
-				return err
-			}
-		}
-	}
-	if cfg.WorkDir != "" {
-		if err := privateWorkspace(cfg); err != nil {
-			return err
-		}
+	if err := privateMounts(cfg); err != nil {
+		return err
 	}
 	// The daemon protects itself from the OOM killer (OOMScoreAdjust=-900 in its unit);
 	// lease processes must not inherit that: under host memory pressure they go first.
@@ -129,6 +105,55 @@ func setup(cfg *Config) error {
 	return nil
 }
 
+// privateMounts makes the process's view in its private mount namespace: /tmp, /proc,
+// the lease's root and /dev (root.go), PTYs, user files, and the workdir last, so that no
+// source path is ever looked up through /workspace; then it enters the root.
+func privateMounts(cfg *Config) error {
+	if cfg.TmpDir != "" {
+		if err := privateTmp(cfg); err != nil {
+			return err
+		}
+		if cfg.UID != 0 || cfg.Root != "" {
+			if err := privateProc(cfg); err != nil {
+				return err
+			}
+		}
+	} else if cfg.Root != "" {
+		return inPrivateNS(cfg, cfg.Root) // refuses: a root needs the private namespace
+	}
+	if cfg.Root != "" {
+		if err := privateDev(cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.PTSDir != "" || cfg.Root != "" {
+		if err := privatePTS(cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.Root != "" {
+		if err := rootDevReadOnly(cfg); err != nil {
+			return err
+		}
+	}
+	for _, b := range []struct{ src, dst string }{{cfg.Passwd, "/etc/passwd"}, {cfg.Group, "/etc/group"}, {cfg.Resolv, "/etc/resolv.conf"}} {
+		if b.src != "" {
+			if err := bindPrivate(cfg, b.src, b.dst); err != nil {
+				return err
+			}
+		}
+	}
+	if cfg.WorkDir != "" {
+		if err := privateWorkspace(cfg); err != nil {
+			return err
+		}
+	}
+	if cfg.Root != "" {
+		return enterRoot(cfg)
+	}
+	return nil
+}
+
 // setRlimits sets each limit, soft and hard; rlimits are per process, so the target
 // inherits them across the exec.
 func setRlimits(limits []Rlimit) error {
@@ -155,11 +180,16 @@ func privateTmp(cfg *Config) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
-	if err := unix.Mount(cfg.TmpDir, "/tmp", "", unix.MS_BIND, ""); err != nil {
+	if cfg.Root != "" {
+		if err := bindRoot(cfg); err != nil {
+			return err
+		}
+	}
+	if err := mountIn(cfg, cfg.TmpDir, "/tmp", "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s on /tmp: %w", cfg.TmpDir, err)
 	}
 	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
-	if err := unix.Mount("", "/tmp", "", flags, ""); err != nil {
+	if err := mountIn(cfg, "", "/tmp", "", flags, ""); err != nil {
 		return fmt.Errorf("remount /tmp nosuid,nodev: %w", err)
 	}
 	return nil
@@ -168,9 +198,9 @@ func privateTmp(cfg *Config) error {
 // privateProc mounts a procfs of the lease's own over /proc with hidepid=invisible: a
 // lease sees only its own uid's processes, so it cannot read another lease's (or the
 // daemon's) command lines, environment or open files, nor learn they exist.
-func privateProc() error {
+func privateProc(cfg *Config) error {
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
-	if err := unix.Mount("proc", "/proc", "proc", flags, "hidepid=invisible"); err != nil {
+	if err := mountIn(cfg, "proc", "/proc", "proc", flags, "hidepid=invisible"); err != nil {
 		return fmt.Errorf("mount private /proc: %w", err)
 	}
 	return nil
@@ -178,16 +208,24 @@ func privateProc() error {
 
 // privatePTS binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in
 // the private mount namespace only (privateTmp made its mounts private): PTYs the lease
-// opens come from its own instance, bounded by its max.
+// opens come from its own instance, bounded by its max. A root without an instance gets
+// the host's.
 func privatePTS(cfg *Config) error {
 	if err := inPrivateNS(cfg, "/dev/pts"); err != nil {
 		return err
 	}
-	if err := unix.Mount(cfg.PTSDir, "/dev/pts", "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind %s on /dev/pts: %w", cfg.PTSDir, err)
+	pts, ptmx := cfg.PTSDir, "/dev/pts/ptmx"
+	switch {
+	case cfg.Root != "" && pts == "":
+		pts, ptmx = "/dev/pts", "/dev/ptmx"
+	case cfg.Root != "":
+		ptmx = pts + "/ptmx" // the host's /dev/pts is not the lease's
 	}
-	if err := unix.Mount("/dev/pts/ptmx", "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind /dev/pts/ptmx on /dev/ptmx: %w", err)
+	if err := mountIn(cfg, pts, "/dev/pts", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /dev/pts: %w", pts, err)
+	}
+	if err := mountIn(cfg, ptmx, "/dev/ptmx", "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on /dev/ptmx: %w", ptmx, err)
 	}
 	return nil
 }
@@ -211,7 +249,7 @@ func bindPrivate(cfg *Config, src, dst string) error {
 	if err := inPrivateNS(cfg, dst); err != nil {
 		return err
 	}
-	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+	if err := mountIn(cfg, src, dst, "", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind %s on %s: %w", src, dst, err)
 	}
 	return nil
@@ -223,7 +261,7 @@ func privateWorkspace(cfg *Config) error {
 		return err
 	}
 	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
-	if err := unix.Mount("", Workspace, "", flags, ""); err != nil {
+	if err := mountIn(cfg, "", Workspace, "", flags, ""); err != nil {
 		return fmt.Errorf("remount %s nosuid,nodev: %w", Workspace, err)
 	}
 	return nil

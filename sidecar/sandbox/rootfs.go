@@ -1,0 +1,293 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
+)
+
+// A lease with a LeaseRoot runs in an image instead of the host's root: the daemon mounts
+// an overlay of the image's read-only layers under a writable layer of the lease's own, in
+// <lease dir>/root (the parent of Workdir, so on the lease's own disk when disk quotas
+// are on: what the lease writes outside /workspace counts against its disk_bytes), and
+// each helper pivots into it after mounting the lease's /proc, /dev, /tmp, /workspace and
+// user files there (initproc/root.go). The overlay is mounted in the daemon's mount
+// namespace so that every command of the lease sees the same writable layer; another
+// lease on the same layers has a writable layer of its own; both go at Teardown.
+//
+//	<lease dir>/root/upper   the lease's writable layer (root-owned 0755, like an image's /)
+//	<lease dir>/root/work    overlayfs's work directory
+//	<lease dir>/root/merged  the overlay, the lease's /
+
+// LeaseRoot is the image a lease runs in.
+type LeaseRoot struct {
+	// Layers are the image's unpacked layer directories, top first (overlayfs lowerdir
+	// order); read-only to every lease.
+	Layers []string
+	// Env is the image's environment (KEY=VALUE): applied over the lease's defaults
+	// (PATH from the image), except the lease's identity (HOME, USER, LOGNAME, SHELL,
+	// TMPDIR); the request's environment still comes last.
+	Env []string
+	// WorkingDir is the image's working directory. Lease commands still start in
+	// /workspace (the lease contract): it is kept for the caller to show, not used here.
+	WorkingDir string
+}
+
+// overlayFSName is the source name of a lease's overlay in mountinfo: what Sweep finds
+// the overlays of leases the daemon no longer knows by.
+const overlayFSName = "sidecar-root-"
+
+// maxOverlayOptions is the bound mount(2) puts on the option string (one page): a root
+// whose layer paths do not fit is refused.
+const maxOverlayOptions = 4095
+
+// rootDirs are where lease l's overlay lives.
+type rootDirs struct{ base, upper, work, merged string }
+
+func leaseRootDirs(l LeaseSpec) rootDirs {
+	base := filepath.Join(filepath.Dir(l.Workdir), "root")
+	return rootDirs{base: base, upper: filepath.Join(base, "upper"), work: filepath.Join(base, "work"), merged: filepath.Join(base, "merged")}
+}
+
+// validateRoot checks a LeaseRoot's layers: absolute, clean, existing directories whose
+// names overlayfs can take (no ':' or ',').
+func validateRoot(l LeaseSpec) error {
+	r := l.Root
+	if r == nil {
+		return nil
+	}
+	if len(r.Layers) == 0 {
+		return fmt.Errorf("%w: lease %s root has no layers", ErrInvalid, l.ID)
+	}
+	if filepath.Dir(l.Workdir) == "/" || filepath.Dir(l.Workdir) != filepath.Dir(l.TmpDir) {
+		return fmt.Errorf("%w: a lease with a root needs its workdir and tmp dir side by side in a lease directory", ErrInvalid)
+	}
+	for _, d := range r.Layers {
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d || strings.ContainsAny(d, ":,\x00") {
+			return fmt.Errorf("%w: layer %q must be a clean absolute path without ':' or ','", ErrInvalid, d)
+		}
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			return fmt.Errorf("%w: layer %q is not a directory", ErrInvalid, d)
+		}
+	}
+	if len(overlayOptions(leaseRootDirs(l), r.Layers)) > maxOverlayOptions {
+		return fmt.Errorf("%w: lease %s root: %d layers whose paths exceed the %d bytes of overlay options a mount takes", ErrInvalid, l.ID, len(r.Layers), maxOverlayOptions)
+	}
+	for _, e := range r.Env {
+		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.IndexByte(e, 0) >= 0 {
+			return fmt.Errorf("%w: image environment entry %q", ErrInvalid, e)
+		}
+	}
+	return nil
+}
+
+func overlayOptions(d rootDirs, layers []string) string {
+	return "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + d.upper + ",workdir=" + d.work
+}
+
+// mountRoot mounts lease l's overlay unless it is mounted already (Provision again, after a
+// restart in the same mount namespace), makes the mount points the helper needs in it, and
+// returns the merged directory ("" for a lease on the host's root).
+func mountRoot(l LeaseSpec) (string, error) {
+	if l.Root == nil {
+		return "", nil
+	}
+	d := leaseRootDirs(l)
+	for _, dir := range []string{d.base, d.upper, d.work, d.merged} {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
+		}
+	}
+	// The upper's own attributes are the merged root's: an image's / is root's, 0755.
+	if err := os.Chmod(d.upper, 0o755); err != nil {
+		return "", fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
+	}
+	mounted, err := overlayAt(d.merged)
+	if err != nil {
+		return "", err
+	}
+	if !mounted {
+		err := unix.Mount(overlayFSName+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, l.Root.Layers))
+		if err != nil {
+			return "", fmt.Errorf("sandbox: lease %s: mount its root overlay: %w", l.ID, err)
+		}
+	}
+	if err := makeMountPoints(d.merged); err != nil {
+		return "", fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
+	}
+	return d.merged, nil
+}
+
+// rootMountPoints are what the helper mounts over in a lease's root: directories, then
+// files (an image without them gets them in the lease's writable layer).
+var (
+	rootMountDirs  = []string{"proc", "dev", "tmp", "etc", strings.TrimPrefix(Workspace, "/")}
+	rootMountFiles = []string{"etc/passwd", "etc/group", "etc/resolv.conf"}
+)
+
+// makeMountPoints makes each mount point the image lacks, replacing a symlink or another
+// non-directory where one is needed (the helper never mounts through a symlink): a
+// directory root-owned 0755, a file root-owned 0644. The change is in the lease's writable
+// layer only.
+func makeMountPoints(merged string) error {
+	root, err := os.OpenRoot(merged)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for _, p := range rootMountDirs {
+		if err := mountPoint(root, p, true); err != nil {
+			return err
+		}
+	}
+	for _, p := range rootMountFiles {
+		if err := mountPoint(root, p, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func mountPoint(root *os.Root, p string, dir bool) error {
+	st, err := root.Lstat(p)
+	switch {
+	case err == nil && st.IsDir() == dir && (dir || st.Mode().IsRegular()):
+		return nil
+	case err == nil && st.IsDir():
+		return fmt.Errorf("/%s in the image is a directory, not a file", p)
+	case err == nil:
+		if err := root.Remove(p); err != nil {
+			return err
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return err
+	}
+	if dir {
+		return root.Mkdir(p, 0o755)
+	}
+	f, err := root.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// unmountRoot unmounts lease l's overlay and removes its directories (the writable layer
+// with them); nothing is removed while anything is still mounted under them.
+func unmountRoot(l LeaseSpec) error {
+	if l.Root == nil {
+		return nil
+	}
+	d := leaseRootDirs(l)
+	if err := unmountOverlay(d.merged); err != nil {
+		return err
+	}
+	if err := fsxfer.RemoveTree(d.base); err != nil {
+		return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
+	}
+	return nil
+}
+
+// unmountOverlay unmounts what is mounted on dir, stacked mounts too (lazily: the
+// lease's processes are gone, but a daemon descriptor, a file transfer say, may still
+// hold it). Only the lease's overlay is ever mounted there.
+func unmountOverlay(dir string) error {
+	for {
+		err := unix.Unmount(dir, unix.MNT_DETACH)
+		switch {
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not (or no longer) a mount point
+		case err != nil:
+			return fmt.Errorf("sandbox: unmount %s: %w", dir, err)
+		}
+	}
+}
+
+// overlayAt reports whether an overlay is mounted on dir: dir is on another filesystem
+// than its parent, and that filesystem is an overlay. Two stats, where reading mountinfo
+// costs a millisecond on a host with many mounts.
+func overlayAt(dir string) (bool, error) {
+	var st, parent unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return false, fmt.Errorf("sandbox: %s: %w", dir, err)
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &parent); err != nil {
+		return false, fmt.Errorf("sandbox: %s: %w", dir, err)
+	}
+	if st.Dev == parent.Dev {
+		return false, nil
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(dir, &fs); err != nil {
+		return false, fmt.Errorf("sandbox: %s: %w", dir, err)
+	}
+	return fs.Type == unix.OVERLAYFS_SUPER_MAGIC, nil
+}
+
+// sweepRoots unmounts the overlays of leases known says are gone (a crash between mount
+// and release), found by their source name, and returns their lease ids. Their
+// directories are left to whoever removes the lease's directory.
+func sweepRoots(known func(id string) bool) ([]string, error) {
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		id, ok := strings.CutPrefix(m.Source, overlayFSName)
+		return !(ok && m.FSType == "overlay" && leaseIDPattern.MatchString(id) && !known(id)), false
+	})
+	if err != nil {
+		return nil, err
+	}
+	var ids []string
+	var errs []error
+	for _, m := range ms {
+		if err := unmountOverlay(m.Mountpoint); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if id := strings.TrimPrefix(m.Source, overlayFSName); !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, errors.Join(errs...)
+}
+
+// rootWritable are the top-level directories of a lease's root that its processes may
+// write to where file modes let them (Landlock's read-write rule; the writable layer is
+// the lease's own): all but /proc, /dev and /sys, which the helper mounts or leaves out,
+// and /tmp and Workspace, which have their rules whatever the root.
+func rootWritable(merged string) ([]string, error) {
+	entries, err := os.ReadDir(merged)
+	if err != nil {
+		return nil, err
+	}
+	var dirs []string
+	for _, e := range entries {
+		switch e.Name() {
+		case "proc", "dev", "sys", "tmp", strings.TrimPrefix(Workspace, "/"): // ruled apart
+			continue
+		}
+		if e.IsDir() {
+			dirs = append(dirs, "/"+e.Name())
+		}
+	}
+	return dirs, nil
+}
+
+// provisionRoot mounts lease l's root, if it has one, and lists what Landlock lets it
+// write there.
+func (s *Sandbox) provisionRoot(l LeaseSpec) (merged string, writable []string, err error) {
+	if merged, err = mountRoot(l); err != nil || merged == "" {
+		return "", nil, err
+	}
+	if writable, err = rootWritable(merged); err != nil {
+		return "", nil, fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
+	}
+	return merged, writable, nil
+}
