@@ -113,7 +113,7 @@ func (f *FS) Remove(p string, recursive bool) error {
 	}
 	// Refuse up front a tree holding a mount, so that nothing of it is removed.
 	if err := f.refuseMounts(fd(d), base); err != nil {
-		return wrap("remove", rel, ErrMountPoint)
+		return wrap("remove", rel, err)
 	}
 	return wrap("remove", rel, removeAt(fd(d), base))
 }
@@ -146,8 +146,9 @@ func (f *FS) Move(from, to string) error {
 	return wrap("move", src, unix.Renameat(fd(sd), sbase, fd(dd), dbase))
 }
 
-// refuseMounts fails when base in the directory dirfd is or holds a mount point. Any
-// failure to tell counts as one, so that nothing of the tree is removed.
+// refuseMounts fails with ErrMountPoint when base in the directory dirfd is or holds a
+// mount point, and with the error met when it cannot tell (the tree changing under the
+// check): either way nothing of the tree is removed.
 func (f *FS) refuseMounts(dirfd int, base string) error {
 	if statxMountIDs() {
 		return refuseMounts(dirfd, base)
