@@ -112,10 +112,8 @@ func (f *FS) Remove(p string, recursive bool) error {
 		return wrap("remove", rel, unix.Unlinkat(fd(d), base, unix.AT_REMOVEDIR))
 	}
 	// Refuse up front a tree holding a mount, so that nothing of it is removed.
-	if dir, err := fdPath(fd(d)); err == nil {
-		if mounts, err := mountsUnder(path.Join(dir, base)); err != nil || len(mounts) > 0 {
-			return wrap("remove", rel, ErrMountPoint)
-		}
+	if err := f.refuseMounts(fd(d), base); err != nil {
+		return wrap("remove", rel, err)
 	}
 	return wrap("remove", rel, removeAt(fd(d), base))
 }
@@ -146,6 +144,23 @@ func (f *FS) Move(from, to string) error {
 	}
 	defer dd.Close()
 	return wrap("move", src, unix.Renameat(fd(sd), sbase, fd(dd), dbase))
+}
+
+// refuseMounts fails with ErrMountPoint when base in the directory dirfd is or holds a
+// mount point, and with the error met when it cannot tell (the tree changing under the
+// check): either way nothing of the tree is removed.
+func (f *FS) refuseMounts(dirfd int, base string) error {
+	if statxMountIDs() {
+		return refuseMounts(dirfd, base)
+	}
+	dir, err := fdPath(dirfd)
+	if err != nil {
+		return nil // the walk still refuses to cross a mount
+	}
+	if mounts, err := mountsUnder(path.Join(dir, base)); err != nil || len(mounts) > 0 {
+		return ErrMountPoint
+	}
+	return nil
 }
 
 // fdPath is the kernel's idea of where an open directory is, for the mountinfo check.

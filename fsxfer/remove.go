@@ -12,21 +12,15 @@ import (
 // symlinks and without ever descending into a mount point (it fails instead, leaving the
 // mount and what lies under it untouched). Lease directories are removed with it.
 //
-// Mount points are looked up in the calling thread's mountinfo before anything is removed, so a
-// tree holding a mount is refused whole; the walk itself compares mount IDs of every
-// directory it enters as well, for mounts that appear meanwhile. Removal works on
+// A tree holding a mount point is refused whole, before anything is removed: the tree is
+// read first and every entry's mount ID compared (refuseMounts; the calling thread's
+// mountinfo on kernels whose statx gives none). The walk itself compares mount IDs of
+// every directory it enters as well, for mounts that appear meanwhile. Removal works on
 // descriptors (openat/unlinkat with O_NOFOLLOW), so swapping a directory for a symlink
 // mid-walk cannot redirect it. A missing dir is not an error.
 func RemoveTree(dir string) error {
 	if !filepath.IsAbs(dir) || filepath.Clean(dir) != dir || dir == "/" {
 		return fmt.Errorf("fsxfer: remove tree %q: %w: want a clean absolute path", dir, ErrInvalid)
-	}
-	mounts, err := mountsUnder(dir)
-	if err != nil {
-		return fmt.Errorf("fsxfer: remove tree %q: %w", dir, err)
-	}
-	if len(mounts) > 0 {
-		return fmt.Errorf("fsxfer: remove tree %q: %w: %q", dir, ErrMountPoint, mounts[0].Mountpoint)
 	}
 	parent, err := unix.Open(filepath.Dir(dir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
@@ -36,8 +30,27 @@ func RemoveTree(dir string) error {
 		return fmt.Errorf("fsxfer: remove tree %q: %w", dir, err)
 	}
 	defer unix.Close(parent)
+	if err := refuseMountsUnder(parent, dir); err != nil {
+		return fmt.Errorf("fsxfer: remove tree %q: %w", dir, err)
+	}
 	if err := removeAt(parent, filepath.Base(dir)); err != nil {
 		return fmt.Errorf("fsxfer: remove tree %q: %w", dir, err)
+	}
+	return nil
+}
+
+// refuseMountsUnder is refuseMounts for dir, the absolute path of an entry of the
+// directory parent.
+func refuseMountsUnder(parent int, dir string) error {
+	if statxMountIDs() {
+		return refuseMounts(parent, filepath.Base(dir))
+	}
+	mounts, err := mountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	if len(mounts) > 0 {
+		return fmt.Errorf("%w: %q", ErrMountPoint, mounts[0].Mountpoint)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package fsxfer
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,6 +132,84 @@ func TestRemoveAtStopsAtBindMount(t *testing.T) {
 			}
 			if b, err := os.ReadFile(filepath.Join(src, "precious.txt")); err != nil || string(b) != "precious" {
 				t.Fatalf("mounted dir content: %q %v", b, err)
+			}
+		})
+	}
+}
+
+// A mount anywhere in the tree, on a directory or a file, at any depth, or on the tree's
+// root itself, makes RemoveTree refuse before removing anything; with the tree read for
+// mount IDs and, as on kernels without them, with mountinfo.
+func TestRemoveTreeRefusesMountsAnywhere(t *testing.T) {
+	base := t.TempDir()
+	srcDir := filepath.Join(base, "src-dir")
+	writeTree(t, srcDir, map[string]string{"precious.txt": "precious"})
+	srcFile := filepath.Join(base, "src-file")
+	writeTree(t, base, map[string]string{"src-file": "file content"})
+	for _, how := range []struct {
+		name     string
+		mountIDs func() bool
+	}{{"statx", statxMountIDs}, {"mountinfo", func() bool { return false }}} {
+		for _, tc := range []struct{ name, mountAt, src string }{
+			{"deep-dir", "z/y/x/w/mnt/", srcDir},
+			{"file", "a/b/mntfile", srcFile},
+			{"root", "", srcDir},
+		} {
+			t.Run(how.name+"/"+tc.name, func(t *testing.T) {
+				old := statxMountIDs
+				statxMountIDs = how.mountIDs
+				t.Cleanup(func() { statxMountIDs = old })
+				lease := filepath.Join(base, "lease-"+how.name+"-"+tc.name)
+				tree := map[string]string{"a/b/c": "c", "a/d/": "", "top": "t"}
+				if tc.mountAt != "" {
+					tree[tc.mountAt] = ""
+				}
+				writeTree(t, lease, tree)
+				bindMount(t, tc.src, filepath.Join(lease, strings.TrimSuffix(tc.mountAt, "/")))
+				before := strings.Join(listTree(t, lease), ",")
+
+				if err := RemoveTree(lease); !errors.Is(err, ErrMountPoint) {
+					t.Fatalf("RemoveTree = %v, want ErrMountPoint", err)
+				}
+				if got := strings.Join(listTree(t, lease), ","); got != before {
+					t.Fatalf("tree after refusal: %s, want %s", got, before)
+				}
+			})
+		}
+	}
+}
+
+// The mount check climbs back out of every subdirectory it enters: in a wide tree it
+// finds a mount below any one of many siblings, and passes the same tree without it.
+func TestRemoveTreeMountCheckVisitsEverySibling(t *testing.T) {
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	writeTree(t, src, map[string]string{"precious.txt": "precious"})
+	for _, mountIn := range []int{-1, 0, 17, 49} {
+		t.Run(fmt.Sprint("mount-in-", mountIn), func(t *testing.T) {
+			lease := filepath.Join(base, fmt.Sprint("lease", mountIn))
+			tree := map[string]string{}
+			for i := range 50 {
+				tree[fmt.Sprintf("wide/d%02d/f", i)] = "x"
+				tree[fmt.Sprintf("wide/d%02d/e/g/", i)] = ""
+			}
+			writeTree(t, lease, tree)
+			if mountIn < 0 {
+				if err := RemoveTree(lease); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Lstat(lease); !errors.Is(err, os.ErrNotExist) {
+					t.Fatalf("lease dir still there: %v", err)
+				}
+				return
+			}
+			bindMount(t, src, filepath.Join(lease, fmt.Sprintf("wide/d%02d/e/g", mountIn)))
+			err := RemoveTree(lease)
+			if want := fmt.Sprintf("wide/d%02d/e/g", mountIn); !errors.Is(err, ErrMountPoint) || !strings.Contains(err.Error(), want) {
+				t.Fatalf("RemoveTree = %v, want ErrMountPoint naming %s", err, want)
+			}
+			if got := len(listTree(t, lease)); got != 50*4+1+1 {
+				t.Fatalf("tree after refusal has %d entries, want all %d", got, 50*4+1+1)
 			}
 		})
 	}

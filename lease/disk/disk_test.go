@@ -300,6 +300,8 @@ func TestSweepAndForeignMounts(t *testing.T) {
 	defer unix.Unmount(foreign, 0)
 	if err := q.Detach(ctx, foreign); err == nil {
 		t.Error("detach unmounted a tmpfs that is not the lease's")
+	} else if !strings.Contains(err.Error(), "mount point of device ") {
+		t.Errorf("detach error %q does not name the tmpfs's device", err)
 	}
 	if err := q.Attach(ctx, foreign, MinBytes); err == nil {
 		t.Error("attach adopted a tmpfs as the lease's filesystem")

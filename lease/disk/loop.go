@@ -247,27 +247,41 @@ func detachImageFrom(img, dev string) error {
 	return err
 }
 
-// mountAt returns what is mounted on dir: the topmost mount when several are stacked there
-// (later lines are mounted on top), read from the calling thread's mount namespace, the one
-// mount and umount act in (mountinfo reads /proc/thread-self: /proc/self is the main
+// mountAt returns what is mounted on dir: the topmost mount when several are stacked there,
+// as seen from the calling thread's mount namespace, the one mount and umount act in.
+//
+// statx says whether dir is a mount root and which device its filesystem is on, whatever
+// the number of mounts (one per lease): a loop device is named by its number in sysfs,
+// and any other device only needs naming in an error, since only a lease's own loop
+// device is ever adopted or unmounted. Kernels before 5.8 give no mount-root attribute:
+// there the calling thread's mountinfo is read (/proc/thread-self: /proc/self is the main
 // thread's, where a goroutine that unshared its namespace and exited locked can leave it).
 func mountAt(dir string) (*mountinfo.Info, bool, error) {
-	// Fast path, whatever the number of mounts (one per lease): statx says whether dir is a
-	// mount root, and a block device's number names it in sysfs.
 	var stx unix.Statx_t
 	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx); err != nil {
 		return nil, false, fmt.Errorf("disk: %w", err)
 	}
-	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 {
-		if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
-			return nil, false, nil
-		}
-		link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", stx.Dev_major, stx.Dev_minor))
-		if err == nil && strings.HasPrefix(filepath.Base(link), "loop") {
-			return &mountinfo.Info{Mountpoint: dir, Source: "/dev/" + filepath.Base(link)}, true, nil
-		}
-		// Not a loop device (a bind mount, a tmpfs…): mountinfo names it.
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return mountAtFromMountinfo(dir)
 	}
+	if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return nil, false, nil
+	}
+	return &mountinfo.Info{Mountpoint: dir, Source: deviceName(stx.Dev_major, stx.Dev_minor)}, true, nil
+}
+
+// deviceName is /dev/<name> for a block device (a loop device is /dev/loopN), else the
+// device number (tmpfs and other filesystems without a device).
+func deviceName(major, minor uint32) string {
+	if link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", major, minor)); err == nil {
+		return "/dev/" + filepath.Base(link)
+	}
+	return fmt.Sprintf("device %d:%d", major, minor)
+}
+
+// mountAtFromMountinfo is mountAt for kernels without STATX_ATTR_MOUNT_ROOT: later lines
+// of mountinfo are mounted on top.
+func mountAtFromMountinfo(dir string) (*mountinfo.Info, bool, error) {
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != dir, false })
 	if err != nil {
 		return nil, false, fmt.Errorf("disk: %w", err)
