@@ -43,7 +43,6 @@ type frame struct {
 	kind    int // websocket.BinaryMessage, CloseMessage or PingMessage
 	channel byte
 	data    []byte
-	msg     process.Message // output whose buffer goes back once written
 }
 
 // stream serves one attachment: the process's output (from sub) goes out, stdin, resize
@@ -94,9 +93,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 				return
 			}
 			_ = conn.SetWriteDeadline(time.Now().Add(lim.WSWriteTimeout))
-			err := writeFrame(conn, f)
-			f.msg.Release()
-			if err != nil {
+			if err := writeFrame(conn, f); err != nil {
 				// A client that stopped reading (past WSWriteTimeout) or died: end the
 				// stream now, not when the reader's own deadline passes (70 s later).
 				reading.cut(time.Now())
@@ -122,9 +119,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 	go func() { // output → writer; at the end, the status frame and a normal close
 		defer close(pumpDone)
 		defer sub.Close()
-		msgs := process.NewMessages(sub)
 		for {
-			m, err := msgs.Next(ctx)
+			c, err := sub.Next(ctx)
 			if errors.Is(err, io.EOF) {
 				st := statusFrame(p.Status(), sub.Lost())
 				b, _ := json.Marshal(st)
@@ -136,7 +132,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, proto string, h 
 			if err != nil {
 				return
 			}
-			if !send(frame{kind: websocket.BinaryMessage, channel: m.Channel, data: m.Data, msg: m}) {
+			if !send(frame{kind: websocket.BinaryMessage, channel: c.Channel, data: c.Data}) {
 				return
 			}
 		}

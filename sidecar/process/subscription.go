@@ -2,7 +2,6 @@ package process
 
 import (
 	"context"
-	"errors"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -46,24 +45,6 @@ func (s *Subscription) Offset() int64 { return s.pos }
 // Shutdown. A subscriber whose next offset left the ring jumps to the oldest byte kept
 // and Lost grows by the bytes skipped.
 func (s *Subscription) Next(ctx context.Context) (Chunk, error) {
-	return s.next(ctx, true)
-}
-
-// Poll is Next without waiting: ok is false, with a nil error, when no byte is there
-// yet. A caller that gathers what is already there into one message uses it, so a
-// chunk waiting for the process never delays what it has.
-func (s *Subscription) Poll() (c Chunk, ok bool, err error) {
-	c, err = s.next(context.Background(), false)
-	if errors.Is(err, errWouldWait) {
-		return Chunk{}, false, nil
-	}
-	return c, err == nil, err
-}
-
-// errWouldWait: next without waiting found nothing to deliver yet.
-var errWouldWait = errors.New("process: no output yet")
-
-func (s *Subscription) next(ctx context.Context, block bool) (Chunk, error) {
 	for {
 		select {
 		case <-s.closed:
@@ -87,9 +68,6 @@ func (s *Subscription) next(ctx context.Context, block bool) (Chunk, error) {
 		}
 		if wait == nil {
 			return Chunk{}, io.EOF
-		}
-		if !block {
-			return Chunk{}, errWouldWait
 		}
 		select {
 		case <-wait:
