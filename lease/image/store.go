@@ -286,6 +286,14 @@ func (s *Store) Close() {
 	s.wg.Wait()
 }
 
+// Usage is what the unpacked layers take on disk (each once, with unpacks in progress)
+// and the store's limit.
+func (s *Store) Usage() (used, limit int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used, s.max
+}
+
 // Known reports whether name is an image of SIDECAR_IMAGES.
 func (s *Store) Known(name string) bool {
 	s.mu.Lock()
