@@ -646,6 +646,9 @@ func verifiedConfig(img v1.Image, m *v1.Manifest) (*v1.ConfigFile, error) {
 	if cfg.OS != "" && cfg.OS != "linux" {
 		return nil, fmt.Errorf("the image is for %s, not linux", cfg.OS)
 	}
+	if want := platform().Architecture; cfg.Architecture != "" && cfg.Architecture != want {
+		return nil, fmt.Errorf("the image is for %s, this host runs %s: name the image of its architecture (or a multi-platform reference)", cfg.Architecture, want)
+	}
 	for _, d := range cfg.RootFS.DiffIDs {
 		if !validDiffID(d.String()) {
 			return nil, fmt.Errorf("%w: the config lists the diffid %q, not a sha256 digest", ErrDigest, d)

@@ -559,3 +559,24 @@ func TestParseEntries(t *testing.T) {
 		}
 	}
 }
+
+func TestOtherArchitectureRefused(t *testing.T) {
+	src, store := t.TempDir(), t.TempDir()
+	img := imageOfLayers(t, v1.Config{}, layerTar(t, tfile{name: "a", body: "a"}))
+	cf, _ := img.ConfigFile()
+	cf = cf.DeepCopy()
+	cf.Architecture = "s390x"
+	if platform().Architecture == "s390x" {
+		cf.Architecture = "riscv64"
+	}
+	img, err := mutate.ConfigFile(img, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeLayout(t, src, map[string]v1.Image{"x": img})
+	s := openStore(t, store, 0, Entry{"x", "oci-layout:" + src})
+	_ = s.Pull("x")
+	if in := waitPulled(t, s, "x"); in.State != StateFailed || !strings.Contains(in.Error, cf.Architecture) {
+		t.Fatalf("%+v", in)
+	}
+}

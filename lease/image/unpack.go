@@ -26,6 +26,11 @@ const (
 // files as its size bounds one large file.
 const entryCost = 512
 
+// maxEntries bounds the entries of one layer: the unpacker remembers each file and
+// symlink it made, and this bounds that memory (a large distribution image has a few
+// hundred thousand).
+const maxEntries = 1_000_000
+
 // unpacker writes one layer's tar stream into an empty directory. Every file is made
 // through an os.Root on that directory, so no name, symlink or hard link reaches out of
 // it; on top of that it refuses outright what a layer has no business holding (a path
@@ -37,6 +42,7 @@ type unpacker struct {
 	// What this layer made, by cleaned path: the only state an entry is checked against.
 	symlinks map[string]bool
 	files    map[string]bool // regular files: what hard links may name
+	entries  int
 }
 
 // unpack writes the layer read from r into dir, which must exist and be empty. On an
@@ -88,6 +94,9 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	}
 	if p == "." {
 		return nil // the layer's root: overlay takes the top layer's, which the sandbox makes
+	}
+	if u.entries++; u.entries > maxEntries {
+		return fmt.Errorf("%w: over %d entries in one layer", ErrRefused, maxEntries)
 	}
 	if err := u.checkParents(p); err != nil {
 		return err
