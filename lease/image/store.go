@@ -30,6 +30,7 @@ import (
 	"sync"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sys/unix"
 )
 
 // Sentinel errors; returned errors wrap them with detail.
@@ -742,6 +743,11 @@ func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return fail(err)
 	}
+	// The layer's files reach the disk before its name does: a crash never leaves a
+	// layer directory whose content is not what its diffid says.
+	if err := syncFS(tmp); err != nil {
+		return fail(err)
+	}
 	// A directory there is one no record names (a previous run's, which GC has not
 	// reached yet): nothing uses it.
 	if err := os.RemoveAll(s.layerDir(diffID)); err != nil {
@@ -751,6 +757,16 @@ func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int
 		return fail(err)
 	}
 	return charged, nil
+}
+
+// syncFS flushes the filesystem dir lies on (one call for the layer's many files).
+func syncFS(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }
 
 // ctxReader stops a pull when the store closes.
