@@ -66,6 +66,12 @@ var (
 	ErrPatternTooComplex = errors.New("pattern too complex")
 	// ErrWatchLimit: the lease's or the daemon's inotify budget is spent.
 	ErrWatchLimit = errors.New("watch limit reached")
+	// ErrUnknownImage: the image named is not one of the operator's.
+	ErrUnknownImage = errors.New("unknown image")
+	// ErrImageNotReady: the image is being pulled, failed to pull, or was removed.
+	ErrImageNotReady = errors.New("image not ready")
+	// ErrImageInUse: an image cannot be removed while leases run on it.
+	ErrImageInUse = errors.New("image in use")
 )
 
 var sentinelByCode = map[string]error{
@@ -102,6 +108,9 @@ var sentinelByCode = map[string]error{
 	apitype.CodeSearchLimit:          ErrSearchLimit,
 	apitype.CodePatternTooComplex:    ErrPatternTooComplex,
 	apitype.CodeWatchLimit:           ErrWatchLimit,
+	apitype.CodeUnknownImage:         ErrUnknownImage,
+	apitype.CodeImageNotReady:        ErrImageNotReady,
+	apitype.CodeImageInUse:           ErrImageInUse,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

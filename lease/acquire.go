@@ -92,7 +92,7 @@ func (m *Manager) anyExpiredLocked() bool {
 func (m *Manager) create(ctx context.Context, id string, uid int, r Request) (Lease, error) {
 	now := m.cfg.Now()
 	l := Lease{
-		ID: id, SessionID: r.SessionID, Labels: cloneLabels(r.Labels), Network: r.Network,
+		ID: id, SessionID: r.SessionID, Labels: cloneLabels(r.Labels), Network: r.Network, Image: r.Image,
 		Limits: r.Limits, UID: uid, GID: uid, Dir: filepath.Join(m.cfg.WorkRoot, id),
 		CreatedAt: now, ExpiresAt: now.Add(r.TTL), LastActivityAt: now,
 	}

@@ -59,6 +59,12 @@ type Config struct {
 	// CheckNetwork validates a policy against the daemon's deny set (lease/network);
 	// nil checks the egress mode only.
 	CheckNetwork func(netpolicy.Policy) error
+	// DefaultImage is the image of a request without one; "" or HostImage: the host's
+	// root filesystem.
+	DefaultImage string
+	// CheckImage says whether a new lease may run on the named image now (lease/image's
+	// Store.Check); its error is returned as it is. nil: no image but the host's.
+	CheckImage func(name string) error
 }
 
 // NetworkSetter is a Provisioner that also applies a replaced network policy to a running

@@ -22,8 +22,11 @@ type Lease struct {
 	ID, SessionID string
 	Labels        map[string]string
 	Network       netpolicy.Policy // where its connections may go
-	Limits        Limits
-	UID, GID      int // 0: no per-lease uid
+	// Image names the operator's image (lease/image) the lease runs on; "": the host's
+	// root filesystem.
+	Image    string
+	Limits   Limits
+	UID, GID int // 0: no per-lease uid
 	// Dir is WorkRoot/ID, mode 0711 and owned by the daemon. It holds work/ (0700, the
 	// workdir), tmp/ (0700, the lease's private /tmp) and uploads/ (0700, partial uploads,
 	// daemon only). The Provisioner chowns work/ and tmp/ to the lease uid.
@@ -58,7 +61,13 @@ type Request struct {
 	Limits    Limits
 	Network   netpolicy.Policy // zero: Config.DefaultNetwork
 	Labels    map[string]string
+	// Image is an image name of the operator's; "": Config.DefaultImage; HostImage:
+	// the host's root filesystem.
+	Image string
 }
+
+// HostImage is the image name of the host's own root filesystem (a lease's Image "").
+const HostImage = "host"
 
 // Event kinds passed to Config.OnEvent.
 const (

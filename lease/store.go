@@ -30,6 +30,7 @@ type storedLease struct {
 	SessionID      string            `json:"session_id"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	Network        netpolicy.Policy  `json:"network"` // older states hold "host" or "none"
+	Image          string            `json:"image,omitempty"`
 	Limits         storedLimits      `json:"limits"`
 	UID            int               `json:"uid,omitempty"`
 	GID            int               `json:"gid,omitempty"`
@@ -47,7 +48,7 @@ type storedLimits struct {
 
 func toStored(l Lease) storedLease {
 	return storedLease{
-		ID: l.ID, SessionID: l.SessionID, Labels: l.Labels, Network: l.Network,
+		ID: l.ID, SessionID: l.SessionID, Labels: l.Labels, Network: l.Network, Image: l.Image,
 		Limits: storedLimits(l.Limits), UID: l.UID, GID: l.GID,
 		CreatedAt: l.CreatedAt, ExpiresAt: l.ExpiresAt, LastActivityAt: l.LastActivityAt,
 	}
@@ -73,7 +74,7 @@ func fromStored(s storedLease, workRoot string) (Lease, error) {
 		return Lease{}, fmt.Errorf("lease %s: bad uid, gid or times", s.ID)
 	}
 	return Lease{
-		ID: s.ID, SessionID: s.SessionID, Labels: s.Labels, Network: s.Network,
+		ID: s.ID, SessionID: s.SessionID, Labels: s.Labels, Network: s.Network, Image: s.Image,
 		Limits: Limits(s.Limits), UID: s.UID, GID: s.GID, Dir: filepath.Join(workRoot, s.ID),
 		CreatedAt: s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActivityAt: s.LastActivityAt,
 	}, nil

@@ -37,6 +37,9 @@ func (c *Config) normalize(r Request) (Request, error) {
 	if err := checkLabels(r.Labels); err != nil {
 		return r, err
 	}
+	if r.Image, err = c.image(r.Image); err != nil {
+		return r, err
+	}
 	r.Limits = fillLimits(r.Limits, c.DefaultLimits)
 	if err := checkLimits(r.Limits, c.MaxLimits); err != nil {
 		return r, err
@@ -61,6 +64,23 @@ type invalidPolicy struct{ error }
 
 func (e invalidPolicy) Unwrap() error      { return e.error }
 func (invalidPolicy) Is(target error) bool { return target == ErrInvalid }
+
+// image resolves a request's image name: the default for none, "" for the host's root.
+func (c *Config) image(name string) (string, error) {
+	if name == "" {
+		name = c.DefaultImage
+	}
+	if name == "" || name == HostImage {
+		return "", nil
+	}
+	if c.CheckImage == nil {
+		return "", fmt.Errorf("%w: image %q: this daemon has no images (SIDECAR_IMAGES)", ErrInvalid, name)
+	}
+	if err := c.CheckImage(name); err != nil {
+		return "", err
+	}
+	return name, nil
+}
 
 // ttl applies the default to a zero ttl and refuses one out of range.
 func (c *Config) ttl(ttl time.Duration) (time.Duration, error) {

@@ -15,6 +15,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/image"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
@@ -98,6 +99,10 @@ var sentinels = []struct {
 	{fsxfer.ErrSearchLimit, http.StatusTooManyRequests, apitype.CodeSearchLimit},
 	{fsxfer.ErrPatternTooComplex, http.StatusBadRequest, apitype.CodePatternTooComplex},
 	{fsxfer.ErrWatchLimit, http.StatusTooManyRequests, apitype.CodeWatchLimit},
+	{image.ErrUnknown, http.StatusBadRequest, apitype.CodeUnknownImage},
+	{image.ErrNotReady, http.StatusServiceUnavailable, apitype.CodeImageNotReady},
+	{image.ErrInUse, http.StatusConflict, apitype.CodeImageInUse},
+	{image.ErrPulling, http.StatusConflict, apitype.CodeConflict},
 	{script.ErrDisabled, http.StatusNotFound, apitype.CodeCapabilityDisabled},
 	{script.ErrClosed, http.StatusServiceUnavailable, apitype.CodeUnavailable},
 	{script.ErrBusy, http.StatusServiceUnavailable, apitype.CodeUnavailable},
@@ -153,6 +158,10 @@ func problemOf(err error) apitype.Problem {
 	return p
 }
 
+// imageRetrySeconds is the Retry-After of 503 image_not_ready: a pull's progress is
+// worth a look that often.
+const imageRetrySeconds = 5
+
 func truncate(s string, n int) string {
 	if len(s) > n {
 		return s[:n] + "…"
@@ -171,6 +180,9 @@ func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, redact
 		log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path, "status", p.Status, "err", err)
 	} else {
 		log.DebugContext(r.Context(), "request refused", "method", r.Method, "path", r.URL.Path, "status", p.Status, "code", p.Code, "err", err)
+	}
+	if p.Code == apitype.CodeImageNotReady {
+		w.Header().Set("Retry-After", strconv.Itoa(imageRetrySeconds))
 	}
 	if p.Status == http.StatusUnauthorized {
 		w.Header().Set(apitype.HeaderWWWAuthenticate, `Bearer realm="sidecar"`)

@@ -90,6 +90,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ princip
 		Limits:    leaseLimits(req.Limits),
 		Network:   requestedNetwork(req.Network),
 		Labels:    req.Labels,
+		Image:     req.Image,
 	})
 	if err != nil {
 		return err
@@ -207,6 +208,7 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 		Labels:         l.Labels,
 		State:          state,
 		Network:        apitype.NetworkPolicy(l.Network),
+		Image:          leaseImage(l),
 		CreatedAt:      l.CreatedAt,
 		ExpiresAt:      l.ExpiresAt,
 		LastActivityAt: l.LastActivityAt,
@@ -231,6 +233,14 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 	}
 	out.Leftovers, out.LeftoverCount = s.opts.Host.Leftovers(l)
 	return out
+}
+
+// leaseImage is the image name the API shows: "host" for the host's root filesystem.
+func leaseImage(l lease.Lease) string {
+	if l.Image == "" {
+		return lease.HostImage
+	}
+	return l.Image
 }
 
 // requestedNetwork is a request's policy; nil takes the daemon's default.

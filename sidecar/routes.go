@@ -59,6 +59,10 @@ func (s *Server) routes() {
 	}
 	s.route("GET /v1/leases/{id}/port-forward/{port}", leaseScope, s.handlePortForward)
 
+	s.route("GET /v1/images", sharedOnly, s.handleListImages)
+	s.route("POST /v1/images/{name}/pull", sharedOnly, s.handlePullImage)
+	s.route("DELETE /v1/images/{name}", sharedOnly, s.handleRemoveImage)
+
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
 
 	if s.console != nil {

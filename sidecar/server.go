@@ -109,6 +109,16 @@ type Host interface {
 	Cleanup(ctx context.Context) (apitype.CleanupResult, error)
 }
 
+// Images is the operator's image store as the API shows it (lease/image). Errors wrap
+// lease/image's sentinels.
+type Images interface {
+	List() apitype.ImageList
+	// Pull starts a background pull and describes the image as it starts.
+	Pull(name string) (apitype.ImageInfo, error)
+	// Remove deletes the image from the store (image.ErrInUse while leases run on it).
+	Remove(name string) error
+}
+
 // ServerOptions is what the HTTP server is built from.
 type ServerOptions struct {
 	Logger         *slog.Logger
@@ -122,6 +132,7 @@ type ServerOptions struct {
 	Host           Host
 	Scripts        Scripts // nil: scripts disabled
 	Network        Network // nil: leases share the host's network
+	Images         Images  // nil: no images (GET /v1/images lists none)
 	AllowedOrigins []string
 	Limits         HTTPLimits
 	Info           apitype.Info // static parts of GET /v1/info

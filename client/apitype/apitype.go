@@ -27,6 +27,9 @@ const (
 	RouteLease          = "/v1/leases/{id}"
 	RouteLeaseRenew     = "/v1/leases/{id}/renew"
 	RouteCleanup        = "/v1/cleanup"
+	RouteImages         = "/v1/images"
+	RouteImage          = "/v1/images/{name}"
+	RouteImagePull      = "/v1/images/{name}/pull"
 	RouteExec           = "/v1/leases/{id}/exec"
 	RouteProcesses      = "/v1/leases/{id}/processes"
 	RouteProcess        = "/v1/leases/{id}/processes/{pid}"
@@ -149,6 +152,14 @@ const (
 	// inotify instances or watches its budget allows (the daemon's is a quarter of the
 	// host's per-user limits), or the host refused one.
 	CodeWatchLimit = "watch_limit"
+	// CodeUnknownImage (400): an acquire names an image that is not one of the
+	// operator's (SIDECAR_IMAGES; GET /v1/images lists them).
+	CodeUnknownImage = "unknown_image"
+	// CodeImageNotReady (503, with Retry-After): an acquire names an image that is being
+	// pulled, whose pull failed, or that was removed; the detail says which.
+	CodeImageNotReady = "image_not_ready"
+	// CodeImageInUse (409): DELETE /v1/images/{name} while leases run on the image.
+	CodeImageInUse = "image_in_use"
 )
 
 // Problem is an RFC 9457 problem details body.
@@ -300,6 +311,40 @@ type AcquireRequest struct {
 	Limits     Limits            `json:"limits,omitempty"`
 	Network    *NetworkPolicy    `json:"network,omitempty"` // nil: the daemon's default (SIDECAR_NETWORK_DEFAULT)
 	Labels     map[string]string `json:"labels,omitempty"`
+	// Image is an image name of GET /v1/images; "": the daemon's default
+	// (SIDECAR_DEFAULT_IMAGE); "host": the host's root filesystem.
+	Image string `json:"image,omitempty"`
+}
+
+// Image states (ImageInfo.State).
+const (
+	ImageAbsent  = "absent"  // listed, not in the store: POST /v1/images/{name}/pull fetches it
+	ImagePulling = "pulling" // being fetched and unpacked: Progress says how far
+	ImageReady   = "ready"   // leases may run on it
+	ImageFailed  = "failed"  // the last pull failed: Error says why; a pull retries
+)
+
+// ImageInfo is one of the operator's images (GET /v1/images).
+type ImageInfo struct {
+	Name      string  `json:"name"`
+	Ref       string  `json:"ref"`              // as SIDECAR_IMAGES gives it
+	Digest    string  `json:"digest,omitempty"` // the manifest's, once pulled
+	SizeBytes int64   `json:"size_bytes"`       // its unpacked layers on disk (shared layers count in each image)
+	State     string  `json:"state"`
+	Progress  float64 `json:"progress"` // of a pull, 0 to 1 (by the layers' compressed bytes)
+	InUse     int     `json:"in_use"`   // leases running on it
+	Error     string  `json:"error,omitempty"`
+}
+
+// ImageList is the body of GET /v1/images.
+type ImageList struct {
+	Images []ImageInfo `json:"images"`
+	// DefaultImage is what an acquire without image runs on: an image name, or "host".
+	DefaultImage string `json:"default_image"`
+	// UsedBytes is what the store's unpacked layers take (each layer once), of
+	// LimitBytes (SIDECAR_IMAGE_STORE_BYTES).
+	UsedBytes  int64 `json:"used_bytes"`
+	LimitBytes int64 `json:"limit_bytes"`
 }
 
 // RenewRequest is the body of POST /v1/leases/{id}/renew.
@@ -350,6 +395,7 @@ type Lease struct {
 	Labels         map[string]string `json:"labels,omitempty"`
 	State          string            `json:"state"`
 	Network        NetworkPolicy     `json:"network"`
+	Image          string            `json:"image"`                   // the image it runs on; "host": the host's root filesystem
 	NetworkStats   *NetworkStats     `json:"network_stats,omitempty"` // nil: the lease shares the host's network
 	CreatedAt      time.Time         `json:"created_at"`
 	ExpiresAt      time.Time         `json:"expires_at"`

@@ -22,7 +22,7 @@ func init() {
 const leasesUsage = `usage: sidecar leases ls [-o table|json]
        sidecar leases show ID [-o json]
        sidecar leases rm ID
-       sidecar leases new SESSION_ID [--ttl 1h] [--network none|allowlist|internet]
+       sidecar leases new SESSION_ID [--ttl 1h] [--image NAME] [--network none|allowlist|internet]
                          [--allow-out X]... [--deny-out X]... [--label k=v]... [-o text|json]
        sidecar leases network ID --network none|allowlist|internet [--allow-out X]... [--deny-out X]...
                                                  replace a lease's network policy (new connections)
@@ -179,6 +179,7 @@ type newLeaseArgs struct {
 func parseNewLease(args []string) (newLeaseArgs, error) {
 	fs := flag.NewFlagSet("leases new", flag.ContinueOnError)
 	ttl := fs.Duration("ttl", 0, "lease TTL (0: the daemon's default)")
+	image := fs.String("image", "", "the image the lease runs on (sidecar images ls; host: the host's root; empty: the daemon's default)")
 	pf := addPolicyFlags(fs)
 	output := outputFlag(fs, "text", "json")
 	var labels multiFlag
@@ -202,7 +203,7 @@ func parseNewLease(args []string) (newLeaseArgs, error) {
 		return newLeaseArgs{}, usageError{err.Error()}
 	}
 	return newLeaseArgs{
-		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: network, Labels: lbl},
+		req:    apitype.AcquireRequest{SessionID: pos[0], TTLSeconds: int64(*ttl / time.Second), Network: network, Labels: lbl, Image: *image},
 		output: output.value,
 	}, nil
 }

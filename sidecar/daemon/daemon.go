@@ -23,6 +23,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/disk"
+	"github.com/sidecar-sandbox/sidecar/lease/image"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
 	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
@@ -82,6 +83,7 @@ type Config struct {
 	SearchBudgetBytes int64 `env:"SIDECAR_SEARCH_BUDGET_BYTES" envDefault:"268435456"` // memory all greps hold at once, daemon-wide
 
 	Network NetworkConfig
+	Images  ImageConfig
 
 	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
 	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
@@ -108,11 +110,14 @@ type Daemon struct {
 	procs   *process.Manager
 	shells  *shell.Manager
 	disk    *disk.Quotas
-	rt      *Runtime
-	tokens  *lease.Tokens
-	leases  *lease.Manager
-	scripts *script.Runner                 // nil: scripts disabled
-	srv     atomic.Pointer[sidecar.Server] // set once it listens: lease events reach its metrics from then on
+	images  *image.Store
+	// defaultImage is SIDECAR_DEFAULT_IMAGE's image; "": the host's root.
+	defaultImage string
+	rt           *Runtime
+	tokens       *lease.Tokens
+	leases       *lease.Manager
+	scripts      *script.Runner                 // nil: scripts disabled
+	srv          atomic.Pointer[sidecar.Server] // set once it listens: lease events reach its metrics from then on
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -149,6 +154,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	d.restore(ctx)
 	d.sweep(ctx)
+	d.startImages()
 	if err := d.serve(ctx); err != nil {
 		_ = d.Close(ctx)
 		return nil, err
@@ -252,7 +258,10 @@ func (d *Daemon) open(ctx context.Context) error {
 	log.Info("file tool budgets", "max_searches", bc.MaxSearches, "search_budget_bytes", bc.SearchBytes,
 		"inotify_instances", bc.InotifyInstances, "inotify_watches", bc.InotifyWatches,
 		"lease_inotify_instances", leaseInst, "lease_inotify_watches", leaseWatches)
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager}
+	if d.images, d.defaultImage, err = cfg.Images.open(cfg.StateDir, log.With("component", "image")); err != nil {
+		return err
+	}
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))
@@ -277,6 +286,8 @@ func (d *Daemon) open(ctx context.Context) error {
 		Disk:           d.disk,
 		DefaultNetwork: d.network.def,
 		CheckNetwork:   d.network.check,
+		DefaultImage:   d.defaultImage,
+		CheckImage:     d.images.Check,
 		Now:            cfg.Now,
 		Logger:         log.With("component", "lease"),
 		OnEvent: func(e lease.Event) {
@@ -356,6 +367,13 @@ func (d *Daemon) restore(ctx context.Context) {
 	}
 }
 
+// startImages removes the image layers no restored lease and no listed image holds,
+// then pulls, in the background, the listed images the store does not have.
+func (d *Daemon) startImages() {
+	d.images.GC()
+	d.images.PullAll()
+}
+
 // sweep removes what a previous run left and the state does not account for.
 func (d *Daemon) sweep(ctx context.Context) {
 	if res, err := d.rt.Cleanup(ctx); err != nil {
@@ -407,6 +425,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.network.manager != nil {
 		opts.Network = d.network.manager
 	}
+	opts.Images = imageAPI{store: d.images, defaultImage: d.defaultImage}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return err
@@ -481,6 +500,9 @@ func (d *Daemon) Close(ctx context.Context) error {
 		}
 		if d.scripts != nil {
 			_ = d.scripts.Close()
+		}
+		if d.images != nil {
+			d.images.Close() // stops the pulls; their partial unpacks go at the next start
 		}
 		if d.leases != nil {
 			err = errors.Join(err, d.leases.Close())

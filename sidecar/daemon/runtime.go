@@ -11,6 +11,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/disk"
+	"github.com/sidecar-sandbox/sidecar/lease/image"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/lease/network"
 	"github.com/sidecar-sandbox/sidecar/sidecar/process"
@@ -32,11 +33,20 @@ type Runtime struct {
 	// Network serves each lease's egress inside its network namespace; nil: leases
 	// share the host's network (SIDECAR_NETWORK_ISOLATION=host, or isolation none).
 	Network *network.Manager
+	// Images is the image store leases with an Image run on.
+	Images *image.Store
 
 	leases *lease.Manager // set once the lease table is open, before anything is served
 
-	mu  sync.Mutex
-	fss map[string]*fsxfer.FS
+	mu    sync.Mutex
+	fss   map[string]*fsxfer.FS
+	roots map[string]leaseRoot // by lease id: the image each lease holds
+}
+
+// leaseRoot is a lease's hold on its image.
+type leaseRoot struct {
+	root    *image.Root
+	release func()
 }
 
 var (
@@ -73,6 +83,9 @@ func (rt *Runtime) leaseNetwork(l lease.Lease) *sandbox.LeaseNetwork {
 // Provision sets the lease's sandbox and network up (idempotent: called again after a
 // restart).
 func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
+	if err := rt.holdImage(l); err != nil {
+		return err
+	}
 	if err := rt.Sandbox.Provision(ctx, rt.sandboxSpec(l)); err != nil {
 		return err
 	}
@@ -84,6 +97,40 @@ func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
 		return err
 	}
 	return rt.Network.Attach(l.ID, ns, l.Network)
+}
+
+// holdImage takes the lease's hold on its image (once: Provision runs again at a
+// restart), so that the store keeps its layers until the lease is torn down.
+func (rt *Runtime) holdImage(l lease.Lease) error {
+	if l.Image == "" {
+		return nil
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if _, ok := rt.roots[l.ID]; ok {
+		return nil
+	}
+	if rt.Images == nil {
+		return fmt.Errorf("lease %s runs on image %q, and this daemon has no image store", l.ID, l.Image)
+	}
+	root, release, err := rt.Images.Use(l.Image)
+	if err != nil {
+		return err
+	}
+	if rt.roots == nil {
+		rt.roots = map[string]leaseRoot{}
+	}
+	rt.roots[l.ID] = leaseRoot{root: root, release: release}
+	return nil
+}
+
+// rootFor is the image root the lease with this id runs on: its layers (top first) and
+// the image's Env, WorkingDir and User; nil for the host's root. It is the seam the
+// sandbox's lease spec takes its root from.
+func (rt *Runtime) rootFor(id string) *image.Root {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.roots[id].root
 }
 
 // SetNetwork applies a lease's replaced policy to its connections from now on.
@@ -111,7 +158,23 @@ func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
 	if f != nil {
 		_ = f.Close()
 	}
-	return rt.Sandbox.Teardown(ctx, l.ID)
+	if err := rt.Sandbox.Teardown(ctx, l.ID); err != nil {
+		return err // the hold stays while the lease's processes may still run on the image
+	}
+	rt.releaseImage(l.ID)
+	return nil
+}
+
+// releaseImage lets go of the lease's image: its layers may go once nothing else holds
+// them.
+func (rt *Runtime) releaseImage(id string) {
+	rt.mu.Lock()
+	r, ok := rt.roots[id]
+	delete(rt.roots, id)
+	rt.mu.Unlock()
+	if ok {
+		r.release()
+	}
 }
 
 // FS returns the lease's confined filesystem, opened on first use.

@@ -33,6 +33,8 @@ export type ShellResult = Schemas["ShellResult"];
 export type NetworkPolicy = Schemas["NetworkPolicy"];
 export type NetworkStats = Schemas["NetworkStats"];
 export type NetworkInfo = Schemas["NetworkInfo"];
+export type ImageInfo = Schemas["ImageInfo"];
+export type ImageList = Schemas["ImageList"];
 
 export interface Config {
   /** https://host:port of the daemon. Several (an array, or a comma-separated list) make
@@ -293,6 +295,28 @@ export class Client {
   drain(on = true): Promise<DrainStatus> {
     if (this.fleet) return Promise.reject(new Error("client: a drain names one sidecar; give its URL alone"));
     return this.json({ method: on ? "POST" : "DELETE", path: "/v1/drain" });
+  }
+
+  /** The operator's images (GET /v1/images): state, digest, size, leases on each; shared
+   * token only. An acquire names one in `image`. Images belong to one sidecar: a fleet
+   * refuses these calls. */
+  listImages(): Promise<ImageList> {
+    if (this.fleet) return Promise.reject(new Error("client: images belong to one sidecar; give its URL alone"));
+    return this.json({ method: "GET", path: "/v1/images" });
+  }
+
+  /** Start a background pull of the image (again, if it is in the store) and resolve with
+   * it as the pull starts; listImages shows the progress. */
+  pullImage(name: string): Promise<ImageInfo> {
+    if (this.fleet) return Promise.reject(new Error("client: images belong to one sidecar; give its URL alone"));
+    return this.json({ method: "POST", path: `/v1/images/${encodeURIComponent(name)}/pull` });
+  }
+
+  /** Remove the image from the store (the name stays listed); an ImageInUseError while
+   * leases run on it. */
+  removeImage(name: string): Promise<void> {
+    if (this.fleet) return Promise.reject(new Error("client: images belong to one sidecar; give its URL alone"));
+    return this.empty({ method: "DELETE", path: `/v1/images/${encodeURIComponent(name)}` });
   }
 
   /** setNetwork replaces lease id's network policy (PUT /v1/leases/{id}/network) and

@@ -71,6 +71,13 @@ export class SearchLimitError extends SidecarError {}
 export class PatternTooComplexError extends InvalidRequestError {}
 /** 429 watch_limit: the lease's or the daemon's inotify budget is spent. */
 export class WatchLimitError extends SidecarError {}
+/** 400 unknown_image: an acquire names an image that is not one of the operator's. */
+export class UnknownImageError extends InvalidRequestError {}
+/** 503 image_not_ready: the image is being pulled, failed to pull, or was removed; retry
+ * after the reply's Retry-After. */
+export class ImageNotReadyError extends UnavailableError {}
+/** 409 image_in_use: an image cannot be removed while leases run on it. */
+export class ImageInUseError extends ConflictError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -112,6 +119,9 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   search_limit: SearchLimitError,
   pattern_too_complex: PatternTooComplexError,
   watch_limit: WatchLimitError,
+  unknown_image: UnknownImageError,
+  image_not_ready: ImageNotReadyError,
+  image_in_use: ImageInUseError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).

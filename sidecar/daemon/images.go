@@ -1,0 +1,103 @@
+package daemon
+
+import (
+	"fmt"
+	"log/slog"
+	"path/filepath"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/lease"
+	"github.com/sidecar-sandbox/sidecar/lease/image"
+	"github.com/sidecar-sandbox/sidecar/sidecar"
+)
+
+// ImageConfig is the lease images' part of the configuration (lease/image). This is
+// where its variables are read and checked.
+type ImageConfig struct {
+	// Images is SIDECAR_IMAGES: "NAME=REF,NAME=REF" (image.ParseEntries).
+	Images string `env:"SIDECAR_IMAGES"`
+	// Default is the image of an acquire that names none; "" or "host": the host's root.
+	Default string `env:"SIDECAR_DEFAULT_IMAGE"`
+	// StoreBytes bounds what the unpacked layers of all images take on disk; 0 (a Config
+	// built in code): image.DefaultMaxBytes, as the environment's default.
+	StoreBytes int64 `env:"SIDECAR_IMAGE_STORE_BYTES" envDefault:"21474836480"`
+}
+
+// parse checks the configuration: the images listed and the default among them.
+func (c ImageConfig) parse() ([]image.Entry, string, error) {
+	entries, err := image.ParseEntries(c.Images)
+	if err != nil {
+		return nil, "", err
+	}
+	if c.StoreBytes < 0 {
+		return nil, "", fmt.Errorf("SIDECAR_IMAGE_STORE_BYTES=%d: want a positive size in bytes (default 21474836480, 20 GiB)", c.StoreBytes)
+	}
+	def := c.Default
+	if def == lease.HostImage {
+		def = ""
+	}
+	if def != "" {
+		listed := false
+		for _, e := range entries {
+			listed = listed || e.Name == def
+		}
+		if !listed {
+			return nil, "", fmt.Errorf("SIDECAR_DEFAULT_IMAGE=%q is not a name of SIDECAR_IMAGES (nor host, the host's root filesystem)", c.Default)
+		}
+	}
+	return entries, def, nil
+}
+
+// open opens the image store under the state dir; what it lists is pulled once the
+// daemon has restored its leases (Daemon.startImages).
+func (c ImageConfig) open(stateDir string, log *slog.Logger) (*image.Store, string, error) {
+	entries, def, err := c.parse()
+	if err != nil {
+		return nil, "", err
+	}
+	s, err := image.Open(image.Config{
+		Dir:      filepath.Join(stateDir, "images"),
+		Images:   entries,
+		MaxBytes: c.StoreBytes,
+		Logger:   log,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return s, def, nil
+}
+
+// imageAPI is the store as the HTTP server shows it (sidecar.Images).
+type imageAPI struct {
+	store        *image.Store
+	defaultImage string // "": the host's root
+}
+
+var _ sidecar.Images = imageAPI{}
+
+func (a imageAPI) List() apitype.ImageList {
+	used, limit := a.store.Usage()
+	out := apitype.ImageList{Images: []apitype.ImageInfo{}, DefaultImage: a.defaultImage, UsedBytes: used, LimitBytes: limit}
+	if out.DefaultImage == "" {
+		out.DefaultImage = lease.HostImage
+	}
+	for _, in := range a.store.List() {
+		out.Images = append(out.Images, apiImage(in))
+	}
+	return out
+}
+
+func (a imageAPI) Pull(name string) (apitype.ImageInfo, error) {
+	if err := a.store.Pull(name); err != nil {
+		return apitype.ImageInfo{}, err
+	}
+	in, err := a.store.Get(name)
+	return apiImage(in), err
+}
+
+func (a imageAPI) Remove(name string) error { return a.store.Remove(name) }
+
+func apiImage(in image.Info) apitype.ImageInfo {
+	return apitype.ImageInfo{Name: in.Name, Ref: in.Ref, Digest: in.Digest, SizeBytes: in.Size, State: in.State,
+		Progress: in.Progress, InUse: in.InUse, Error: in.Error}
+}
