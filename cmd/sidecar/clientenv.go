@@ -25,6 +25,9 @@ func newClient(leaseToken string) (*client.Client, error) {
 		os.Setenv(client.EnvToken, leaseToken)
 		os.Unsetenv(client.EnvTokenFile)
 	}
+	if err := applyDaemonChoice(); err != nil {
+		return nil, err
+	}
 	cfg, err := client.HostConfigFromEnv()
 	if err != nil {
 		return nil, err
@@ -33,12 +36,22 @@ func newClient(leaseToken string) (*client.Client, error) {
 	return client.New(cfg)
 }
 
+// applyDaemonChoice puts --url (and, in contexts.go, --context) into the environment
+// HostConfigFromEnv reads.
+func applyDaemonChoice() error {
+	if globals.url != "" {
+		os.Setenv(client.EnvURL, globals.url)
+	}
+	return nil
+}
+
 // parseInterspersed parses flags that may come before, between or after positional
 // arguments ("leases new SESSION --ttl 1h"); "--" ends flag parsing. A bad flag is a
 // usage error; -h is flag.ErrHelp.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
+		args = expandBundles(fs, args) // so that fs.Args() is a tail of args
 		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -43,19 +42,20 @@ type execArgs struct {
 	argv             []string
 }
 
-const execUsage = "usage: sidecar exec [-i] [-t] [--lossless] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE -- COMMAND [ARGS]"
+const execUsage = "usage: sidecar exec [-i] [-t] [--lossless] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE [--] COMMAND [ARGS]"
 
-// parseExec reads flags up to LEASE; everything after LEASE (and an optional "--") is
-// the command, so its own flags stay its own.
+// parseExec reads sidecar's flags before and after LEASE; the command starts at "--" or
+// at the first argument after LEASE that is not a flag (docker's rule), so the command's
+// own flags stay its own: `exec -it L sh`, `exec L -t -- sh -c x`, `exec L ls -l`.
 func parseExec(args []string) (execArgs, error) {
-	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	fs := newFlagSet("exec")
 	var a execArgs
 	var env multiFlag
 	fs.BoolVar(&a.interactive, "i", false, "attach stdin")
 	fs.BoolVar(&a.tty, "t", false, "allocate a terminal")
 	fs.BoolVar(&a.lossless, "lossless", false, "stream all output as it comes, with no size cap: the command is slowed to this reader rather than lose bytes (log streaming)")
-	fs.StringVar(&a.cwd, "cwd", "", "working directory, relative to the lease workdir")
-	fs.Var(&env, "env", "environment variable K=V (repeatable)")
+	fs.StringVar(&a.cwd, "cwd", "", "`DIR` working directory, relative to the lease workdir")
+	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
 	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
 	if err := parseFlags(fs, args); err != nil {
 		return a, err
@@ -64,14 +64,15 @@ func parseExec(args []string) (execArgs, error) {
 	if len(rest) < 2 {
 		return a, usageError{execUsage}
 	}
-	a.lease, rest = rest[0], rest[1:]
-	if rest[0] == "--" {
-		rest = rest[1:]
+	a.lease = rest[0]
+	// fs.Parse stops at the first non-flag argument and consumes one "--".
+	if err := parseFlags(fs, rest[1:]); err != nil {
+		return a, err
 	}
-	if len(rest) == 0 {
+	a.argv = fs.Args()
+	if len(a.argv) == 0 {
 		return a, usageError{execUsage}
 	}
-	a.argv = rest
 	if a.timeout < 0 {
 		return a, usagef("--timeout %v: must not be negative", a.timeout)
 	}

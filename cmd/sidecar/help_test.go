@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -49,6 +50,39 @@ func TestHelpOnEveryCommand(t *testing.T) {
 		if code != 0 || !strings.Contains(strings.ToLower(stdout), "usage") {
 			t.Errorf("sidecar %s: exit %d, stdout %q, stderr %q; want exit 0 and usage on stdout",
 				strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+}
+
+// --help lists a command's flags, long ones with two dashes: every command without
+// subcommands, and every subcommand, has flags (-o or the global --url at least); serve
+// is configured by its environment alone.
+var singleDashLong = regexp.MustCompile(`(?m)^  -[a-z][a-z-]+ `)
+
+func TestHelpListsFlags(t *testing.T) {
+	bin := buildBinary(t, t.TempDir())
+	var invocations [][]string
+	for _, name := range visibleCommands() {
+		if subs := commands[name].subs; name == "serve" {
+			continue
+		} else if len(subs) == 0 {
+			invocations = append(invocations, []string{name, "--help"})
+		} else if name != "completion" {
+			for _, sub := range subs {
+				invocations = append(invocations, []string{name, sub, "--help"})
+			}
+		}
+	}
+	for _, args := range invocations {
+		stdout, _, code := runBin(t, bin, args...)
+		if code != 0 || !strings.Contains(stdout, "flags:\n  -") || singleDashLong.MatchString(stdout) {
+			t.Errorf("sidecar %s: exit %d; want a flag list with --long flags:\n%s", strings.Join(args, " "), code, stdout)
+		}
+	}
+	for _, name := range []string{"find", "grep", "stat", "watch", "edit"} {
+		stdout, _, _ := runBin(t, bin, name, "--help")
+		if !strings.Contains(stdout, "\n  -o FORMAT") && name != "edit" || name == "edit" && !strings.Contains(stdout, "--old TEXT") {
+			t.Errorf("sidecar %s --help lists no flags of its own:\n%s", name, stdout)
 		}
 	}
 }

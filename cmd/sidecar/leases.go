@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -64,7 +63,7 @@ func runLeases(ctx context.Context, args []string) error {
 }
 
 func leasesList(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("leases ls", flag.ContinueOnError)
+	fs := newFlagSet("leases ls", "usage: sidecar leases ls [--session S] [--label k=v]... [-q] [-o table|json]")
 	output := outputFlag(fs, "table", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -89,7 +88,7 @@ func leasesList(ctx context.Context, args []string) error {
 // oneID parses a subcommand that takes exactly one lease id; formats, when given, are
 // its -o choices.
 func oneID(name string, args []string, formats ...string) (string, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs := newFlagSet(name, "usage: sidecar "+name+" ID")
 	if len(formats) > 0 {
 		outputFlag(fs, formats...)
 	}
@@ -117,7 +116,7 @@ func leasesShow(ctx context.Context, args []string) error {
 }
 
 func leasesLeftovers(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("leases leftovers", flag.ContinueOnError)
+	fs := newFlagSet("leases leftovers", "usage: sidecar leases leftovers ID [-o table|json]\n\nWhat finished commands left running in the lease.")
 	output := outputFlag(fs, "table", "json")
 	pos, err := operands(fs, args, 1, "usage: sidecar leases leftovers ID [-o table|json]")
 	if err != nil {
@@ -141,7 +140,7 @@ func leasesLeftovers(ctx context.Context, args []string) error {
 }
 
 func leasesKill(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("leases kill", flag.ContinueOnError)
+	fs := newFlagSet("leases kill", "usage: sidecar leases kill ID PID [--signal TERM]\n\nSignals one of the lease's leftovers (sidecar leases leftovers ID).")
 	sig := fs.String("signal", "TERM", "signal name (TERM, KILL, INT, …)")
 	pos, err := operands(fs, args, 2, "usage: sidecar leases kill ID PID [--signal TERM]")
 	if err != nil {
@@ -170,6 +169,12 @@ func leasesRemove(ctx context.Context, args []string) error {
 	return c.Release(ctx, id)
 }
 
+const newLeaseUsage = `usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none|allowlist|internet]
+                         [--allow-out X]... [--deny-out X]... [--label k=v]... [-o text|json]
+
+Acquires the lease of SESSION_ID: a new one, or the session's active lease (then --ttl
+renews it to that TTL, and a note on stderr says which lease was reused).`
+
 // newLeaseArgs are the parsed arguments of `leases new`.
 type newLeaseArgs struct {
 	req    apitype.AcquireRequest
@@ -177,18 +182,18 @@ type newLeaseArgs struct {
 }
 
 func parseNewLease(args []string) (newLeaseArgs, error) {
-	fs := flag.NewFlagSet("leases new", flag.ContinueOnError)
+	fs := newFlagSet("leases new", newLeaseUsage)
 	ttl := fs.Duration("ttl", 0, "lease TTL (0: the daemon's default)")
 	pf := addPolicyFlags(fs)
 	output := outputFlag(fs, "text", "json")
 	var labels multiFlag
-	fs.Var(&labels, "label", "label k=v (repeatable)")
+	fs.Var(&labels, "label", "`K=V` label (repeatable)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return newLeaseArgs{}, err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return newLeaseArgs{}, usagef("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none|allowlist|internet] [--allow-out X]... [--deny-out X]... [--label k=v] [-o text|json]")
+		return newLeaseArgs{}, usageError{newLeaseUsage}
 	}
 	if *ttl < 0 || *ttl%time.Second != 0 {
 		return newLeaseArgs{}, usagef("--ttl %v: want a positive whole number of seconds", *ttl)

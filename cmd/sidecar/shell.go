@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 )
 
 func init() {
@@ -15,8 +14,8 @@ const shellUsage = "usage: sidecar shell [--cwd DIR] LEASE"
 const shellScript = `if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi`
 
 func runShell(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("shell", flag.ContinueOnError)
-	cwd := fs.String("cwd", "", "working directory, relative to the lease workdir")
+	fs := newFlagSet("shell")
+	cwd := fs.String("cwd", "", "`DIR` working directory, relative to the lease workdir")
 	pos, err := operands(fs, args, 1, shellUsage)
 	if err != nil {
 		return err

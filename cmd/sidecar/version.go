@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"runtime"
@@ -17,7 +16,7 @@ func init() {
 }
 
 func runVersion(_ context.Context, args []string) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	fs := newFlagSet("version")
 	output := outputFlag(fs, "text", "json")
 	if _, err := operands(fs, args, 0, "usage: sidecar version [-o text|json]"); err != nil {
 		return err
