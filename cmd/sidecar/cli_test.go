@@ -18,18 +18,18 @@ func TestParseExec(t *testing.T) {
 		want    execArgs
 		wantErr bool
 	}{
-		{args: []string{"L1", "--", "ls", "-l"}, want: execArgs{lease: "L1", argv: []string{"ls", "-l"}}},
-		{args: []string{"L1", "ls", "-l"}, want: execArgs{lease: "L1", argv: []string{"ls", "-l"}}},
+		{args: []string{"L1", "--", "ls", "-l"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"ls", "-l"}}},
+		{args: []string{"L1", "ls", "-l"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"ls", "-l"}}},
 		{args: []string{"-i", "-t", "--cwd", "src", "--env", "A=1", "--env", "B=x=y", "--timeout", "5s", "L1", "--", "sh", "-c", "echo --"},
-			want: execArgs{interactive: true, tty: true, cwd: "src", env: map[string]string{"A": "1", "B": "x=y"},
+			want: execArgs{lossless: true, interactive: true, tty: true, cwd: "src", env: map[string]string{"A": "1", "B": "x=y"},
 				timeout: 5 * time.Second, lease: "L1", argv: []string{"sh", "-c", "echo --"}}},
-		{args: []string{"--lossless", "L1", "make"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"make"}}},
+		{args: []string{"--lossless=false", "-d", "L1", "make"}, want: execArgs{detach: true, lease: "L1", argv: []string{"make"}}},
 		// docker's habits: bundled flags, flags after LEASE up to the command.
-		{args: []string{"-it", "L1", "sh"}, want: execArgs{interactive: true, tty: true, lease: "L1", argv: []string{"sh"}}},
+		{args: []string{"-it", "L1", "sh"}, want: execArgs{lossless: true, interactive: true, tty: true, lease: "L1", argv: []string{"sh"}}},
 		{args: []string{"L1", "-ti", "--cwd", "d", "--", "sh", "-c", "x"},
-			want: execArgs{interactive: true, tty: true, cwd: "d", lease: "L1", argv: []string{"sh", "-c", "x"}}},
-		{args: []string{"L1", "-t", "ls", "-i"}, want: execArgs{tty: true, lease: "L1", argv: []string{"ls", "-i"}}},
-		{args: []string{"-i", "L1", "--", "-weird"}, want: execArgs{interactive: true, lease: "L1", argv: []string{"-weird"}}},
+			want: execArgs{lossless: true, interactive: true, tty: true, cwd: "d", lease: "L1", argv: []string{"sh", "-c", "x"}}},
+		{args: []string{"L1", "-t", "ls", "-i"}, want: execArgs{lossless: true, tty: true, lease: "L1", argv: []string{"ls", "-i"}}},
+		{args: []string{"-i", "L1", "--", "-weird"}, want: execArgs{lossless: true, interactive: true, lease: "L1", argv: []string{"-weird"}}},
 		{args: []string{"-ix", "L1", "true"}, wantErr: true},
 		{args: []string{"L1", "-t"}, wantErr: true},
 		{args: []string{"L1"}, wantErr: true},

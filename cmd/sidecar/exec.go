@@ -19,8 +19,16 @@ import (
 )
 
 func init() {
-	register("exec", command{summary: "run a command in a lease (-i/-t for an interactive stream)",
-		usage: execUsage + "\n\nThe exit code is the command's own; 124 when it timed out, 128+N when signal N ended it.",
+	register("exec", command{summary: "run a command in a lease, its output streamed (-it: interactive, -d: in the background)",
+		usage: execUsage + `
+
+Streams the command's stdout and stderr as they come, every byte in order (the command
+waits for this reader rather than lose output). -i sends stdin, -t allocates a terminal;
+-d starts a background process and prints its id for ps, logs and attach. sidecar's flags
+come before the command: the command starts at -- or at the first argument after LEASE
+that is not a flag, so "exec L ls -l" passes -l to ls.
+
+The exit code is the command's own; 124 when it timed out, 128+N when signal N ended it.`,
 		run:   runExec})
 }
 
@@ -34,6 +42,7 @@ const (
 // execArgs are the parsed arguments of `sidecar exec`.
 type execArgs struct {
 	interactive, tty bool
+	detach           bool
 	lossless         bool
 	cwd              string
 	env              map[string]string
@@ -42,7 +51,7 @@ type execArgs struct {
 	argv             []string
 }
 
-const execUsage = "usage: sidecar exec [-i] [-t] [--lossless] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE [--] COMMAND [ARGS]"
+const execUsage = "usage: sidecar exec [-i] [-t] [-d] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE [--] COMMAND [ARGS]"
 
 // parseExec reads sidecar's flags before and after LEASE; the command starts at "--" or
 // at the first argument after LEASE that is not a flag (docker's rule), so the command's
@@ -53,7 +62,8 @@ func parseExec(args []string) (execArgs, error) {
 	var env multiFlag
 	fs.BoolVar(&a.interactive, "i", false, "attach stdin")
 	fs.BoolVar(&a.tty, "t", false, "allocate a terminal")
-	fs.BoolVar(&a.lossless, "lossless", false, "stream all output as it comes, with no size cap: the command is slowed to this reader rather than lose bytes (log streaming)")
+	fs.BoolVar(&a.detach, "d", false, "start a background process and print its id (see ps, logs, attach)")
+	fs.BoolVar(&a.lossless, "lossless", true, "every output byte, the command slowed to this reader (the default; --lossless=false drops what a slow reader misses)")
 	fs.StringVar(&a.cwd, "cwd", "", "`DIR` working directory, relative to the lease workdir")
 	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
 	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
@@ -93,17 +103,22 @@ func runExec(ctx context.Context, args []string) error {
 		return err
 	}
 	l := c.OpenLease(a.lease, "")
-	if a.interactive || a.tty || a.lossless {
-		return runStream(ctx, l, a)
+	if a.detach {
+		return startDetached(ctx, l, a)
 	}
-	res, err := l.Exec(ctx, apitype.ExecRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TimeoutSeconds: a.timeout.Seconds()})
+	return runStream(ctx, l, a)
+}
+
+// startDetached starts a as a background process and prints its id.
+func startDetached(ctx context.Context, l *client.Lease, a execArgs) error {
+	p, err := l.Start(ctx, apitype.StartRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty,
+		Stdin: a.interactive, TimeoutSeconds: a.timeout.Seconds()})
 	if err != nil {
 		return err
 	}
-	_, _ = io.WriteString(os.Stdout, res.Stdout)
-	_, _ = io.WriteString(os.Stderr, res.Stderr)
-	noteTruncation(res.StdoutTruncated, res.StderrTruncated, res.StdoutDropped, res.StderrDropped)
-	return exitFor(res.ExitCode, res.Signal, res.TimedOut)
+	_ = p.Close() // a background process outlives its viewers
+	fmt.Println(p.ID())
+	return nil
 }
 
 // noteTruncation tells stderr what the daemon dropped of a run's output, if anything.

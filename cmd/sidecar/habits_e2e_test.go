@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// runCLI runs the CLI against d with stdin and returns stdout, stderr and the exit code.
+func (d *netDaemon) runCLI(t *testing.T, stdin string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := d.cli(args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("sidecar %v: %v", args, err)
+	}
+	return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+}
+
+// newLeaseCLI acquires a lease through the CLI and returns it.
+func (d *netDaemon) newLeaseCLI(t *testing.T, args ...string) apitype.Lease {
+	t.Helper()
+	out, errOut, code := d.runCLI(t, "", append([]string{"leases", "new", "-o", "json"}, args...)...)
+	var l apitype.Lease
+	if code != 0 || json.Unmarshal([]byte(out), &l) != nil || l.ID == "" {
+		t.Fatalf("leases new %q: exit %d: %s %s", args, code, out, errOut)
+	}
+	return l
+}
+
+// The CLI as a docker user drives it, against the real daemon: bundled and interspersed
+// flags, streamed exec output, background processes.
+func TestCLIDockerHabits(t *testing.T) {
+	d := startNetDaemon(t)
+	l := d.newLeaseCLI(t, "habits")
+
+	// -it bundled, flags after the lease id, the command's own flags left alone.
+	if out, errOut, code := d.runCLI(t, "piped\n", "exec", "-i", l.ID, "--", "cat"); code != 0 || out != "piped\n" {
+		t.Fatalf("exec -i: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if out, errOut, code := d.runCLI(t, "x\n", "exec", l.ID, "-i", "--cwd", ".", "sh", "-c", "read a; echo got $a; exit 5"); code != 5 || out != "got x\n" {
+		t.Fatalf("exec L -i --cwd . sh -c: exit %d, out %q, err %q", code, out, errOut)
+	}
+	// -t: one terminal stream (stdout), a tty inside.
+	if out, errOut, code := d.runCLI(t, "", "exec", "-it", l.ID, "--", "sh", "-c", "test -t 0 && echo tty"); code != 0 || !strings.Contains(out, "tty") {
+		t.Fatalf("exec -it: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if out, _, code := d.runCLI(t, "", "exec", l.ID, "ls", "-d", "/"); code != 0 || out != "/\n" {
+		t.Fatalf("exec L ls -d /: exit %d, out %q (ls's -d must stay ls's)", code, out)
+	}
+
+	// Streamed by default: past the 1 MiB a captured exec keeps, every byte in order.
+	if out, errOut, code := d.runCLI(t, "", "exec", l.ID, "seq", "1", "400000"); code != 0 || out != seqText(400000) {
+		t.Fatalf("exec seq: exit %d, %d bytes of output (want %d), err %q", code, len(out), len(seqText(400000)), errOut)
+	}
+
+	// A daemon error carries one prefix.
+	if _, errOut, code := d.runCLI(t, "", "exec", "no-such-lease", "true"); code != exitFailure || strings.Count(errOut, "sidecar:") != 1 {
+		t.Fatalf("exec in an unknown lease: exit %d, stderr %q", code, errOut)
+	}
+
+	// exec -d, ps, logs, logs -f.
+	out, errOut, code := d.runCLI(t, "", "exec", "-d", l.ID, "sh", "-c", "echo one; echo err >&2; until [ -e go ]; do sleep 0.05; done; echo two; exit 7")
+	proc := strings.TrimSpace(out)
+	if code != 0 || proc == "" {
+		t.Fatalf("exec -d: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if out, _, code := d.runCLI(t, "", "ps", l.ID); code != 0 || !strings.Contains(out, proc) || !strings.Contains(out, "running") {
+		t.Fatalf("ps: exit %d:\n%s", code, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errOut, code := d.runCLI(t, "", "logs", l.ID, proc)
+		if code != 0 {
+			t.Fatalf("logs: exit %d, err %q", code, errOut)
+		}
+		if out == "one\n" && errOut == "err\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("logs: out %q err %q, want one/err", out, errOut)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// logs -f follows to the end once the process may go on, and passes its exit code on.
+	if _, _, code := d.runCLI(t, "", "exec", l.ID, "touch", "go"); code != 0 {
+		t.Fatalf("touch go: exit %d", code)
+	}
+	out, _, code = d.runCLI(t, "", "logs", "-f", l.ID, proc)
+	if code != 7 || out != "one\ntwo\n" {
+		t.Fatalf("logs -f: exit %d, out %q; want 7 and the whole output", code, out)
+	}
+}
