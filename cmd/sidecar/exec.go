@@ -29,7 +29,7 @@ come before the command: the command starts at -- or at the first argument after
 that is not a flag, so "exec L ls -l" passes -l to ls.
 
 The exit code is the command's own; 124 when it timed out, 128+N when signal N ended it.`,
-		run:   runExec})
+		run: runExec})
 }
 
 // Exit codes for outcomes that have no exit status of their own, as timeout(1) and
