@@ -156,8 +156,23 @@ func exitFor(code int, sig string, timedOut bool) error {
 }
 
 // runStream runs a over the exec websocket: stdin forwarded with -i, a raw local terminal
-// and SIGWINCH resizes with -t, every output byte with --lossless.
+// and SIGWINCH resizes with -t, every output byte with --lossless. With -i and -t a
+// person is attached: the lease is renewed while the command runs, and if the lease
+// ends under it, stderr says so.
 func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
+	if !a.interactive || !a.tty {
+		return stream(ctx, l, a)
+	}
+	k := keepLease(ctx, l)
+	err := stream(ctx, l, a)
+	k.Stop()
+	if why := k.ended(context.WithoutCancel(ctx)); why != "" {
+		fmt.Fprintln(os.Stderr, "sidecar:", why)
+	}
+	return err
+}
+
+func stream(ctx context.Context, l *client.Lease, a execArgs) error {
 	req := client.ExecStreamRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive,
 		TimeoutSeconds: a.timeout.Seconds(), Lossless: a.lossless}
 	stdinFd, stdoutFd := int(os.Stdin.Fd()), int(os.Stdout.Fd())
@@ -192,6 +207,11 @@ func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
 	if a.interactive {
 		go func() {
 			_, _ = io.Copy(p.Stdin, os.Stdin)
+			if a.tty && !localTTY {
+				// A terminal has no end of input but the EOF character: what a reader
+				// of the remote terminal needs to see the piped input end.
+				_, _ = p.Stdin.Write([]byte{4})
+			}
 			_ = p.Stdin.Close()
 		}()
 	}

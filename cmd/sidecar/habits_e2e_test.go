@@ -101,3 +101,52 @@ func TestCLIDockerHabits(t *testing.T) {
 		t.Fatalf("logs -f: exit %d, out %q; want 7 and the whole output", code, out)
 	}
 }
+
+// renew, and a person's session keeping its lease alive and saying why it ended.
+func TestCLIRenewAndAttachedSessions(t *testing.T) {
+	d := startNetDaemon(t)
+	l := d.newLeaseCLI(t, "renewing", "--ttl", "3s")
+
+	out, errOut, code := d.runCLI(t, "", "renew", "--ttl", "1h", l.ID, "-o", "json")
+	var renewed apitype.Lease
+	if code != 0 || json.Unmarshal([]byte(out), &renewed) != nil || time.Until(renewed.ExpiresAt) < 50*time.Minute {
+		t.Fatalf("renew --ttl 1h: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if _, errOut, code := d.runCLI(t, "", "renew", "--ttl", "3s", l.ID); code != 0 {
+		t.Fatalf("renew --ttl 3s: exit %d, err %q", code, errOut)
+	}
+	// exec -it renews the lease while it runs: the command outlives the 3 s TTL.
+	if out, errOut, code := d.runCLI(t, "", "exec", "-it", l.ID, "sh", "-c", "sleep 7; echo alive"); code != 0 || !strings.Contains(out, "alive") {
+		t.Fatalf("exec -it past the TTL: exit %d, out %q, err %q", code, out, errOut)
+	}
+
+	// A piped shell reads its commands and ends at the end of its input.
+	if out, errOut, code := d.runCLI(t, "echo piped-$((1+1))\n", "shell", l.ID); code != 0 || out != "piped-2\n" {
+		t.Fatalf("shell <script: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if _, errOut, code := d.runCLI(t, "", "shell", l.ID); code != 0 {
+		t.Fatalf("shell </dev/null: exit %d, err %q", code, errOut)
+	}
+
+	// Released under an attached session: the CLI says so.
+	cmd := d.cli("exec", "-it", l.ID, "sh", "-c", "echo started; sleep 60")
+	cmd.Stdin = strings.NewReader("")
+	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(stdout.String(), "started"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("exec -it never started: %q %q", stdout.String(), stderr.String())
+		}
+	}
+	if _, errOut, code := d.runCLI(t, "", "leases", "rm", l.ID); code != 0 {
+		t.Fatalf("leases rm: exit %d, %q", code, errOut)
+	}
+	err := cmd.Wait()
+	if err == nil || !strings.Contains(stderr.String(), "lease "+l.ID+" was released") {
+		t.Fatalf("exec -it in a released lease: %v, stderr %q", err, stderr.String())
+	}
+}
