@@ -150,3 +150,51 @@ func TestCLIRenewAndAttachedSessions(t *testing.T) {
 		t.Fatalf("exec -it in a released lease: %v, stderr %q", err, stderr.String())
 	}
 }
+
+// leases ls filters and -q, leases new on an active session, rm of several ids.
+func TestCLILeasesCommands(t *testing.T) {
+	d := startNetDaemon(t)
+	a := d.newLeaseCLI(t, "sess-a", "--label", "team=ml", "--ttl", "5m")
+	b := d.newLeaseCLI(t, "sess-b", "--label", "team=web")
+
+	ids := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := d.runCLI(t, "", append([]string{"leases", "ls", "-q"}, args...)...)
+		if code != 0 {
+			t.Fatalf("leases ls -q %q: exit %d, %q", args, code, errOut)
+		}
+		return out
+	}
+	if got := ids(); !strings.Contains(got, a.ID+"\n") || !strings.Contains(got, b.ID+"\n") || strings.Count(got, "\n") != 2 {
+		t.Fatalf("leases ls -q: %q", got)
+	}
+	if got := ids("--session", "sess-b"); got != b.ID+"\n" {
+		t.Fatalf("leases ls -q --session sess-b: %q", got)
+	}
+	if got := ids("--label", "team=ml"); got != a.ID+"\n" {
+		t.Fatalf("leases ls -q --label team=ml: %q", got)
+	}
+	if got := ids("--label", "team=none"); got != "" {
+		t.Fatalf("leases ls -q --label team=none: %q", got)
+	}
+
+	// The session's active lease again: --ttl applied, and stderr says so.
+	out, errOut, code := d.runCLI(t, "", "leases", "new", "sess-a", "--ttl", "1h", "-o", "json")
+	var again apitype.Lease
+	if code != 0 || json.Unmarshal([]byte(out), &again) != nil || again.ID != a.ID || time.Until(again.ExpiresAt) < 50*time.Minute ||
+		!strings.Contains(errOut, "already has lease "+a.ID) || !strings.Contains(errOut, "--ttl applied") {
+		t.Fatalf("leases new on an active session with --ttl 1h: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if l, _ := d.client(t, "").Get(t.Context(), a.ID); time.Until(l.ExpiresAt) < 50*time.Minute {
+		t.Fatalf("the daemon's lease expires %v: --ttl not applied", l.ExpiresAt)
+	}
+
+	// rm takes several ids; an unknown one fails the command, the others are released.
+	out, errOut, code = d.runCLI(t, "", "leases", "rm", a.ID, "no-such-lease", b.ID)
+	if code != exitFailure || out != a.ID+"\n"+b.ID+"\n" || !strings.Contains(errOut, "no-such-lease") {
+		t.Fatalf("leases rm a unknown b: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if got := ids(); got != "" {
+		t.Fatalf("after rm: %q", got)
+	}
+}
