@@ -213,6 +213,7 @@ func TestErrorLineHasOnePrefix(t *testing.T) {
 		"sidecar: lease not found [404 lease_not_found]": "sidecar: lease not found [404 lease_not_found]",
 		"client configuration: x":                        "sidecar: client configuration: x",
 		"sidecar: sidecar: twice":                        "sidecar: twice",
+		"L1: sidecar: lease not found":                   "sidecar: L1: lease not found",
 	} {
 		if got := errorLine(errors.New(in)); got != want {
 			t.Errorf("errorLine(%q) = %q, want %q", in, got, want)

@@ -45,6 +45,12 @@ func applyDaemonChoice() error {
 	return nil
 }
 
+// daemonNamed reports whether anything names a daemon for this command (version asks
+// one only then).
+func daemonNamed() bool {
+	return globals.url != "" || globals.context != "" || os.Getenv(client.EnvURL) != ""
+}
+
 // parseInterspersed parses flags that may come before, between or after positional
 // arguments ("leases new SESSION --ttl 1h"); "--" ends flag parsing. A bad flag is a
 // usage error; -h is flag.ErrHelp.

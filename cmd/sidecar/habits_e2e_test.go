@@ -64,6 +64,15 @@ func TestCLIDockerHabits(t *testing.T) {
 		t.Fatalf("exec seq: exit %d, %d bytes of output (want %d), err %q", code, len(out), len(seqText(400000)), errOut)
 	}
 
+	// info and version describe the daemon.
+	if out, errOut, code := d.runCLI(t, "", "info"); code != 0 || !strings.Contains(out, "isolation:") ||
+		!strings.Contains(out, "strict") || !strings.Contains(out, "layers:") || !strings.Contains(out, "free of") {
+		t.Fatalf("info: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if out, errOut, code := d.runCLI(t, "", "version"); code != 0 || !strings.Contains(out, "client: sidecar") || !strings.Contains(out, "server: sidecar") {
+		t.Fatalf("version: exit %d, out %q, err %q", code, out, errOut)
+	}
+
 	// A daemon error carries one prefix.
 	if _, errOut, code := d.runCLI(t, "", "exec", "no-such-lease", "true"); code != exitFailure || strings.Count(errOut, "sidecar:") != 1 {
 		t.Fatalf("exec in an unknown lease: exit %d, stderr %q", code, errOut)

@@ -58,9 +58,9 @@ func main() {
 }
 
 // errorLine is err for stderr with one "sidecar:" in front: the client's errors carry
-// their own (a daemon's reply reads "sidecar: lease not found: …").
+// their own (a daemon's reply reads "sidecar: lease not found: …"), also when wrapped.
 func errorLine(err error) string {
-	msg := err.Error()
+	msg := strings.ReplaceAll(err.Error(), ": sidecar: ", ": ")
 	for {
 		rest, ok := strings.CutPrefix(msg, "sidecar: ")
 		if !ok {
