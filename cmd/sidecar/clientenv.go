@@ -36,9 +36,12 @@ func newClient(leaseToken string) (*client.Client, error) {
 	return client.New(cfg)
 }
 
-// applyDaemonChoice puts --url (and, in contexts.go, --context) into the environment
-// HostConfigFromEnv reads.
+// applyDaemonChoice puts the chosen context and --url into the environment
+// HostConfigFromEnv reads (contexts.go: which wins).
 func applyDaemonChoice() error {
+	if err := applyContext(); err != nil {
+		return err
+	}
 	if globals.url != "" {
 		os.Setenv(client.EnvURL, globals.url)
 	}
@@ -48,7 +51,11 @@ func applyDaemonChoice() error {
 // daemonNamed reports whether anything names a daemon for this command (version asks
 // one only then).
 func daemonNamed() bool {
-	return globals.url != "" || globals.context != "" || os.Getenv(client.EnvURL) != ""
+	if globals.url != "" || globals.context != "" || os.Getenv(client.EnvURL) != "" {
+		return true
+	}
+	_, _, ok, _ := chosenContext()
+	return ok
 }
 
 // parseInterspersed parses flags that may come before, between or after positional

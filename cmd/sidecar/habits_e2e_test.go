@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -205,5 +208,76 @@ func TestCLILeasesCommands(t *testing.T) {
 	}
 	if got := ids(); got != "" {
 		t.Fatalf("after rm: %q", got)
+	}
+}
+
+// Named daemons: context add/use/ls/rm, --context and --url, and which wins over the
+// SANDBOX_REMOTE_* variables (contexts.go).
+func TestCLIContexts(t *testing.T) {
+	d := startNetDaemon(t)
+	file := filepath.Join(t.TempDir(), "contexts.json")
+	run := func(env []string, args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(d.bin, args...)
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + d.work, "SIDECAR_CONTEXTS_FILE=" + file}, env...)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return out.String(), errOut.String(), cmd.ProcessState.ExitCode()
+	}
+	good, tokenFile, caFile := d.env["SANDBOX_REMOTE_URL"], d.env["SANDBOX_REMOTE_AUTH_TOKEN_FILE"], d.env["SANDBOX_REMOTE_CA_FILE"]
+	const dead = "https://127.0.0.1:1" // nothing listens on port 1
+	l := d.newLeaseCLI(t, "ctx")
+
+	// No daemon named at all: the error says how to name one.
+	if _, errOut, code := run(nil, "leases", "ls"); code != exitFailure || !strings.Contains(errOut, "SANDBOX_REMOTE_URL") {
+		t.Fatalf("no daemon: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := run(nil, "context", "add", "dev", "--url", good, "--token-file", tokenFile, "--ca-file", caFile); code != 0 {
+		t.Fatalf("context add dev: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := run(nil, "context", "add", "dead", "--url", dead, "--token-file", tokenFile, "--ca-file", caFile); code != 0 {
+		t.Fatalf("context add dead: exit %d, %q", code, errOut)
+	}
+	// The first context added is the current one.
+	if out, _, code := run(nil, "context", "ls"); code != 0 || !regexp.MustCompile(`(?m)^\*\s+dev\s`).MatchString(out) {
+		t.Fatalf("context ls: exit %d:\n%s", code, out)
+	}
+	if out, errOut, code := run(nil, "leases", "ls", "-q"); code != 0 || out != l.ID+"\n" {
+		t.Fatalf("leases ls in the current context: exit %d, out %q, err %q", code, out, errOut)
+	}
+	badEnv := []string{"SANDBOX_REMOTE_URL=" + dead, "SANDBOX_REMOTE_AUTH_TOKEN_FILE=" + tokenFile, "SANDBOX_REMOTE_CA_FILE=" + caFile}
+	// SANDBOX_REMOTE_URL wins over the current context; --context wins over both.
+	if _, _, code := run(badEnv, "leases", "ls", "-q"); code != exitFailure {
+		t.Fatalf("SANDBOX_REMOTE_URL of a dead daemon over the current context: exit %d", code)
+	}
+	if out, errOut, code := run(badEnv, "--context", "dev", "leases", "ls", "-q"); code != 0 || out != l.ID+"\n" {
+		t.Fatalf("--context dev over SANDBOX_REMOTE_URL: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if out, errOut, code := run(badEnv, "leases", "ls", "--context=dev", "-q"); code != 0 || out != l.ID+"\n" {
+		t.Fatalf("--context among the command's flags: exit %d, out %q, err %q", code, out, errOut)
+	}
+	// context use, and --url replacing the chosen context's URL.
+	if _, errOut, code := run(nil, "context", "use", "dead"); code != 0 {
+		t.Fatalf("context use dead: %d %q", code, errOut)
+	}
+	if _, _, code := run(nil, "leases", "ls", "-q"); code != exitFailure {
+		t.Fatalf("leases ls in the dead context: exit %d", code)
+	}
+	if out, errOut, code := run(nil, "--url", good, "leases", "ls", "-q"); code != 0 || out != l.ID+"\n" {
+		t.Fatalf("--url over the dead context: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if _, errOut, code := run(nil, "--context", "nope", "leases", "ls"); code != exitFailure || !strings.Contains(errOut, "context ls") {
+		t.Fatalf("--context nope: exit %d, %q", code, errOut)
+	}
+	if _, errOut, code := run(nil, "context", "rm", "dead"); code != 0 {
+		t.Fatalf("context rm: %d %q", code, errOut)
+	}
+	if out, _, _ := run(nil, "context", "ls"); strings.Contains(out, "dead") {
+		t.Fatalf("context ls after rm:\n%s", out)
 	}
 }
