@@ -4,15 +4,18 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // runCLI runs the CLI against d with stdin and returns stdout, stderr and the exit code.
@@ -280,4 +283,64 @@ func TestCLIContexts(t *testing.T) {
 	if out, _, _ := run(nil, "context", "ls"); strings.Contains(out, "dead") {
 		t.Fatalf("context ls after rm:\n%s", out)
 	}
+}
+
+// Lease ids complete in bash and zsh, asked of the daemon (sidecar leases ls -q).
+func TestCompletionOfLeaseIDs(t *testing.T) {
+	d := startNetDaemon(t)
+	l := d.newLeaseCLI(t, "complete-me")
+	env := d.cli().Env
+	for _, shell := range []string{"bash", "zsh"} {
+		if _, err := exec.LookPath(shell); err != nil {
+			testtool.Need(t, shell, shell, "lease id completion is tested in "+shell)
+		}
+		script, _, code := d.runCLI(t, "", "completion", shell)
+		if code != 0 {
+			t.Fatalf("completion %s: exit %d", shell, code)
+		}
+		for _, tt := range []struct {
+			words []string
+			want  string
+		}{
+			{[]string{"exec", ""}, l.ID},
+			{[]string{"exec", "-it", "--cwd", "d", ""}, l.ID},
+			{[]string{"leases", "rm", "x", ""}, l.ID},
+			{[]string{"shells", "ls", ""}, l.ID},
+			{[]string{"stat", ""}, l.ID + ":"},
+			{[]string{"leases", "new", ""}, ""}, // a session id: nothing to offer
+			{[]string{"exec", l.ID, ""}, ""},     // the command: files
+		} {
+			var call string
+			words := append([]string{d.bin}, tt.words...)
+			if shell == "bash" {
+				call = fmt.Sprintf(`COMP_WORDS=(%s); COMP_CWORD=%d; _sidecar; printf '%%s\n' "${COMPREPLY[@]}"`, shellWords(words), len(words)-1)
+			} else {
+				call = fmt.Sprintf(`compadd() { if [[ $1 == -a ]]; then print -rl -- ${(P)2}; else while [[ $1 != -- ]]; do shift; done; shift; print -rl -- "$@"; fi }
+_files() { :; }; _describe() { :; }; _values() { :; }
+words=(%s); CURRENT=%d; _sidecar`, shellWords(words), len(words))
+			}
+			prelude := ""
+			if shell == "zsh" {
+				prelude = "compdef() { :; }\n"
+			}
+			cmd := exec.Command(shell, "-c", prelude+script+"\n"+call)
+			cmd.Env = env
+			cmd.Dir = t.TempDir() // no file names to mix in
+			out, err := cmd.CombinedOutput()
+			got := strings.Fields(string(out))
+			has := slices.Contains(got, tt.want)
+			if err != nil || (tt.want != "" && !has) || (tt.want == "" && slices.Contains(got, l.ID)) {
+				t.Errorf("%s completion of %q: %v, offered %q, want %q", shell, tt.words, err, got, tt.want)
+			}
+		}
+	}
+}
+
+// shellWords quotes words for a shell array.
+func shellWords(words []string) string {
+	q := make([]string, len(words))
+	for i, w := range words {
+		q[i] = "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }
