@@ -308,7 +308,7 @@ func TestCompletionOfLeaseIDs(t *testing.T) {
 			{[]string{"shells", "ls", ""}, l.ID},
 			{[]string{"stat", ""}, l.ID + ":"},
 			{[]string{"leases", "new", ""}, ""}, // a session id: nothing to offer
-			{[]string{"exec", l.ID, ""}, ""},     // the command: files
+			{[]string{"exec", l.ID, ""}, ""},    // the command: files
 		} {
 			var call string
 			words := append([]string{d.bin}, tt.words...)
