@@ -255,8 +255,14 @@ func TestCLIContexts(t *testing.T) {
 	}
 	badEnv := []string{"SANDBOX_REMOTE_URL=" + dead, "SANDBOX_REMOTE_AUTH_TOKEN_FILE=" + tokenFile, "SANDBOX_REMOTE_CA_FILE=" + caFile}
 	// SANDBOX_REMOTE_URL wins over the current context; --context wins over both.
-	if _, _, code := run(badEnv, "leases", "ls", "-q"); code != exitFailure {
-		t.Fatalf("SANDBOX_REMOTE_URL of a dead daemon over the current context: exit %d", code)
+	if _, errOut, code := run(badEnv, "leases", "ls", "-q"); code != exitFailure || !strings.Contains(errOut, "check SANDBOX_REMOTE_URL") {
+		t.Fatalf("SANDBOX_REMOTE_URL of a dead daemon over the current context: exit %d, %q (want the hint)", code, errOut)
+	}
+	// Without the CA, the error names the variable that fixes it.
+	noCA := []string{"SANDBOX_REMOTE_URL=" + good, "SANDBOX_REMOTE_AUTH_TOKEN_FILE=" + tokenFile}
+	if _, errOut, code := run(noCA, "leases", "ls"); code != exitFailure || !strings.Contains(errOut, "set SANDBOX_REMOTE_CA_FILE") ||
+		strings.Count(errOut, "sidecar:") != 1 {
+		t.Fatalf("no CA: exit %d, %q; want one line naming SANDBOX_REMOTE_CA_FILE", code, errOut)
 	}
 	if out, errOut, code := run(badEnv, "--context", "dev", "leases", "ls", "-q"); code != 0 || out != l.ID+"\n" {
 		t.Fatalf("--context dev over SANDBOX_REMOTE_URL: exit %d, out %q, err %q", code, out, errOut)
