@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +115,42 @@ func TestCLIDockerHabits(t *testing.T) {
 	out, _, code = d.runCLI(t, "", "logs", "-f", l.ID, proc)
 	if code != 7 || out != "one\ntwo\n" {
 		t.Fatalf("logs -f: exit %d, out %q; want 7 and the whole output", code, out)
+	}
+
+	// attach -i: live output, stdin to the process, its exit code at its end.
+	out, errOut, code = d.runCLI(t, "", "exec", "-d", "-i", l.ID, "sh", "-c",
+		"(while :; do echo tick; sleep 0.05; done) & read line; kill $!; echo got $line; exit 4")
+	proc = strings.TrimSpace(out)
+	if code != 0 || proc == "" {
+		t.Fatalf("exec -d -i: exit %d, out %q, err %q", code, out, errOut)
+	}
+	pr, pw := io.Pipe()
+	attach := d.cli("attach", "-i", l.ID, proc)
+	attach.Stdin = pr
+	attachOut, attachErr := &lockedBuffer{}, &lockedBuffer{}
+	attach.Stdout, attach.Stderr = attachOut, attachErr
+	if err := attach.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(attachOut.String(), "tick"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			attach.Process.Kill()
+			t.Fatalf("attach shows no live output: %q %q", attachOut.String(), attachErr.String())
+		}
+	}
+	io.WriteString(pw, "hello\n")
+	pw.Close() // exec.Cmd's Wait waits for its stdin copy to end
+	waited := make(chan error, 1)
+	go func() { waited <- attach.Wait() }()
+	var err error
+	select {
+	case err = <-waited:
+	case <-time.After(60 * time.Second):
+		attach.Process.Kill()
+		t.Fatalf("attach did not end with its process: %q %q", attachOut.String(), attachErr.String())
+	}
+	if attach.ProcessState.ExitCode() != 4 || !strings.Contains(attachOut.String(), "got hello\n") || attachErr.String() != "" {
+		t.Fatalf("attach -i: %v, out %q, err %q; want exit 4 and the line it read", err, attachOut.String(), attachErr.String())
 	}
 }
 

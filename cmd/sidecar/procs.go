@@ -36,7 +36,7 @@ following until the process ends and exits with its exit code.`
 
 const attachUsage = `usage: sidecar attach [-i] LEASE PROC
 
-Prints PROC's output from now on until it ends, then exits with its exit code; -i sends
+Prints PROC's output from now on (its buffered output: sidecar logs) until it ends, then exits with its exit code; -i sends
 this terminal's input to its stdin (a process started with exec -d -i or -t). A TTY
 process puts this terminal in raw mode. Ctrl-C (without a TTY) detaches; the process
 keeps running.`
@@ -173,7 +173,8 @@ func runAttach(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	p, err := l.Attach(ctx, pos[1], -1)
+	// From the output offset of the GET: what comes after it, without a gap.
+	p, err := l.Attach(ctx, pos[1], proc.OutputOffset)
 	if err != nil {
 		return err
 	}
