@@ -112,6 +112,9 @@ func chosenContext() (daemonContext, string, bool, error) {
 	if globals.context == "" && os.Getenv(client.EnvURL) != "" {
 		return daemonContext{}, "", false, nil
 	}
+	if _, err := contextsPath(); err != nil && globals.context == "" {
+		return daemonContext{}, "", false, nil // no home: no current context either
+	}
 	f, path, err := loadContexts()
 	if err != nil {
 		return daemonContext{}, "", false, err

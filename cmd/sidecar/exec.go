@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -219,6 +220,10 @@ func stream(ctx context.Context, l *client.Lease, a execArgs) error {
 	wg.Go(func() { _, _ = io.Copy(os.Stdout, p.Stdout) })
 	wg.Go(func() { _, _ = io.Copy(os.Stderr, p.Stderr) })
 	st, err := p.Wait(ctx)
+	if errors.Is(err, context.Canceled) {
+		// Ctrl-C: closing the stream ends the command, as a shell's would; exit as it does.
+		return exitError{exitSignal + int(unix.SIGINT)}
+	}
 	if err != nil {
 		return err
 	}

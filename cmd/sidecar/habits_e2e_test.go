@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,6 +70,25 @@ func TestCLIDockerHabits(t *testing.T) {
 	// Streamed by default: past the 1 MiB a captured exec keeps, every byte in order.
 	if out, errOut, code := d.runCLI(t, "", "exec", l.ID, "seq", "1", "400000"); code != 0 || out != seqText(400000) {
 		t.Fatalf("exec seq: exit %d, %d bytes of output (want %d), err %q", code, len(out), len(seqText(400000)), errOut)
+	}
+
+	// Ctrl-C ends a streamed exec quietly, with the shell's code for SIGINT.
+	interrupted := d.cli("exec", l.ID, "sh", "-c", "echo up; sleep 60")
+	upOut, upErr := &lockedBuffer{}, &lockedBuffer{}
+	interrupted.Stdout, interrupted.Stderr = upOut, upErr
+	if err := interrupted.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); upOut.String() != "up\n"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			interrupted.Process.Kill()
+			t.Fatalf("exec never started: %q %q", upOut.String(), upErr.String())
+		}
+	}
+	interrupted.Process.Signal(syscall.SIGINT)
+	_ = interrupted.Wait()
+	if code := interrupted.ProcessState.ExitCode(); code != 130 || upErr.String() != "" {
+		t.Fatalf("exec after SIGINT: exit %d, stderr %q; want 130 and nothing", code, upErr.String())
 	}
 
 	// info and version describe the daemon.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -135,6 +136,9 @@ func copyOutput(ctx context.Context, p *client.Process, until int64) error {
 		return nil
 	case <-done:
 	}
+	if errors.Is(err, context.Canceled) {
+		return exitError{exitSignal + int(syscall.SIGINT)} // Ctrl-C; the process goes on
+	}
 	if err != nil {
 		return err
 	}
@@ -195,7 +199,7 @@ func runAttach(ctx context.Context, args []string) error {
 		go func() { _, _ = io.Copy(p.Stdin, os.Stdin) }()
 	}
 	err = copyOutput(ctx, p, -1)
-	if errors.Is(err, context.Canceled) {
+	if ctx.Err() != nil {
 		return nil // Ctrl-C detaches
 	}
 	return err
