@@ -67,7 +67,7 @@ func parseExec(args []string) (execArgs, error) {
 	fs.BoolVar(&a.lossless, "lossless", true, "every output byte, the command slowed to this reader (the default; --lossless=false drops what a slow reader misses)")
 	fs.StringVar(&a.cwd, "cwd", "", "`DIR` working directory, relative to the lease workdir")
 	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
-	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
+	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: no limit but the lease's)")
 	if err := parseFlags(fs, args); err != nil {
 		return a, err
 	}
