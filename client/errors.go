@@ -1,6 +1,7 @@
 package client
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
@@ -209,4 +211,34 @@ func IsLeaseGone(err error) bool {
 // token used outside its lease).
 func IsUnauthorized(err error) bool {
 	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrForbidden)
+}
+
+// Hints that connection errors carry, naming the setting that fixes them.
+const (
+	hintUnknownCA = "the daemon's certificate is signed by a CA this client does not trust: set " +
+		EnvCAFile + " (Config.CAFile) to the daemon's CA certificate (the ca.crt `sidecar serve` " +
+		"printed, or the one `sidecar tls gen` made)"
+	hintHostname = "the daemon's certificate does not name the host in the URL: connect by a name " +
+		"it lists, or add this one to SIDECAR_TLS_HOSTS on the daemon (self-signed certificates) " +
+		"or to `sidecar tls gen --host/--ip`"
+	hintRefused = "nothing accepts connections there: check " + EnvURL + " (Config.URL) and that the daemon runs"
+)
+
+// withHint adds to a transport error the setting that fixes it, when it is one of the
+// usual ones: an untrusted CA, a certificate for another host, a refused connection. The
+// error still matches what it wraps.
+func withHint(err error) error {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &unknownCA):
+		return fmt.Errorf("%w (%s)", err, hintUnknownCA)
+	case errors.As(err, &hostname):
+		return fmt.Errorf("%w (%s)", err, hintHostname)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%w (%s)", err, hintRefused)
+	}
+	return err
 }

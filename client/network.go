@@ -181,7 +181,7 @@ func (l *Lease) DialPort(ctx context.Context, port int) (net.Conn, error) {
 			defer resp.Body.Close()
 			return nil, errorFromResponse(resp)
 		}
-		return nil, fmt.Errorf("client: port-forward %d: %w", port, err)
+		return nil, fmt.Errorf("client: port-forward %d: %w", port, withHint(err))
 	}
 	if conn.Subprotocol() != apitype.PortForwardProtocol {
 		conn.Close()

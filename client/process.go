@@ -577,7 +577,7 @@ func (p *Process) dial(ctx context.Context, path string, q url.Values) (attachme
 			defer resp.Body.Close()
 			return attachment{}, errorFromResponse(resp)
 		}
-		return attachment{}, fmt.Errorf("client: attach: %w", err)
+		return attachment{}, fmt.Errorf("client: attach: %w", withHint(err))
 	}
 	switch conn.Subprotocol() {
 	case streamProtocolV5, streamProtocolV4:

@@ -93,11 +93,11 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 			if retry && isConnError(err) {
 				c.log.DebugContext(ctx, "retrying after connection error", "method", r.method, "path", r.path, "attempt", attempt, "err", err)
 				if werr := c.retry.wait(ctx, attempt); werr != nil {
-					return nil, err
+					return nil, withHint(err)
 				}
 				continue
 			}
-			return nil, err
+			return nil, withHint(err)
 		}
 		if resp.StatusCode < 300 {
 			return resp, nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 )
@@ -14,7 +13,7 @@ func init() {
 }
 
 func runCleanup(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("cleanup", flag.ContinueOnError)
+	fs := newFlagSet("cleanup")
 	output := outputFlag(fs, "text", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -18,12 +18,20 @@ func TestParseExec(t *testing.T) {
 		want    execArgs
 		wantErr bool
 	}{
-		{args: []string{"L1", "--", "ls", "-l"}, want: execArgs{lease: "L1", argv: []string{"ls", "-l"}}},
-		{args: []string{"L1", "ls", "-l"}, want: execArgs{lease: "L1", argv: []string{"ls", "-l"}}},
+		{args: []string{"L1", "--", "ls", "-l"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"ls", "-l"}}},
+		{args: []string{"L1", "ls", "-l"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"ls", "-l"}}},
 		{args: []string{"-i", "-t", "--cwd", "src", "--env", "A=1", "--env", "B=x=y", "--timeout", "5s", "L1", "--", "sh", "-c", "echo --"},
-			want: execArgs{interactive: true, tty: true, cwd: "src", env: map[string]string{"A": "1", "B": "x=y"},
+			want: execArgs{lossless: true, interactive: true, tty: true, cwd: "src", env: map[string]string{"A": "1", "B": "x=y"},
 				timeout: 5 * time.Second, lease: "L1", argv: []string{"sh", "-c", "echo --"}}},
-		{args: []string{"--lossless", "L1", "make"}, want: execArgs{lossless: true, lease: "L1", argv: []string{"make"}}},
+		{args: []string{"--lossless=false", "-d", "L1", "make"}, want: execArgs{detach: true, lease: "L1", argv: []string{"make"}}},
+		// docker's habits: bundled flags, flags after LEASE up to the command.
+		{args: []string{"-it", "L1", "sh"}, want: execArgs{lossless: true, interactive: true, tty: true, lease: "L1", argv: []string{"sh"}}},
+		{args: []string{"L1", "-ti", "--cwd", "d", "--", "sh", "-c", "x"},
+			want: execArgs{lossless: true, interactive: true, tty: true, cwd: "d", lease: "L1", argv: []string{"sh", "-c", "x"}}},
+		{args: []string{"L1", "-t", "ls", "-i"}, want: execArgs{lossless: true, tty: true, lease: "L1", argv: []string{"ls", "-i"}}},
+		{args: []string{"-i", "L1", "--", "-weird"}, want: execArgs{lossless: true, interactive: true, lease: "L1", argv: []string{"-weird"}}},
+		{args: []string{"-ix", "L1", "true"}, wantErr: true},
+		{args: []string{"L1", "-t"}, wantErr: true},
 		{args: []string{"L1"}, wantErr: true},
 		{args: []string{"L1", "--"}, wantErr: true},
 		{args: []string{"--env", "NOEQUALS", "L1", "true"}, wantErr: true},
@@ -170,6 +178,46 @@ func TestParseInterspersedStopsAtDoubleDash(t *testing.T) {
 	pos, err := parseInterspersed(fs, []string{"a", "-v", "b", "--", "-c", "d"})
 	if err != nil || !*v || !reflect.DeepEqual(pos, []string{"a", "b", "-c", "d"}) {
 		t.Fatalf("pos %q v %v err %v", pos, *v, err)
+	}
+}
+
+func TestExpandBundles(t *testing.T) {
+	fs := newFlagSet("x", "usage: x")
+	fs.Bool("i", false, "")
+	fs.Bool("t", false, "")
+	fs.String("o", "", "")
+	fs.Bool("all", false, "")
+	for _, tt := range []struct{ in, want []string }{
+		{[]string{"-it", "a"}, []string{"-i", "-t", "a"}},
+		{[]string{"-io", "json", "-ti"}, []string{"-i", "-o", "json", "-t", "-i"}},
+		{[]string{"-all", "--all", "-o", "-it"}, []string{"-all", "--all", "-o", "-it"}}, // -it is -o's value
+		{[]string{"a", "-it"}, []string{"a", "-it"}},                                     // after an operand: not ours
+		{[]string{"--", "-it"}, []string{"--", "-it"}},
+		{[]string{"-ix"}, []string{"-ix"}}, // x is no flag: left for fs.Parse to refuse
+	} {
+		if got := expandBundles(fs, tt.in); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("expandBundles(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestParseShellsRunFlagsAnywhere(t *testing.T) {
+	lease, session, cmd, timeout, asJSON, err := parseShellsRun([]string{"L1", "--timeout", "2s", "S1", "-o", "json", "ls", "-l"})
+	if err != nil || lease != "L1" || session != "S1" || cmd != "ls -l" || timeout != 2*time.Second || !asJSON {
+		t.Fatalf("got %q %q %q %v %v %v", lease, session, cmd, timeout, asJSON, err)
+	}
+}
+
+func TestErrorLineHasOnePrefix(t *testing.T) {
+	for in, want := range map[string]string{
+		"sidecar: lease not found [404 lease_not_found]": "sidecar: lease not found [404 lease_not_found]",
+		"client configuration: x":                        "sidecar: client configuration: x",
+		"sidecar: sidecar: twice":                        "sidecar: twice",
+		"L1: sidecar: lease not found":                   "sidecar: L1: lease not found",
+	} {
+		if got := errorLine(errors.New(in)); got != want {
+			t.Errorf("errorLine(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

@@ -25,6 +25,9 @@ func newClient(leaseToken string) (*client.Client, error) {
 		os.Setenv(client.EnvToken, leaseToken)
 		os.Unsetenv(client.EnvTokenFile)
 	}
+	if err := applyDaemonChoice(); err != nil {
+		return nil, err
+	}
 	cfg, err := client.HostConfigFromEnv()
 	if err != nil {
 		return nil, err
@@ -33,12 +36,35 @@ func newClient(leaseToken string) (*client.Client, error) {
 	return client.New(cfg)
 }
 
+// applyDaemonChoice puts the chosen context and --url into the environment
+// HostConfigFromEnv reads (contexts.go: which wins).
+func applyDaemonChoice() error {
+	if err := applyContext(); err != nil {
+		return err
+	}
+	if globals.url != "" {
+		os.Setenv(client.EnvURL, globals.url)
+	}
+	return nil
+}
+
+// daemonNamed reports whether anything names a daemon for this command (version asks
+// one only then).
+func daemonNamed() bool {
+	if globals.url != "" || globals.context != "" || os.Getenv(client.EnvURL) != "" {
+		return true
+	}
+	_, _, ok, _ := chosenContext()
+	return ok
+}
+
 // parseInterspersed parses flags that may come before, between or after positional
 // arguments ("leases new SESSION --ttl 1h"); "--" ends flag parsing. A bad flag is a
 // usage error; -h is flag.ErrHelp.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
+		args = expandBundles(fs, args) // so that fs.Args() is a tail of args
 		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}

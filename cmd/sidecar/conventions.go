@@ -47,7 +47,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	usage := fs.Usage
 	fs.Usage = func() {}
 	fs.SetOutput(io.Discard)
-	err := fs.Parse(args)
+	err := fs.Parse(expandBundles(fs, args))
 	fs.Usage = usage
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -89,6 +89,6 @@ func (o *outputFormat) json() bool { return o.value == "json" }
 // outputFlag adds -o to fs; the first allowed format is the default.
 func outputFlag(fs *flag.FlagSet, allowed ...string) *outputFormat {
 	o := &outputFormat{value: allowed[0], allowed: allowed}
-	fs.Var(o, "o", "output format: "+strings.Join(allowed, " or "))
+	fs.Var(o, "o", "`FORMAT` output format: "+strings.Join(allowed, " or "))
 	return o
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -48,7 +47,7 @@ type copySpec struct {
 }
 
 func parseCp(args []string) (copySpec, error) {
-	fs := flag.NewFlagSet("cp", flag.ContinueOnError)
+	fs := newFlagSet("cp")
 	z := fs.Bool("z", false, "compress directory transfers (gzip; helps on slow links only)")
 	pos, err := operands(fs, args, 2, cpUsage)
 	if err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"time"
@@ -15,7 +14,7 @@ func init() {
 }
 
 func runDrain(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("drain", flag.ContinueOnError)
+	fs := newFlagSet("drain")
 	undo := fs.Bool("undo", false, "end the drain: take new leases again")
 	wait := fs.Duration("wait", 0, "wait at most this long for the active leases to end")
 	output := outputFlag(fs, "text", "json")

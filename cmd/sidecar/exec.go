@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,9 +20,17 @@ import (
 )
 
 func init() {
-	register("exec", command{summary: "run a command in a lease (-i/-t for an interactive stream)",
-		usage: execUsage + "\n\nThe exit code is the command's own; 124 when it timed out, 128+N when signal N ended it.",
-		run:   runExec})
+	register("exec", command{summary: "run a command in a lease, its output streamed (-it: interactive, -d: in the background)",
+		usage: execUsage + `
+
+Streams the command's stdout and stderr as they come, every byte in order (the command
+waits for this reader rather than lose output). -i sends stdin, -t allocates a terminal;
+-d starts a background process and prints its id for ps, logs and attach. sidecar's flags
+come before the command: the command starts at -- or at the first argument after LEASE
+that is not a flag, so "exec L ls -l" passes -l to ls.
+
+The exit code is the command's own; 124 when it timed out, 128+N when signal N ended it.`,
+		run: runExec})
 }
 
 // Exit codes for outcomes that have no exit status of their own, as timeout(1) and
@@ -35,6 +43,7 @@ const (
 // execArgs are the parsed arguments of `sidecar exec`.
 type execArgs struct {
 	interactive, tty bool
+	detach           bool
 	lossless         bool
 	cwd              string
 	env              map[string]string
@@ -43,20 +52,22 @@ type execArgs struct {
 	argv             []string
 }
 
-const execUsage = "usage: sidecar exec [-i] [-t] [--lossless] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE -- COMMAND [ARGS]"
+const execUsage = "usage: sidecar exec [-i] [-t] [-d] [--cwd DIR] [--env K=V]... [--timeout 30s] LEASE [--] COMMAND [ARGS]"
 
-// parseExec reads flags up to LEASE; everything after LEASE (and an optional "--") is
-// the command, so its own flags stay its own.
+// parseExec reads sidecar's flags before and after LEASE; the command starts at "--" or
+// at the first argument after LEASE that is not a flag (docker's rule), so the command's
+// own flags stay its own: `exec -it L sh`, `exec L -t -- sh -c x`, `exec L ls -l`.
 func parseExec(args []string) (execArgs, error) {
-	fs := flag.NewFlagSet("exec", flag.ContinueOnError)
+	fs := newFlagSet("exec")
 	var a execArgs
 	var env multiFlag
 	fs.BoolVar(&a.interactive, "i", false, "attach stdin")
 	fs.BoolVar(&a.tty, "t", false, "allocate a terminal")
-	fs.BoolVar(&a.lossless, "lossless", false, "stream all output as it comes, with no size cap: the command is slowed to this reader rather than lose bytes (log streaming)")
-	fs.StringVar(&a.cwd, "cwd", "", "working directory, relative to the lease workdir")
-	fs.Var(&env, "env", "environment variable K=V (repeatable)")
-	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: the daemon's default)")
+	fs.BoolVar(&a.detach, "d", false, "start a background process and print its id (see ps, logs, attach)")
+	fs.BoolVar(&a.lossless, "lossless", true, "every output byte, the command slowed to this reader (the default; --lossless=false drops what a slow reader misses)")
+	fs.StringVar(&a.cwd, "cwd", "", "`DIR` working directory, relative to the lease workdir")
+	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
+	fs.DurationVar(&a.timeout, "timeout", 0, "kill the command after this long (0: no limit but the lease's)")
 	if err := parseFlags(fs, args); err != nil {
 		return a, err
 	}
@@ -64,14 +75,15 @@ func parseExec(args []string) (execArgs, error) {
 	if len(rest) < 2 {
 		return a, usageError{execUsage}
 	}
-	a.lease, rest = rest[0], rest[1:]
-	if rest[0] == "--" {
-		rest = rest[1:]
+	a.lease = rest[0]
+	// fs.Parse stops at the first non-flag argument and consumes one "--".
+	if err := parseFlags(fs, rest[1:]); err != nil {
+		return a, err
 	}
-	if len(rest) == 0 {
+	a.argv = fs.Args()
+	if len(a.argv) == 0 {
 		return a, usageError{execUsage}
 	}
-	a.argv = rest
 	if a.timeout < 0 {
 		return a, usagef("--timeout %v: must not be negative", a.timeout)
 	}
@@ -92,17 +104,22 @@ func runExec(ctx context.Context, args []string) error {
 		return err
 	}
 	l := c.OpenLease(a.lease, "")
-	if a.interactive || a.tty || a.lossless {
-		return runStream(ctx, l, a)
+	if a.detach {
+		return startDetached(ctx, l, a)
 	}
-	res, err := l.Exec(ctx, apitype.ExecRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TimeoutSeconds: a.timeout.Seconds()})
+	return runStream(ctx, l, a)
+}
+
+// startDetached starts a as a background process and prints its id.
+func startDetached(ctx context.Context, l *client.Lease, a execArgs) error {
+	p, err := l.Start(ctx, apitype.StartRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty,
+		Stdin: a.interactive, TimeoutSeconds: a.timeout.Seconds()})
 	if err != nil {
 		return err
 	}
-	_, _ = io.WriteString(os.Stdout, res.Stdout)
-	_, _ = io.WriteString(os.Stderr, res.Stderr)
-	noteTruncation(res.StdoutTruncated, res.StderrTruncated, res.StdoutDropped, res.StderrDropped)
-	return exitFor(res.ExitCode, res.Signal, res.TimedOut)
+	_ = p.Close() // a background process outlives its viewers
+	fmt.Println(p.ID())
+	return nil
 }
 
 // noteTruncation tells stderr what the daemon dropped of a run's output, if anything.
@@ -140,8 +157,23 @@ func exitFor(code int, sig string, timedOut bool) error {
 }
 
 // runStream runs a over the exec websocket: stdin forwarded with -i, a raw local terminal
-// and SIGWINCH resizes with -t, every output byte with --lossless.
+// and SIGWINCH resizes with -t, every output byte with --lossless. With -i and -t a
+// person is attached: the lease is renewed while the command runs, and if the lease
+// ends under it, stderr says so.
 func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
+	if !a.interactive || !a.tty {
+		return stream(ctx, l, a)
+	}
+	k := keepLease(ctx, l)
+	err := stream(ctx, l, a)
+	k.Stop()
+	if why := k.ended(context.WithoutCancel(ctx)); why != "" {
+		fmt.Fprintln(os.Stderr, "sidecar:", why)
+	}
+	return err
+}
+
+func stream(ctx context.Context, l *client.Lease, a execArgs) error {
 	req := client.ExecStreamRequest{Argv: a.argv, Env: a.env, Cwd: a.cwd, TTY: a.tty, Stdin: a.interactive,
 		TimeoutSeconds: a.timeout.Seconds(), Lossless: a.lossless}
 	stdinFd, stdoutFd := int(os.Stdin.Fd()), int(os.Stdout.Fd())
@@ -176,6 +208,11 @@ func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
 	if a.interactive {
 		go func() {
 			_, _ = io.Copy(p.Stdin, os.Stdin)
+			if a.tty && !localTTY {
+				// A terminal has no end of input but the EOF character: what a reader
+				// of the remote terminal needs to see the piped input end.
+				_, _ = p.Stdin.Write([]byte{4})
+			}
 			_ = p.Stdin.Close()
 		}()
 	}
@@ -183,6 +220,10 @@ func runStream(ctx context.Context, l *client.Lease, a execArgs) error {
 	wg.Go(func() { _, _ = io.Copy(os.Stdout, p.Stdout) })
 	wg.Go(func() { _, _ = io.Copy(os.Stderr, p.Stderr) })
 	st, err := p.Wait(ctx)
+	if errors.Is(err, context.Canceled) {
+		// Ctrl-C: closing the stream ends the command, as a shell's would; exit as it does.
+		return exitError{exitSignal + int(unix.SIGINT)}
+	}
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -53,6 +54,42 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	}
 }
 
+// --help lists a command's flags, long ones with two dashes: every command without
+// subcommands, and every subcommand, has flags (-o or the global --url at least); serve
+// is configured by its environment alone, context use and rm take a name only.
+var singleDashLong = regexp.MustCompile(`(?m)^  -[a-z][a-z-]+ `)
+
+func TestHelpListsFlags(t *testing.T) {
+	bin := buildBinary(t, t.TempDir())
+	var invocations [][]string
+	for _, name := range visibleCommands() {
+		if subs := commands[name].subs; name == "serve" {
+			continue
+		} else if len(subs) == 0 {
+			invocations = append(invocations, []string{name, "--help"})
+		} else if name != "completion" {
+			for _, sub := range subs {
+				if name == "context" && (sub == "use" || sub == "rm") {
+					continue
+				}
+				invocations = append(invocations, []string{name, sub, "--help"})
+			}
+		}
+	}
+	for _, args := range invocations {
+		stdout, _, code := runBin(t, bin, args...)
+		if code != 0 || !strings.Contains(stdout, "flags:\n  -") || singleDashLong.MatchString(stdout) {
+			t.Errorf("sidecar %s: exit %d; want a flag list with --long flags:\n%s", strings.Join(args, " "), code, stdout)
+		}
+	}
+	for _, name := range []string{"find", "grep", "stat", "watch", "edit"} {
+		stdout, _, _ := runBin(t, bin, name, "--help")
+		if !strings.Contains(stdout, "\n  -o FORMAT") && name != "edit" || name == "edit" && !strings.Contains(stdout, "--old TEXT") {
+			t.Errorf("sidecar %s --help lists no flags of its own:\n%s", name, stdout)
+		}
+	}
+}
+
 // Bad command lines exit 2 (docs/operations.md), -o included, before any request.
 func TestUsageErrorsExit2(t *testing.T) {
 	bin := buildBinary(t, t.TempDir())
@@ -90,6 +127,19 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"stat", "L1:a", "L1:b"},
 		{"edit", "--new", "x", "L1:a"},
 		{"watch"},
+		{"exec", "-ix", "L1", "true"},
+		{"leases", "rm"},
+		{"leases", "ls", "extra"},
+		{"renew"},
+		{"renew", "--ttl", "1.5s", "L1"},
+		{"logs", "L1"},
+		{"attach", "L1"},
+		{"ps"},
+		{"info", "extra"},
+		{"context"},
+		{"context", "use"},
+		{"context", "add", "x", "--url", "http://plain"},
+		{"--url"},
 	} {
 		if _, stderr, code := runBin(t, bin, args...); code != exitUsage {
 			t.Errorf("sidecar %s: exit %d, want %d; stderr %q", strings.Join(args, " "), code, exitUsage, stderr)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,13 +14,13 @@ import (
 )
 
 func init() {
-	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID, network ID, leftovers ID, kill ID PID)",
+	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID..., network ID, leftovers ID, kill ID PID)",
 		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new", "network", "leftovers", "kill"}, run: runLeases})
 }
 
-const leasesUsage = `usage: sidecar leases ls [-o table|json]
+const leasesUsage = `usage: sidecar leases ls [--session S] [--label k=v]... [-q] [-o table|json]
        sidecar leases show ID [-o json]
-       sidecar leases rm ID
+       sidecar leases rm ID...
        sidecar leases new SESSION_ID [--ttl 1h] [--image NAME] [--network none|allowlist|internet]
                          [--allow-out X]... [--deny-out X]... [--label k=v]... [-o text|json]
        sidecar leases network ID --network none|allowlist|internet [--allow-out X]... [--deny-out X]...
@@ -64,21 +63,33 @@ func runLeases(ctx context.Context, args []string) error {
 }
 
 func leasesList(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("leases ls", flag.ContinueOnError)
+	fs := newFlagSet("leases ls", "usage: sidecar leases ls [--session S] [--label k=v]... [-q] [-o table|json]")
 	output := outputFlag(fs, "table", "json")
-	if err := parseFlags(fs, args); err != nil {
+	session := fs.String("session", "", "`ID` only the leases of this session")
+	var labels multiFlag
+	fs.Var(&labels, "label", "`K=V` only leases with this label (repeatable: all of them)")
+	quiet := fs.Bool("q", false, "print the lease ids only, one a line")
+	if _, err := operands(fs, args, 0, "usage: sidecar leases ls [--session S] [--label k=v]... [-q] [-o table|json]"); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usagef("leases ls: unexpected argument %q", fs.Arg(0))
+	want, err := keyValues(labels, "--label")
+	if err != nil {
+		return usageError{err.Error()}
 	}
 	c, err := newClient("")
 	if err != nil {
 		return err
 	}
-	leases, err := c.List(ctx)
+	all, err := c.List(ctx)
 	if err != nil {
 		return err
+	}
+	leases := filterLeases(all, *session, want)
+	if *quiet {
+		for _, l := range leases {
+			fmt.Println(l.ID)
+		}
+		return nil
 	}
 	if output.json() {
 		return printJSON(os.Stdout, apitype.LeaseList{Leases: leases})
@@ -86,10 +97,31 @@ func leasesList(ctx context.Context, args []string) error {
 	return writeLeaseTable(os.Stdout, leases, time.Now())
 }
 
+// filterLeases keeps the leases of session (any, when empty) that carry every label of
+// labels.
+func filterLeases(leases []apitype.Lease, session string, labels map[string]string) []apitype.Lease {
+	out := make([]apitype.Lease, 0, len(leases))
+	for _, l := range leases {
+		if session != "" && l.SessionID != session {
+			continue
+		}
+		match := true
+		for k, v := range labels {
+			if got, ok := l.Labels[k]; !ok || got != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
 // oneID parses a subcommand that takes exactly one lease id; formats, when given, are
 // its -o choices.
 func oneID(name string, args []string, formats ...string) (string, error) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs := newFlagSet(name, "usage: sidecar "+name+" ID")
 	if len(formats) > 0 {
 		outputFlag(fs, formats...)
 	}
@@ -117,7 +149,7 @@ func leasesShow(ctx context.Context, args []string) error {
 }
 
 func leasesLeftovers(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("leases leftovers", flag.ContinueOnError)
+	fs := newFlagSet("leases leftovers", "usage: sidecar leases leftovers ID [-o table|json]\n\nWhat finished commands left running in the lease.")
 	output := outputFlag(fs, "table", "json")
 	pos, err := operands(fs, args, 1, "usage: sidecar leases leftovers ID [-o table|json]")
 	if err != nil {
@@ -141,7 +173,7 @@ func leasesLeftovers(ctx context.Context, args []string) error {
 }
 
 func leasesKill(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("leases kill", flag.ContinueOnError)
+	fs := newFlagSet("leases kill", "usage: sidecar leases kill ID PID [--signal TERM]\n\nSignals one of the lease's leftovers (sidecar leases leftovers ID).")
 	sig := fs.String("signal", "TERM", "signal name (TERM, KILL, INT, …)")
 	pos, err := operands(fs, args, 2, "usage: sidecar leases kill ID PID [--signal TERM]")
 	if err != nil {
@@ -159,16 +191,39 @@ func leasesKill(ctx context.Context, args []string) error {
 }
 
 func leasesRemove(ctx context.Context, args []string) error {
-	id, err := oneID("leases rm", args)
+	const usage = "usage: sidecar leases rm ID..."
+	fs := newFlagSet("leases rm", usage+"\n\nReleases each lease (its processes killed, its workdir removed); exit 1 if any failed.")
+	ids, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
+	}
+	if len(ids) == 0 {
+		return usageError{usage}
 	}
 	c, err := newClient("")
 	if err != nil {
 		return err
 	}
-	return c.Release(ctx, id)
+	failed := 0
+	for _, id := range ids {
+		if err := c.Release(ctx, id); err != nil {
+			fmt.Fprintln(os.Stderr, errorLine(fmt.Errorf("%s: %w", id, err)))
+			failed++
+			continue
+		}
+		fmt.Println(id)
+	}
+	if failed > 0 {
+		return exitError{exitFailure}
+	}
+	return nil
 }
+
+const newLeaseUsage = `usage: sidecar leases new SESSION_ID [--ttl 1h] [--image NAME] [--network none|allowlist|internet]
+                         [--allow-out X]... [--deny-out X]... [--label k=v]... [-o text|json]
+
+Acquires the lease of SESSION_ID: a new one, or the session's active lease (then --ttl
+renews it to that TTL, and a note on stderr says which lease was reused).`
 
 // newLeaseArgs are the parsed arguments of `leases new`.
 type newLeaseArgs struct {
@@ -177,19 +232,19 @@ type newLeaseArgs struct {
 }
 
 func parseNewLease(args []string) (newLeaseArgs, error) {
-	fs := flag.NewFlagSet("leases new", flag.ContinueOnError)
+	fs := newFlagSet("leases new", newLeaseUsage)
 	ttl := fs.Duration("ttl", 0, "lease TTL (0: the daemon's default)")
 	image := fs.String("image", "", "the image the lease runs on (sidecar images ls; host: the host's root; empty: the daemon's default)")
 	pf := addPolicyFlags(fs)
 	output := outputFlag(fs, "text", "json")
 	var labels multiFlag
-	fs.Var(&labels, "label", "label k=v (repeatable)")
+	fs.Var(&labels, "label", "`K=V` label (repeatable)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return newLeaseArgs{}, err
 	}
 	if len(pos) != 1 || pos[0] == "" {
-		return newLeaseArgs{}, usagef("usage: sidecar leases new SESSION_ID [--ttl 1h] [--network none|allowlist|internet] [--allow-out X]... [--deny-out X]... [--label k=v] [-o text|json]")
+		return newLeaseArgs{}, usageError{newLeaseUsage}
 	}
 	if *ttl < 0 || *ttl%time.Second != 0 {
 		return newLeaseArgs{}, usagef("--ttl %v: want a positive whole number of seconds", *ttl)
@@ -217,6 +272,13 @@ func leasesNew(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The daemon answers an active session's lease unchanged: look for one first, to
+	// apply --ttl to it and to say that nothing else was.
+	all, err := c.List(ctx)
+	if err != nil {
+		return err
+	}
+	existing := filterLeases(all, a.req.SessionID, nil)
 	// The lease lives on until its TTL; nothing renews it after this command.
 	l, err := c.Acquire(ctx, a.req)
 	if err != nil {
@@ -224,11 +286,46 @@ func leasesNew(ctx context.Context, args []string) error {
 	}
 	l.StopRenewing()
 	info := l.Info()
+	if len(existing) > 0 && existing[0].ID == info.ID {
+		if info, err = reuseNote(a, info, func(ttl time.Duration) (apitype.Lease, error) { return c.Renew(ctx, info.ID, ttl) }); err != nil {
+			return err
+		}
+	}
 	if a.output == "json" {
 		return printJSON(os.Stdout, info)
 	}
 	fmt.Printf("id:      %s\ntoken:   %s\nexpires: %s\nnetwork: %s\n", info.ID, info.Token, info.ExpiresAt.Format(time.RFC3339), policyText(info.Network))
 	return nil
+}
+
+// reuseNote tells stderr that the session's active lease was returned, renews it to
+// --ttl when given (the acquire applied nothing), and names the options not applied.
+func reuseNote(a newLeaseArgs, info apitype.Lease, renew func(time.Duration) (apitype.Lease, error)) (apitype.Lease, error) {
+	note := fmt.Sprintf("sidecar: session %s already has lease %s", a.req.SessionID, info.ID)
+	if a.req.TTLSeconds > 0 {
+		renewed, err := renew(time.Duration(a.req.TTLSeconds) * time.Second)
+		if err != nil {
+			return info, fmt.Errorf("session %s already has lease %s; renewing it to --ttl: %w", a.req.SessionID, info.ID, err)
+		}
+		token := info.Token
+		info = renewed
+		if info.Token == "" {
+			info.Token = token
+		}
+		note += fmt.Sprintf("; --ttl applied: it now expires %s", info.ExpiresAt.Local().Format(time.RFC3339))
+	}
+	var ignored []string
+	if a.req.Network != nil {
+		ignored = append(ignored, "--network/--allow-out/--deny-out (sidecar leases network changes it)")
+	}
+	if len(a.req.Labels) > 0 {
+		ignored = append(ignored, "--label")
+	}
+	if len(ignored) > 0 {
+		note += "; not applied to it: " + strings.Join(ignored, ", ")
+	}
+	fmt.Fprintln(os.Stderr, note)
+	return info, nil
 }
 
 // writeLeaseTable renders the lease inspection list for a terminal.

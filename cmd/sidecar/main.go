@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -47,24 +48,40 @@ func main() {
 		// An explicit -h/--help: the flag set printed its usage.
 	case isUsageError(err):
 		if msg := err.Error(); msg != "" {
-			fmt.Fprintln(os.Stderr, "sidecar:", msg)
+			fmt.Fprintln(os.Stderr, errorLine(err))
 		}
 		os.Exit(exitUsage)
 	default:
-		fmt.Fprintln(os.Stderr, "sidecar:", err)
+		fmt.Fprintln(os.Stderr, errorLine(err))
 		os.Exit(exitFailure)
 	}
 }
 
+// errorLine is err for stderr with one "sidecar:" in front: the client's errors carry
+// their own (a daemon's reply reads "sidecar: lease not found: …"), also when wrapped.
+func errorLine(err error) string {
+	msg := strings.ReplaceAll(err.Error(), ": sidecar: ", ": ")
+	for {
+		rest, ok := strings.CutPrefix(msg, "sidecar: ")
+		if !ok {
+			return "sidecar: " + msg
+		}
+		msg = rest
+	}
+}
+
 func run(ctx context.Context, args []string) error {
+	args, err := parseGlobalFlags(args)
+	if err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		usage(os.Stderr)
 		return usageError{}
 	}
 	if isHelpArg(args[0]) {
 		if len(args) > 1 && commands[args[1]].run != nil { // sidecar help CMD
-			commandUsage(args[1])
-			return nil
+			return commandHelp(ctx, args[1])
 		}
 		usage(os.Stdout)
 		return nil
@@ -75,10 +92,45 @@ func run(ctx context.Context, args []string) error {
 		return usagef("unknown command %q", args[0])
 	}
 	if len(args) > 1 && isHelpArg(args[1]) {
-		commandUsage(args[0])
-		return nil
+		return commandHelp(ctx, args[0])
 	}
 	return c.run(ctx, args[1:])
+}
+
+// commandHelp prints `sidecar NAME --help`: a command with subcommands prints its usage
+// (`sidecar NAME SUB --help` lists SUB's flags); any other lets its flag set print the
+// usage and every flag (commands parse their flags before they do anything).
+func commandHelp(ctx context.Context, name string) error {
+	c := commands[name]
+	if len(c.subs) > 0 || c.hidden {
+		commandUsage(name)
+		return nil
+	}
+	return c.run(ctx, []string{"--help"})
+}
+
+// parseGlobalFlags takes --url and --context (with "=" or a separate value) off the
+// front of args, before the command name.
+func parseGlobalFlags(args []string) ([]string, error) {
+	for len(args) > 0 {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(args[0], "-"), "=")
+		if !strings.HasPrefix(args[0], "-") || (name != "url" && name != "context") {
+			return args, nil
+		}
+		args = args[1:]
+		if !hasValue {
+			if len(args) == 0 {
+				return nil, usagef("flag needs an argument: --%s", name)
+			}
+			value, args = args[0], args[1:]
+		}
+		if name == "url" {
+			globals.url = value
+		} else {
+			globals.context = value
+		}
+	}
+	return args, nil
 }
 
 func usage(w io.Writer) {
@@ -93,5 +145,10 @@ func usage(w io.Writer) {
 	for _, name := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", name, commands[name].summary)
 	}
-	fmt.Fprintln(w, "\n`sidecar COMMAND --help` describes one; exit codes: 0 done, 1 failed, 2 bad usage.")
+	fmt.Fprintln(w, `
+global flags (before the command or among its flags):
+  --url URL       the daemon's https:// URL
+  --context NAME  a named daemon (sidecar context add|use|ls)
+
+`+"`sidecar COMMAND --help`"+` describes one; exit codes: 0 done, 1 failed, 2 bad usage.`)
 }

@@ -20,8 +20,8 @@ type policyFlags struct {
 func addPolicyFlags(fs *flag.FlagSet) *policyFlags {
 	p := &policyFlags{}
 	fs.StringVar(&p.egress, "network", "", "egress: none, allowlist or internet (empty: the daemon's default, SIDECAR_NETWORK_DEFAULT)")
-	fs.Var(&p.allowOut, "allow-out", "destination the lease may reach: IP, CIDR or domain (*.example.com), optional :port (repeatable, or comma-separated)")
-	fs.Var(&p.denyOut, "deny-out", "destination the lease may not reach, same forms (repeatable, or comma-separated); --allow-out wins over it")
+	fs.Var(&p.allowOut, "allow-out", "`DEST` where the lease may connect: IP, CIDR or domain (*.example.com), optional :port (repeatable, or comma-separated)")
+	fs.Var(&p.denyOut, "deny-out", "`DEST` where the lease may not connect, same forms (repeatable, or comma-separated); --allow-out wins over it")
 	return p
 }
 
@@ -88,7 +88,7 @@ type networkArgs struct {
 const leasesNetworkUsage = "usage: sidecar leases network ID --network none|allowlist|internet [--allow-out X]... [--deny-out X]... [-o text|json]"
 
 func parseLeasesNetwork(args []string) (networkArgs, error) {
-	fs := flag.NewFlagSet("leases network", flag.ContinueOnError)
+	fs := newFlagSet("leases network", leasesNetworkUsage)
 	pf := addPolicyFlags(fs)
 	output := outputFlag(fs, "text", "json")
 	pos, err := operands(fs, args, 1, leasesNetworkUsage)

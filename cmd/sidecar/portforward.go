@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -59,7 +58,7 @@ func parsePortSpec(s string) (portSpec, error) {
 }
 
 func parsePortForward(args []string) (string, []portSpec, error) {
-	fs := flag.NewFlagSet("port-forward", flag.ContinueOnError)
+	fs := newFlagSet("port-forward")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return "", nil, err

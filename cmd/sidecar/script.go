@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -30,7 +29,7 @@ func parseScript(args []string) (scriptArgs, error) {
 	if len(args) == 0 || args[0] != "run" {
 		return scriptArgs{}, usageError{scriptUsage}
 	}
-	fs := flag.NewFlagSet("script run", flag.ContinueOnError)
+	fs := newFlagSet("script run", commands["script"].usage)
 	var a scriptArgs
 	fs.StringVar(&a.input, "input", "", "JSON input file (- for stdin; empty: null)")
 	fs.StringVar(&a.leaseToken, "lease-token", "", "authenticate with a lease token instead of the shared token")

@@ -16,11 +16,11 @@ import (
 // The agents' file tools on the command line: find, grep, stat, edit, watch.
 
 func init() {
-	register("find", command{summary: "list entries below LEASE:DIR by glob, type and depth", run: runFind})
-	register("grep", command{summary: "search files below LEASE:PATH for a regexp or fixed string", run: runGrep})
-	register("stat", command{summary: "describe LEASE:PATH (type, size, mode, owner, mtime, link target, etag)", run: runStat})
-	register("edit", command{summary: "replace exact text in LEASE:PATH atomically (--old, --new)", run: runEdit})
-	register("watch", command{summary: "print changes below LEASE:DIR as they happen", run: runWatch})
+	register("find", command{summary: "list entries below LEASE:DIR by glob, type and depth", usage: findUsage, run: runFind})
+	register("grep", command{summary: "search files below LEASE:PATH for a regexp or fixed string", usage: grepUsage, run: runGrep})
+	register("stat", command{summary: "describe LEASE:PATH (type, size, mode, owner, mtime, link target, etag)", usage: statUsage, run: runStat})
+	register("edit", command{summary: "replace exact text in LEASE:PATH atomically (--old, --new)", usage: editUsage, run: runEdit})
+	register("watch", command{summary: "print changes below LEASE:DIR as they happen", usage: watchUsage, run: runWatch})
 }
 
 // leaseTarget opens the lease of a LEASE:PATH argument.
@@ -37,8 +37,8 @@ func leaseTarget(arg, usage string) (*client.Lease, string, error) {
 }
 
 func treeFlags(fs *flag.FlagSet, o *client.TreeOptions, globs, exclude *multiFlag) {
-	fs.Var(globs, "name", "glob the path must match (repeatable; without / it matches the name at any depth; ** for any directories)")
-	fs.Var(exclude, "exclude", "glob of paths to leave out, directories included (repeatable)")
+	fs.Var(globs, "name", "`GLOB` the path must match (repeatable; without / it matches the name at any depth; ** for any directories)")
+	fs.Var(exclude, "exclude", "`GLOB` of paths to leave out, directories included (repeatable)")
 	fs.IntVar(&o.MaxDepth, "maxdepth", 0, "levels to descend (0: no limit)")
 	fs.BoolVar(&o.Hidden, "hidden", false, "include names starting with a dot")
 	fs.BoolVar(&o.GitIgnore, "gitignore", false, "honour .gitignore files")
@@ -47,7 +47,7 @@ func treeFlags(fs *flag.FlagSet, o *client.TreeOptions, globs, exclude *multiFla
 const findUsage = "usage: sidecar find [--name GLOB] [--exclude GLOB] [--type f|d|l|o] [--maxdepth N] [--hidden] [--gitignore] [--limit N] [--all] [-l] [-o json] LEASE:DIR"
 
 func runFind(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("find", flag.ContinueOnError)
+	fs := newFlagSet("find")
 	var o client.FindOptions
 	var globs, exclude multiFlag
 	treeFlags(fs, &o.TreeOptions, &globs, &exclude)
@@ -109,7 +109,7 @@ func runFind(ctx context.Context, args []string) error {
 const grepUsage = "usage: sidecar grep [-F] [-i] [-C N] [-m N] [--name GLOB] [--exclude GLOB] [--hidden] [--gitignore] [--max-file-bytes N] [-o json] PATTERN LEASE:PATH"
 
 func runGrep(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("grep", flag.ContinueOnError)
+	fs := newFlagSet("grep")
 	var o client.GrepOptions
 	var globs, exclude multiFlag
 	treeFlags(fs, &o.TreeOptions, &globs, &exclude)
@@ -164,15 +164,16 @@ func printGrep(w io.Writer, res apitype.GrepResult) {
 	}
 }
 
+const statUsage = "usage: sidecar stat [-o json] LEASE:PATH"
+
 func runStat(ctx context.Context, args []string) error {
-	const usage = "usage: sidecar stat [-o json] LEASE:PATH"
-	fs := flag.NewFlagSet("stat", flag.ContinueOnError)
+	fs := newFlagSet("stat")
 	out := outputFlag(fs, "text", "json")
-	pos, err := operands(fs, args, 1, usage)
+	pos, err := operands(fs, args, 1, statUsage)
 	if err != nil {
 		return err
 	}
-	l, p, err := leaseTarget(pos[0], usage)
+	l, p, err := leaseTarget(pos[0], statUsage)
 	if err != nil {
 		return err
 	}
@@ -201,21 +202,22 @@ func runStat(ctx context.Context, args []string) error {
 	return nil
 }
 
+const editUsage = "usage: sidecar edit --old TEXT --new TEXT [--all] [--if-match ETAG] LEASE:PATH"
+
 func runEdit(ctx context.Context, args []string) error {
-	const usage = "usage: sidecar edit --old TEXT --new TEXT [--all] [--if-match ETAG] LEASE:PATH"
-	fs := flag.NewFlagSet("edit", flag.ContinueOnError)
-	old := fs.String("old", "", "the exact text to replace (must occur once, unless --all)")
-	newText := fs.String("new", "", "the replacement")
+	fs := newFlagSet("edit")
+	old := fs.String("old", "", "`TEXT` the exact text to replace (must occur once, unless --all)")
+	newText := fs.String("new", "", "`TEXT` the replacement")
 	all := fs.Bool("all", false, "replace every occurrence")
 	ifMatch := fs.String("if-match", "", "only if the file still has this ETag (from sidecar stat)")
-	pos, err := operands(fs, args, 1, usage)
+	pos, err := operands(fs, args, 1, editUsage)
 	if err != nil {
 		return err
 	}
 	if *old == "" {
-		return usageError{usage}
+		return usageError{editUsage}
 	}
-	l, p, err := leaseTarget(pos[0], usage)
+	l, p, err := leaseTarget(pos[0], editUsage)
 	if err != nil {
 		return err
 	}
@@ -227,17 +229,18 @@ func runEdit(ctx context.Context, args []string) error {
 	return nil
 }
 
+const watchUsage = "usage: sidecar watch [-r] [-o json] LEASE:DIR"
+
 func runWatch(ctx context.Context, args []string) error {
-	const usage = "usage: sidecar watch [-r] [-o json] LEASE:DIR"
-	fs := flag.NewFlagSet("watch", flag.ContinueOnError)
+	fs := newFlagSet("watch")
 	var o client.WatchOptions
 	fs.BoolVar(&o.Recursive, "r", false, "watch the directories below too")
 	out := outputFlag(fs, "text", "json")
-	pos, err := operands(fs, args, 1, usage)
+	pos, err := operands(fs, args, 1, watchUsage)
 	if err != nil {
 		return err
 	}
-	l, dir, err := leaseTarget(pos[0], usage)
+	l, dir, err := leaseTarget(pos[0], watchUsage)
 	if err != nil {
 		return err
 	}

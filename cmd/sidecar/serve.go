@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -276,7 +275,7 @@ func newLogger(c serveConfig) *slog.Logger {
 }
 
 func runServe(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs := newLocalFlagSet("serve")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: sidecar serve\n\nThe daemon is configured by environment variables; see README.md and docs/operations.md.")
 	}

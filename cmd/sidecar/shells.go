@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -49,12 +48,12 @@ func runShells(ctx context.Context, args []string) error {
 }
 
 func shellsNew(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("shells new", flag.ContinueOnError)
+	fs := newFlagSet("shells new", "usage: sidecar shells new [--shell PATH] [--cwd DIR] [--env K=V]... [-o text|json] LEASE")
 	var req apitype.ShellCreateRequest
 	var env multiFlag
 	fs.StringVar(&req.Shell, "shell", "", "absolute path of the shell inside the lease (default: bash if present, else /bin/sh)")
-	fs.StringVar(&req.Cwd, "cwd", "", "working directory, relative to the lease workdir")
-	fs.Var(&env, "env", "environment variable K=V (repeatable)")
+	fs.StringVar(&req.Cwd, "cwd", "", "`DIR` working directory, relative to the lease workdir")
+	fs.Var(&env, "env", "`K=V` environment variable (repeatable)")
 	output := outputFlag(fs, "text", "json")
 	pos, err := operands(fs, args, 1, "usage: sidecar shells new [flags] LEASE")
 	if err != nil {
@@ -79,7 +78,7 @@ func shellsNew(ctx context.Context, args []string) error {
 }
 
 func shellsList(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("shells ls", flag.ContinueOnError)
+	fs := newFlagSet("shells ls", "usage: sidecar shells ls [-o table|json] LEASE")
 	output := outputFlag(fs, "table", "json")
 	pos, err := operands(fs, args, 1, "usage: sidecar shells ls [-o table|json] LEASE")
 	if err != nil {
@@ -114,25 +113,29 @@ func writeShellTable(w io.Writer, list []apitype.Shell) error {
 
 const shellsRunUsage = "usage: sidecar shells run [--timeout 30s] [-o text|json] LEASE SESSION -- COMMAND..."
 
-// parseShellsRun reads flags up to LEASE; after LEASE and SESSION (and an optional "--")
-// everything is the command, so its own flags stay its own.
+// parseShellsRun reads flags before and between LEASE and SESSION and after SESSION; the
+// command starts at "--" or at the first non-flag argument after SESSION (as exec's).
 func parseShellsRun(args []string) (lease, session, command string, timeout time.Duration, json bool, err error) {
-	fs := flag.NewFlagSet("shells run", flag.ContinueOnError)
+	fs := newFlagSet("shells run", shellsRunUsage)
 	fs.DurationVar(&timeout, "timeout", 0, "interrupt the command after this long (0: none)")
 	output := outputFlag(fs, "text", "json")
-	if err = parseFlags(fs, args); err != nil {
+	var ids []string
+	rest := args
+	for len(ids) < 2 {
+		if err = parseFlags(fs, rest); err != nil {
+			return
+		}
+		if rest = fs.Args(); len(rest) == 0 {
+			err = usageError{shellsRunUsage}
+			return
+		}
+		ids, rest = append(ids, rest[0]), rest[1:]
+	}
+	lease, session = ids[0], ids[1]
+	if err = parseFlags(fs, rest); err != nil {
 		return
 	}
-	rest := fs.Args()
-	if len(rest) < 3 {
-		err = usageError{shellsRunUsage}
-		return
-	}
-	lease, session, rest = rest[0], rest[1], rest[2:]
-	if rest[0] == "--" {
-		rest = rest[1:]
-	}
-	if len(rest) == 0 {
+	if rest = fs.Args(); len(rest) == 0 {
 		err = usageError{shellsRunUsage}
 		return
 	}
@@ -172,7 +175,7 @@ func shellsRun(ctx context.Context, args []string) error {
 }
 
 func shellsRemove(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("shells rm", flag.ContinueOnError)
+	fs := newFlagSet("shells rm", "usage: sidecar shells rm LEASE SESSION")
 	pos, err := operands(fs, args, 2, "usage: sidecar shells rm LEASE SESSION")
 	if err != nil {
 		return err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -43,7 +42,7 @@ func runTLS(_ context.Context, args []string) error {
 }
 
 func tlsGen(args []string, stdout io.Writer) error {
-	flags := flag.NewFlagSet("tls gen", flag.ContinueOnError)
+	flags := newLocalFlagSet("tls gen")
 	var hosts, ips, clients stringList
 	dir := flags.String("dir", "", "directory for the files (created 0700); an existing ca.crt/ca.key there is reused")
 	flags.Var(&hosts, "host", "DNS name of the daemon (repeatable)")
@@ -56,7 +55,7 @@ func tlsGen(args []string, stdout io.Writer) error {
 Makes a private CA (ECDSA P-256, 10 years) in DIR, or reuses the one there, and issues a
 server certificate (397 days) for the hosts and IPs and, with --client, client
 certificates (397 days) for mTLS. Existing files are never overwritten without --force.`)
-		flags.PrintDefaults()
+		writeFlags(flags.Output(), flags)
 	}
 	if err := parseFlags(flags, args); err != nil {
 		return err

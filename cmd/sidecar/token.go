@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"flag"
 	"fmt"
 	"os"
 )
@@ -23,7 +22,7 @@ func newToken() string {
 }
 
 func runToken(_ context.Context, args []string) error {
-	fs := flag.NewFlagSet("token", flag.ContinueOnError)
+	fs := newLocalFlagSet("token")
 	output := outputFlag(fs, "text", "json")
 	if _, err := operands(fs, args, 0, "usage: sidecar token [-o text|json]"); err != nil {
 		return err

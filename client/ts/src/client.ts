@@ -5,7 +5,7 @@ import type { IncomingMessage, OutgoingHttpHeaders } from "node:http";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { components } from "./openapi.js";
-import { errorFromReply, UnauthorizedError, ForbiddenError, LeaseNotFoundError, LeaseExpiredError } from "./errors.js";
+import { errorFromReply, withHint, UnauthorizedError, ForbiddenError, LeaseNotFoundError, LeaseExpiredError } from "./errors.js";
 import { Process, type ExecStreamOptions } from "./process.js";
 import { dialPortForward } from "./portforward.js";
 import type { Duplex } from "node:stream";
@@ -191,7 +191,7 @@ export class Client {
           reject,
         );
       });
-      req.on("error", reject);
+      req.on("error", (err) => reject(withHint(err)));
       if (c.timeoutMs) req.setTimeout(c.timeoutMs, () => req.destroy(new Error(`no reply within ${c.timeoutMs} ms`)));
       if (body instanceof Readable) {
         pipeline(body, req).catch((err) => req.destroy(err));
@@ -495,7 +495,7 @@ export class LeaseHandle {
         }
         resolve(res);
       });
-      req.on("error", reject);
+      req.on("error", (err) => reject(withHint(err)));
       req.end(body);
     });
   }

@@ -148,3 +148,29 @@ export function errorFromReply(status: number, contentType: string | undefined, 
   const code = codeByStatus[status] ?? (status < 500 ? "invalid_request" : "internal");
   return new errorClasses[code](status, { code, title: `HTTP ${status}` });
 }
+
+// Node's codes for a certificate chain that does not end at a trusted CA.
+const unknownCACodes = new Set([
+  "UNABLE_TO_VERIFY_LEAF_SIGNATURE", "SELF_SIGNED_CERT_IN_CHAIN", "DEPTH_ZERO_SELF_SIGNED_CERT",
+  "UNABLE_TO_GET_ISSUER_CERT", "UNABLE_TO_GET_ISSUER_CERT_LOCALLY", "CERT_UNTRUSTED",
+]);
+
+/** withHint adds to a connection error the setting that fixes it, when it is one of the
+ * usual ones (an untrusted CA, a certificate for another host, a refused connection); the
+ * error keeps its class and its code. */
+export function withHint<E>(err: E): E {
+  if (!(err instanceof Error)) return err;
+  const code = (err as NodeJS.ErrnoException).code ?? "";
+  let hint = "";
+  if (unknownCACodes.has(code)) {
+    hint = "the daemon's certificate is signed by a CA this client does not trust: set SANDBOX_REMOTE_CA_FILE " +
+      "(the ca option) to the daemon's CA certificate (the ca.crt `sidecar serve` printed, or the one `sidecar tls gen` made)";
+  } else if (code === "ERR_TLS_CERT_ALTNAME_INVALID") {
+    hint = "the daemon's certificate does not name the host in the URL: connect by a name it lists, or add this one " +
+      "to SIDECAR_TLS_HOSTS on the daemon (self-signed certificates) or to `sidecar tls gen --host/--ip`";
+  } else if (code === "ECONNREFUSED") {
+    hint = "nothing accepts connections there: check SANDBOX_REMOTE_URL (the url option) and that the daemon runs";
+  }
+  if (hint !== "" && !err.message.includes(hint)) err.message += ` (${hint})`;
+  return err;
+}

@@ -2,7 +2,7 @@
 // (GET /v1/leases/{id}/port-forward/{port}): binary messages carry the stream both ways.
 import type { Duplex } from "node:stream";
 import WebSocket, { createWebSocketStream, type ClientOptions } from "ws";
-import { errorFromReply } from "./errors.js";
+import { errorFromReply, withHint } from "./errors.js";
 import { leasePath, readAll, type Client, type LeaseHandle } from "./client.js";
 
 /** The websocket subprotocol of the port-forward route. */
@@ -32,9 +32,10 @@ export function dialPortForward(lease: LeaseHandle, c: Client, port: number): Pr
         reject,
       );
     });
-    ws.once("error", reject);
+    const fail = (err: Error) => reject(withHint(err));
+    ws.once("error", fail);
     ws.on("open", () => {
-      ws.off("error", reject);
+      ws.off("error", fail);
       // Writes go out as binary messages; ending the stream closes the websocket, and
       // the daemon's close ends it.
       resolve(createWebSocketStream(ws));

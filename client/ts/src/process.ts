@@ -5,7 +5,7 @@
 import { PassThrough } from "node:stream";
 import WebSocket, { type ClientOptions } from "ws";
 import type { components } from "./openapi.js";
-import { errorFromReply, SidecarError } from "./errors.js";
+import { errorFromReply, withHint, SidecarError } from "./errors.js";
 import { leasePath, readAll, type LeaseHandle } from "./client.js";
 
 export type StreamStatus = {
@@ -223,7 +223,7 @@ export class Process {
         });
       });
       ws.on("error", (err) => {
-        if (!upgraded) reject(err);
+        if (!upgraded) reject(withHint(err));
       });
       ws.on("close", () => {
         if (!upgraded || this.done || this.closed) return;

@@ -7,10 +7,11 @@ import { mkdtempSync, mkdirSync, writeFileSync, readFileSync, rmSync } from "nod
 import { join } from "node:path";
 import { Readable, type Writable } from "node:stream";
 import { finished } from "node:stream/promises";
+import { createServer, type AddressInfo } from "node:net";
 import {
   SidecarError, NotFoundError, LeaseNotFoundError, InvalidRequestError, PathOutsideWorkdirError,
   errorFromReply, errorClasses, readAll, escapePath, WORKSPACE, DrainingError, UnavailableError,
-  ShellBusyError, ShellNotFoundError, outputParts, outputWithMarker, type LeaseHandle, type Process,
+  ShellBusyError, ShellNotFoundError, outputParts, outputWithMarker, type LeaseHandle, type Process, Client,
 } from "../src/index.js";
 import { startDaemon, type Daemon } from "./daemon.js";
 
@@ -343,4 +344,30 @@ test("the daemon keeps a lease's usage history, a sample every 10 s", { timeout:
   const s = h.samples[h.samples.length - 1];
   assert.ok(Date.parse(s.at) > 0 && s.memory_bytes >= 0 && s.cpu_seconds >= 0 && s.pids >= 0, JSON.stringify(s));
   await l.release();
+});
+
+test("connection errors name the setting that fixes them", { timeout: 60_000 }, async () => {
+  const untrusted = new Client({ url: d.url, token: d.token });
+  await assert.rejects(untrusted.info(), (err: Error) => {
+    assert.match(err.message, /SANDBOX_REMOTE_CA_FILE/);
+    return true;
+  });
+  untrusted.close();
+  const otherHost = new Client({ url: d.url, token: d.token, ca: d.ca, servername: "not-in-the-certificate.example" });
+  await assert.rejects(otherHost.info(), (err: Error) => {
+    assert.match(err.message, /SIDECAR_TLS_HOSTS/);
+    return true;
+  });
+  otherHost.close();
+  const srv = createServer();
+  await new Promise<void>((resolve) => srv.listen(0, "127.0.0.1", resolve));
+  const port = (srv.address() as AddressInfo).port;
+  await new Promise<void>((resolve) => srv.close(() => resolve()));
+  const refused = new Client({ url: `https://127.0.0.1:${port}`, token: d.token, ca: d.ca });
+  await assert.rejects(refused.info(), (err: NodeJS.ErrnoException) => {
+    assert.equal(err.code, "ECONNREFUSED");
+    assert.match(err.message, /SANDBOX_REMOTE_URL/);
+    return true;
+  });
+  refused.close();
 });
