@@ -108,10 +108,11 @@ test: check
 check: fmt tidy vet staticcheck race fuzz chart-test
 
 # chart-test: the Helm chart (deploy/helm/sidecar) rendered by Helm's engine, every object
-# decoded strictly into the Kubernetes API types. deploy/ is a module of its own, so Helm
+# decoded strictly into the Kubernetes API types, and (as root) the rendered preStop drain
+# run against the built daemon for each TLS option. deploy/ is a module of its own, so Helm
 # and the Kubernetes types never enter the daemon's go.mod; a few seconds once its
 # modules are downloaded.
-chart-test:
+chart-test: build
 	cd deploy && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
 
 # tidy: go.mod says what the code imports, no more, no less (direct dependencies are not
