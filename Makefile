@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test image image-name
 
 all: build
 
@@ -86,6 +86,24 @@ run: build
 	@echo "sidecar: client settings in $(STATE)/env; in another shell: . $(STATE)/env (or, in this checkout: . \"\$$(make -s env)\")"
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token SIDECAR_LISTEN_ADDR=$(RUN_ADDR) \
 	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) SIDECAR_DISK_QUOTA=$(RUN_QUOTA) $(RUNBIN)/sidecar serve
+
+# image: the container image of deploy/Containerfile (the chart's image: IMAGE_REPO is its
+# values.yaml image.repository and the tag its appVersion), built with docker, or podman
+# where docker is absent; IMAGE names another. .dockerignore keeps .git, bin/,
+# node_modules, .cache and .state out of the build context.
+IMAGE_REPO ?= ghcr.io/sidecar-sandbox/sidecar
+IMAGE_TAG  ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' deploy/helm/sidecar/Chart.yaml)
+IMAGE      ?= $(IMAGE_REPO):$(IMAGE_TAG)
+CONTAINER  ?= $(notdir $(firstword $(shell command -v docker podman 2>/dev/null)))
+image:
+	@if [ -z "$(CONTAINER)" ]; then echo "make image: needs docker or podman, and neither is on PATH (Debian: apt-get install podman; or CONTAINER=<tool>)" >&2; exit 2; fi
+	@if ! $(CONTAINER) info >/dev/null 2>&1; then echo "make image: $(CONTAINER) is installed but '$(CONTAINER) info' fails: is its daemon running (systemctl start docker), or is podman an option (CONTAINER=podman)?" >&2; exit 2; fi
+	$(CONTAINER) build -f deploy/Containerfile --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+	@echo "built $(IMAGE); push it where the cluster pulls from (or kind load docker-image $(IMAGE)), and give the chart another image.repository/image.tag if you named it otherwise"
+
+# image-name prints the image `make image` builds.
+image-name:
+	@echo $(IMAGE)
 
 # env prints the path of the client settings `make run` writes, for `. "$$(make -s env)"`.
 env:
