@@ -188,7 +188,8 @@ vm-test:
 	test/vm/run $(VM_VARIANTS)
 
 # soak: many leases acquiring, running, transferring and releasing against the built
-# daemon for a long time; exits non-zero on any error or leak (docs/reliability.md).
+# daemon for a long time, with a progress line a minute; exits non-zero on any error or
+# leak (docs/reliability.md).
 soak: build
 	$(GO) run ./cmd/sidecar-soak -bin $(BIN) -leases $(SOAK_LEASES) -duration $(SOAK_DURATION)
 
