@@ -71,7 +71,16 @@ RUN_QUOTA   = $(or $(SIDECAR_DISK_QUOTA),$(if $(shell PATH="$$PATH:/usr/sbin:/sb
 # copy_bins puts the built binaries in $(1), world-readable, when the checkout is closed.
 copy_bins = if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(1) && rm -f $(1)/* && \
 	for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(1)/; fi; done; fi
-run: build
+# running_in prints the pids of the processes running $(1)/sidecar, also once that file
+# was replaced (the kernel then says "(deleted)"): a daemon a make run started.
+running_in = bin=$$(readlink -f $(abspath $(1))/sidecar || echo $(abspath $(1))/sidecar); for p in /proc/[0-9]*; do \
+	case "$$(readlink $$p/exe 2>/dev/null)" in ("$$bin"|"$$bin (deleted)") echo $$p | cut -d/ -f3;; esac; done
+# run refuses before it builds when a daemon from this checkout runs: building and copying
+# would replace the binaries under it (its sidecar-init starts every lease process).
+run:
+	@pids=$$($(call running_in,$(RUNBIN)) | tr '\n' ' '); if [ -n "$$pids" ]; then \
+		echo "sidecar: a daemon from this checkout already runs (pid $${pids% }, $(RUNBIN)/sidecar); its binaries were left alone. Stop it first (kill $${pids% }), or start another with its own BINDIR, STATE and RUN_ADDR" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory build
 	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
 	@if [ -z "$(SIDECAR_DISK_QUOTA)" ] && [ "$(RUN_QUOTA)" = off ]; then echo "sidecar: no mkfs.ext4 (Debian: apt-get install e2fsprogs), so leases get no filesystem of their own: SIDECAR_DISK_QUOTA=off, disk_bytes binds API uploads only"; fi

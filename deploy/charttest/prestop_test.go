@@ -161,7 +161,7 @@ func testValues(port int, values map[string]any) map[string]any {
 			"SIDECAR_DISK_QUOTA":    "off",
 			"SIDECAR_LOG_FORMAT":    "text",
 			"SIDECAR_CGROUP_PARENT": fmt.Sprintf("sidecar-charttest-%d-%d", os.Getpid(), port),
-			"SIDECAR_UID_RANGE":     "236000-236099",
+			"SIDECAR_UID_RANGE":     "241000-241099",
 		},
 	}
 	for k, x := range values {
