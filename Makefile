@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test image image-name
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test image image-name ts-pack ts-pack-test
 
 all: build
 
@@ -127,6 +127,16 @@ console:
 
 console-test: build
 	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run check && npm test
+
+# ts-pack: the TypeScript client (client/ts) as an npm tarball,
+# dist/sidecar-sandbox-client-<version>.tgz, for `npm install <path>` in another project
+# (the package is private: it is not on the npm registry). Needs Node.js 20+ and npm.
+# ts-pack-test: that tarball installs into a fresh project outside the checkout, imports,
+# and type-checks from strict TypeScript.
+ts-pack:
+	mkdir -p dist && cd client/ts && npm ci --no-audit --no-fund && npm pack --pack-destination ../../dist
+ts-pack-test: ts-pack
+	client/ts/pack-test
 
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.

@@ -1,5 +1,6 @@
-// Package maketest tests Makefile targets that belong to no one package.
-package maketest
+// Package outsidetest tests what a newcomer does from outside any one package: make run
+// in a checkout, and the Go client used from another module.
+package outsidetest
 
 import (
 	"bytes"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // lockedBuffer is a command's output, read while it runs.
@@ -60,9 +63,7 @@ func inode(t *testing.T, path string) uint64 {
 // running daemon's binaries (its sidecar-init starts every lease process) stay as they
 // were.
 func TestSecondMakeRunLeavesTheRunningDaemonAlone(t *testing.T) {
-	if _, err := exec.LookPath("make"); err != nil {
-		t.Skip("needs make")
-	}
+	testtool.Need(t, "make", "make", "it runs make run")
 	state, err := os.MkdirTemp("/var/tmp", "sidecar-maketest-")
 	if err != nil {
 		t.Fatal(err)
