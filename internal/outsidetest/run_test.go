@@ -75,7 +75,8 @@ func TestSecondMakeRunLeavesTheRunningDaemonAlone(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	run := func() *exec.Cmd {
-		cmd := exec.Command("make", "-C", "../..", "run", "STATE="+state, "RUN_ADDR="+addr, "ISOLATION=none")
+		// BINDIR in the test's dir: the checkout's bin/ is not the test's to replace.
+		cmd := exec.Command("make", "-C", "../..", "run", "STATE="+state, "BINDIR="+filepath.Join(state, "build"), "RUN_ADDR="+addr, "ISOLATION=none")
 		// No lease is made: no isolation, no disk quota, and a uid range of its own keep
 		// the daemon off every other daemon's ground.
 		cmd.Env = append(os.Environ(), "SIDECAR_DISK_QUOTA=off", "SIDECAR_UID_RANGE=242000-242099", "SCRIPT_ENABLED=false")
