@@ -76,6 +76,9 @@ func TestAuditLogOfExecsAndProcesses(t *testing.T) {
 	if r := logs.find(t, "process started", with("pid", p.ID(), "argv", "/bin/sh -c exit 3")); r == nil {
 		t.Error("no audit line for the process's start")
 	}
+	if _, _, metrics := d.raw("GET", "/metrics", testToken, nil, nil); !strings.Contains(string(metrics), "\nsidecar_audit_lines_dropped_total 0\n") {
+		t.Error("/metrics has no sidecar_audit_lines_dropped_total at 0")
+	}
 	if r := logs.find(t, "process ended", with("pid", p.ID(), "exit_code", 3.0)); r == nil || r["duration_ms"] == nil {
 		t.Errorf("no audit line for the process's end: %v", r)
 	}

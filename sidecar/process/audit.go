@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -25,6 +26,8 @@ const (
 type auditor struct {
 	log *slog.Logger
 	now func() time.Time
+
+	dropped atomic.Int64 // every lease's, for sidecar_audit_lines_dropped_total
 
 	mu      sync.Mutex
 	buckets map[string]*auditBucket
@@ -69,6 +72,7 @@ func (a *auditor) take(lease string) (dropped int64, ok bool) {
 	b.refill(now)
 	if b.tokens < 1 {
 		b.dropped++
+		a.dropped.Add(1)
 		return 0, false
 	}
 	b.tokens--
@@ -97,6 +101,10 @@ func (a *auditor) prune(now time.Time) {
 	}
 	a.pruneAt = max(64, 2*len(a.buckets))
 }
+
+// AuditLinesDropped is how many audit lines the per-lease buckets have dropped since the
+// Manager was made.
+func (m *Manager) AuditLinesDropped() int64 { return m.audit.dropped.Load() }
 
 // forget ends a released lease's bucket, logging the lines it dropped since its last.
 func (a *auditor) forget(lease string) {

@@ -99,6 +99,9 @@ func TestAuditLinesRateLimitedPerLease(t *testing.T) {
 	if r := recs[len(recs)-1]; r["argv"] != "false" || r["exit_code"] != 1.0 || r["audit_dropped"] != 5.0 {
 		t.Fatalf("the line after the drops: %v, want audit_dropped 5", r)
 	}
+	if n := m.AuditLinesDropped(); n != 5 {
+		t.Fatalf("AuditLinesDropped %d, want 5", n)
+	}
 
 	clock.add(10 * time.Second)
 	long := "echo " + strings.Repeat("x", 200)
