@@ -269,9 +269,33 @@ type daemon struct {
 	base    string
 }
 
-// startPod lays out the pod's secret volumes and state volume, starts the daemon with
-// the container's environment, and waits until it answers.
+// startPod lays out the pod's volumes, starts the daemon with the container's
+// environment, and waits until it answers.
 func startPod(t *testing.T, p pod, port int) *daemon {
+	t.Helper()
+	mapPath := layout(t, p)
+	d := &daemon{base: fmt.Sprintf("https://%s:%d", serviceHost, port), env: podEnv(t, p, mapPath)}
+	for _, a := range p.container.Lifecycle.PreStop.Exec.Command {
+		d.command = append(d.command, mapPath(a))
+	}
+	d.hosts = "127.0.0.1 localhost\n"
+	for _, h := range p.hostAliases {
+		d.hosts += h.IP + " " + strings.Join(h.Hostnames, " ") + "\n"
+	}
+	tok, err := os.ReadFile(mapPath(envOf(t, p.container, "SIDECAR_AUTH_TOKEN_FILE")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.token = strings.TrimSpace(string(tok))
+	d.hc = testClient(t, mapPath(envOf(t, p.container, "SIDECAR_TLS_CERT_FILE")), port)
+	d.serve(t, mapPath("/usr/local/bin/sidecar"), envOf(t, p.container, "SIDECAR_CGROUP_PARENT"))
+	return d
+}
+
+// layout makes a directory for each of the container's volume mounts, fills the Secret
+// ones with their keys, and returns the mapping of a path in the pod to one here (the
+// image's sidecar to the built one).
+func layout(t *testing.T, p pod) func(string) string {
 	t.Helper()
 	// Under /var/tmp: lease uids must traverse every ancestor of the state dir (t.TempDir's
 	// parent is 0700), and a lease's private /tmp would hide a work root under /tmp.
@@ -283,8 +307,7 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 	if err := os.Chmod(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// Mount path (in the pod) → directory here.
-	paths := map[string]string{}
+	paths := map[string]string{} // mount path in the pod → directory here
 	for _, m := range p.container.VolumeMounts {
 		dir := filepath.Join(root, m.Name)
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -292,17 +315,8 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 		}
 		paths[m.MountPath] = dir
 		for _, v := range p.volumes {
-			if v.Name != m.Name || v.Secret == nil {
-				continue
-			}
-			s, ok := p.secrets[v.Secret.SecretName]
-			if !ok {
-				t.Fatalf("volume %s mounts Secret %q, which neither the chart nor the operator made", v.Name, v.Secret.SecretName)
-			}
-			for k, b := range secretFiles(s) {
-				if err := os.WriteFile(filepath.Join(dir, k), b, 0o400); err != nil {
-					t.Fatal(err)
-				}
+			if v.Name == m.Name && v.Secret != nil {
+				writeSecret(t, p, v.Secret.SecretName, dir)
 			}
 		}
 	}
@@ -310,7 +324,7 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mapPath := func(s string) string {
+	return func(s string) string {
 		if s == "/usr/local/bin/sidecar" {
 			return bin
 		}
@@ -321,8 +335,26 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 		}
 		return s
 	}
+}
 
-	d := &daemon{base: fmt.Sprintf("https://%s:%d", serviceHost, port)}
+// writeSecret writes the keys of the Secret name into dir, as the kubelet mounts them.
+func writeSecret(t *testing.T, p pod, name, dir string) {
+	t.Helper()
+	s, ok := p.secrets[name]
+	if !ok {
+		t.Fatalf("the pod mounts Secret %q, which neither the chart nor the operator made", name)
+	}
+	for k, b := range secretFiles(s) {
+		if err := os.WriteFile(filepath.Join(dir, k), b, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// podEnv is the container's environment with its paths mapped here.
+func podEnv(t *testing.T, p pod, mapPath func(string) string) []string {
+	t.Helper()
+	var env []string
 	for _, e := range p.container.Env {
 		v := e.Value
 		switch {
@@ -336,46 +368,47 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 			// The pod listens on every address; here, on loopback only.
 			v = strings.Replace(v, "0.0.0.0:", "127.0.0.1:", 1)
 		}
-		d.env = append(d.env, e.Name+"="+mapPath(v))
+		env = append(env, e.Name+"="+mapPath(v))
 	}
-	d.env = append(d.env, "PATH="+os.Getenv("PATH"))
-	for _, a := range p.container.Lifecycle.PreStop.Exec.Command {
-		d.command = append(d.command, mapPath(a))
-	}
-	d.hosts = "127.0.0.1 localhost\n"
-	for _, h := range p.hostAliases {
-		d.hosts += h.IP + " " + strings.Join(h.Hostnames, " ") + "\n"
-	}
-	tok, err := os.ReadFile(mapPath(envOf(t, p.container, "SIDECAR_AUTH_TOKEN_FILE")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.token = strings.TrimSpace(string(tok))
-	// The test's own client, dialling loopback: it trusts the served certificate and
-	// checks it against the first name in it (the preStop's check is the one under test).
-	crt, err := os.ReadFile(mapPath(envOf(t, p.container, "SIDECAR_TLS_CERT_FILE")))
+	return append(env, "PATH="+os.Getenv("PATH"))
+}
+
+// testClient is the test's own client, dialling loopback: it trusts the served
+// certificate and checks it against the first name in it (the preStop's check is the one
+// under test).
+func testClient(t *testing.T, certFile string, port int) *http.Client {
+	t.Helper()
+	crt, err := os.ReadFile(certFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(crt)
 	blk, _ := pem.Decode(crt)
+	if blk == nil {
+		t.Fatalf("%s holds no PEM certificate", certFile)
+	}
 	leaf, err := x509.ParseCertificate(blk.Bytes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	d.hc = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: leaf.DNSNames[0]},
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, network, addr)
 		},
 	}}
+}
 
+// serve starts `sidecar serve` with the pod's environment, stops it and removes its
+// cgroup parent when the test ends, and waits until /healthz answers.
+func (d *daemon) serve(t *testing.T, bin, cgroupParent string) {
+	t.Helper()
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = d.env
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
+	log := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -390,7 +423,7 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
-		removeCgroupParent(t, envOf(t, p.container, "SIDECAR_CGROUP_PARENT"))
+		removeCgroupParent(t, cgroupParent)
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", log.String())
 		}
@@ -401,7 +434,7 @@ func startPod(t *testing.T, p pod, port int) *daemon {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return d
+				return
 			}
 		}
 		select {
