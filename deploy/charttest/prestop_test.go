@@ -489,9 +489,18 @@ func (d *daemon) call(t *testing.T, method, path string, body any, want int, out
 	}
 }
 
+// acquire makes a lease, released at the test's end if the test has not (before the
+// daemon stops: a lease outlives its daemon, cgroup and all).
 func (d *daemon) acquire(t *testing.T) string {
 	var l struct{ ID string }
 	d.call(t, http.MethodPost, "/v1/leases", map[string]any{"session_id": "prestop"}, http.StatusCreated, &l)
+	t.Cleanup(func() {
+		req, _ := http.NewRequest(http.MethodDelete, d.base+"/v1/leases/"+l.ID, nil)
+		req.Header.Set("Authorization", "Bearer "+d.token)
+		if resp, err := d.hc.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	})
 	return l.ID
 }
 
