@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test image image-name ts-pack ts-pack-test
 
 all: build
 
@@ -71,7 +71,16 @@ RUN_QUOTA   = $(or $(SIDECAR_DISK_QUOTA),$(if $(shell PATH="$$PATH:/usr/sbin:/sb
 # copy_bins puts the built binaries in $(1), world-readable, when the checkout is closed.
 copy_bins = if [ -n "$(CLOSED)" ]; then install -d -m 0755 $(1) && rm -f $(1)/* && \
 	for f in $(BIN) $(BINDIR)/sidecar-init; do if [ -e $$f ]; then install -m 0755 $$f $(1)/; fi; done; fi
-run: build
+# running_in prints the pids of the processes running $(1)/sidecar, also once that file
+# was replaced (the kernel then says "(deleted)"): a daemon a make run started.
+running_in = bin=$$(readlink -f $(abspath $(1))/sidecar || echo $(abspath $(1))/sidecar); for p in /proc/[0-9]*; do \
+	case "$$(readlink $$p/exe 2>/dev/null)" in ("$$bin"|"$$bin (deleted)") echo $$p | cut -d/ -f3;; esac; done
+# run refuses before it builds when a daemon from this checkout runs: building and copying
+# would replace the binaries under it (its sidecar-init starts every lease process).
+run:
+	@pids=$$($(call running_in,$(RUNBIN)) | tr '\n' ' '); if [ -n "$$pids" ]; then \
+		echo "sidecar: a daemon from this checkout already runs (pid $${pids% }, $(RUNBIN)/sidecar); its binaries were left alone. Stop it first (kill $${pids% }), or start another with its own BINDIR, STATE and RUN_ADDR" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory build
 	@if [ -n "$(CLOSED)" ]; then echo "sidecar: $(CLOSED) is closed to other users, so lease uids could not reach workdirs in this checkout: state, leases and a copy of the binaries go to $(STATE)"; fi
 	@mkdir -p $(STATE) && chmod 700 $(STATE)
 	@if [ -z "$(SIDECAR_DISK_QUOTA)" ] && [ "$(RUN_QUOTA)" = off ]; then echo "sidecar: no mkfs.ext4 (Debian: apt-get install e2fsprogs), so leases get no filesystem of their own: SIDECAR_DISK_QUOTA=off, disk_bytes binds API uploads only"; fi
@@ -87,6 +96,24 @@ run: build
 	SIDECAR_STATE_DIR=$(STATE) SIDECAR_AUTH_TOKEN_FILE=$(STATE)/auth-token SIDECAR_LISTEN_ADDR=$(RUN_ADDR) \
 	SIDECAR_TLS_SELF_SIGNED=true SIDECAR_ISOLATION=$(ISOLATION) SIDECAR_DISK_QUOTA=$(RUN_QUOTA) $(RUNBIN)/sidecar serve
 
+# image: the container image of deploy/Containerfile (the chart's image: IMAGE_REPO is its
+# values.yaml image.repository and the tag its appVersion), built with docker, or podman
+# where docker is absent; IMAGE names another. .dockerignore keeps .git, bin/,
+# node_modules, .cache and .state out of the build context.
+IMAGE_REPO ?= ghcr.io/sidecar-sandbox/sidecar
+IMAGE_TAG  ?= $(shell sed -n 's/^appVersion: *"*\([^"]*\)"*$$/\1/p' deploy/helm/sidecar/Chart.yaml)
+IMAGE      ?= $(IMAGE_REPO):$(IMAGE_TAG)
+CONTAINER  ?= $(notdir $(firstword $(shell command -v docker podman 2>/dev/null)))
+image:
+	@if [ -z "$(CONTAINER)" ]; then echo "make image: needs docker or podman, and neither is on PATH (Debian: apt-get install podman; or CONTAINER=<tool>)" >&2; exit 2; fi
+	@if ! $(CONTAINER) info >/dev/null 2>&1; then echo "make image: $(CONTAINER) is installed but '$(CONTAINER) info' fails: is its daemon running (systemctl start docker), or is podman an option (CONTAINER=podman)?" >&2; exit 2; fi
+	$(CONTAINER) build -f deploy/Containerfile --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+	@echo "built $(IMAGE); push it where the cluster pulls from (or kind load docker-image $(IMAGE)), and give the chart another image.repository/image.tag if you named it otherwise"
+
+# image-name prints the image `make image` builds.
+image-name:
+	@echo $(IMAGE)
+
 # env prints the path of the client settings `make run` writes, for `. "$$(make -s env)"`.
 env:
 	@echo $(STATE)/env
@@ -101,6 +128,16 @@ console:
 console-test: build
 	cd sidecar/console/web && npm ci --no-audit --no-fund && npm run check && npm test
 
+# ts-pack: the TypeScript client (client/ts) as an npm tarball,
+# dist/sidecar-sandbox-client-<version>.tgz, for `npm install <path>` in another project
+# (the package is private: it is not on the npm registry). Needs Node.js 20+ and npm.
+# ts-pack-test: that tarball installs into a fresh project outside the checkout, imports,
+# and type-checks from strict TypeScript.
+ts-pack:
+	mkdir -p dist && cd client/ts && npm ci --no-audit --no-fund && npm pack --pack-destination ../../dist
+ts-pack-test: ts-pack
+	client/ts/pack-test
+
 # test: what CI runs: formatting, vet, staticcheck, every test with the race detector, and
 # a short run of each fuzz target.
 test: check
@@ -108,10 +145,11 @@ test: check
 check: fmt tidy vet staticcheck race fuzz chart-test
 
 # chart-test: the Helm chart (deploy/helm/sidecar) rendered by Helm's engine, every object
-# decoded strictly into the Kubernetes API types. deploy/ is a module of its own, so Helm
+# decoded strictly into the Kubernetes API types, and (as root) the rendered preStop drain
+# run against the built daemon for each TLS option. deploy/ is a module of its own, so Helm
 # and the Kubernetes types never enter the daemon's go.mod; a few seconds once its
 # modules are downloaded.
-chart-test:
+chart-test: build
 	cd deploy && $(GO) mod tidy -diff && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
 
 # tidy: go.mod says what the code imports, no more, no less (direct dependencies are not
@@ -169,7 +207,8 @@ vm-test:
 	test/vm/run $(VM_VARIANTS)
 
 # soak: many leases acquiring, running, transferring and releasing against the built
-# daemon for a long time; exits non-zero on any error or leak (docs/reliability.md).
+# daemon for a long time, with a progress line a minute; exits non-zero on any error or
+# leak (docs/reliability.md).
 soak: build
 	$(GO) run ./cmd/sidecar-soak -bin $(BIN) -leases $(SOAK_LEASES) -duration $(SOAK_DURATION)
 

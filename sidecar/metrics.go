@@ -64,6 +64,13 @@ func newMetrics(s *Server) *metrics {
 	if s.opts.Network != nil {
 		m.reg.MustRegister(newNetworkCollector(s.opts.Network))
 	}
+	// The audit lines of execs and processes that their lease's rate limit dropped
+	// (process.AuditBurst, AuditRate).
+	if a, ok := s.opts.Processes.(interface{ AuditLinesDropped() int64 }); ok {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "sidecar_audit_lines_dropped_total", Help: "Audit lines of execs and processes dropped by their lease's rate limit (60 lines, then 1 a second).",
+		}, func() float64 { return float64(a.AuditLinesDropped()) }))
+	}
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
 }

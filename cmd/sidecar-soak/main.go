@@ -34,9 +34,10 @@ func run() int {
 	flag.StringVar(&o.bin, "bin", "bin/sidecar", "daemon binary to start when SANDBOX_REMOTE_URL is not set")
 	flag.IntVar(&o.payload, "payload-kib", 512, "size of each file written, uploaded and read back, in KiB")
 	flag.BoolVar(&o.verbose, "v", false, "log every failure and the daemon's stderr")
+	flag.DurationVar(&o.progress, "progress", time.Minute, "print a progress line to stderr this often while the load runs; 0: none")
 	flag.Parse()
-	if o.leases < 1 || o.duration <= 0 || o.payload < 1 {
-		fmt.Fprintln(os.Stderr, "sidecar-soak: -leases, -duration and -payload-kib must be positive")
+	if o.leases < 1 || o.duration <= 0 || o.payload < 1 || o.progress < 0 {
+		fmt.Fprintln(os.Stderr, "sidecar-soak: -leases, -duration and -payload-kib must be positive, -progress not negative")
 		return 2
 	}
 	level := slog.LevelWarn
@@ -72,4 +73,5 @@ type options struct {
 	bin      string
 	payload  int
 	verbose  bool
+	progress time.Duration
 }

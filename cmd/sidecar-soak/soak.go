@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,6 +42,12 @@ func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, 
 	var rep report
 	rep.leases = o.leases
 
+	say := func(format string, a ...any) {
+		if o.progress > 0 {
+			fmt.Fprintf(os.Stderr, "sidecar-soak: "+format+"\n", a...)
+		}
+	}
+	say("warm-up round, then %d leases at once for %v (a line every %v)", o.leases, o.duration, o.progress)
 	// One warm-up round, then the idle baseline.
 	if _, err := workload.Round(ctx, t.client, "soak-warm-up", 10*time.Minute, payload); err != nil {
 		return rep, fmt.Errorf("warm-up round: %w", err)
@@ -70,6 +78,15 @@ func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, 
 	var mu sync.Mutex
 	var lat []time.Duration
 	var wg sync.WaitGroup
+	if o.progress > 0 {
+		tick := time.NewTicker(o.progress)
+		defer tick.Stop()
+		go progressLines(sampleCtx, tick.C, os.Stderr, func(now time.Time) progress {
+			mu.Lock()
+			defer mu.Unlock()
+			return progress{elapsed: now.Sub(start), total: o.duration, rounds: rep.rounds, ops: len(lat), errors: rep.errors, rss: t.rss(), peakRSS: peak.Load()}
+		})
+	}
 	for w := range o.leases {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline) && ctx.Err() == nil; i++ {
@@ -97,6 +114,8 @@ func soak(ctx context.Context, t *target, o options, log *slog.Logger) (report, 
 		return rep, ctx.Err()
 	}
 
+	say("load done after %v: %d rounds, %d errors; waiting for the daemon to settle (at most 30 s) and its heap to come back (at most 150 s)",
+		rep.duration.Round(time.Second), rep.rounds, rep.errors)
 	slices.Sort(lat)
 	rep.ops = len(lat)
 	if n := len(lat); n > 0 {
@@ -123,3 +142,28 @@ func heapBack(ctx context.Context, t *target, idle int64) (int64, time.Duration)
 
 // nearIdle is how much heap still counts as "back at idle".
 func nearIdle(idle int64) int64 { return 2*idle + 8<<20 }
+
+// progress is the state of a running soak, for a progress line.
+type progress struct {
+	elapsed, total      time.Duration
+	rounds, ops, errors int
+	rss, peakRSS        int64
+}
+
+func (p progress) String() string {
+	return fmt.Sprintf("%v of %v: %d rounds, %d operations, %d errors; daemon RSS %s (peak %s)",
+		p.elapsed.Round(time.Second), p.total, p.rounds, p.ops, p.errors, mib(p.rss), mib(p.peakRSS))
+}
+
+// progressLines writes a line to w at each tick, with the state now says, until ctx
+// ends: a soak of half an hour says how it goes.
+func progressLines(ctx context.Context, ticks <-chan time.Time, w io.Writer, now func(time.Time) progress) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case at := <-ticks:
+			fmt.Fprintf(w, "sidecar-soak: %v\n", now(at))
+		}
+	}
+}

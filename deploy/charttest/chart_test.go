@@ -6,7 +6,12 @@ package charttest
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -61,6 +66,46 @@ var base = map[string]any{
 	"tls":  map[string]any{"existingSecret": "sidecar-tls"},
 }
 
+// devValues is values-dev.yaml.
+func devValues(t *testing.T) map[string]any {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(chartDir, "values-dev.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := map[string]any{}
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// checkGeneratedTLS: the chart's own certificate names the Service and each pod and is
+// issued by the ca.crt beside it.
+func checkGeneratedTLS(t *testing.T, s corev1.Secret) {
+	t.Helper()
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(s.Data["ca.crt"]) {
+		t.Fatalf("secret %s: no ca.crt", s.Name)
+	}
+	blk, _ := pem.Decode(s.Data["tls.crt"])
+	if blk == nil {
+		t.Fatalf("secret %s: no tls.crt", s.Name)
+	}
+	leaf, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"sandbox-sidecar.platform.svc", "sandbox-sidecar-2.sandbox-sidecar.platform.svc"} {
+		if _, err := leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: pool}); err != nil {
+			t.Errorf("generated certificate for %s: %v", name, err)
+		}
+	}
+	if _, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"]); err != nil {
+		t.Errorf("generated key pair: %v", err)
+	}
+}
+
 func TestChartRendersStrictly(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -73,6 +118,7 @@ func TestChartRendersStrictly(t *testing.T) {
 			"tls":             map[string]any{"certManager": map[string]any{"enabled": true, "issuerRef": map[string]any{"name": "ca"}}},
 			"securityContext": map[string]any{"privileged": false},
 		}, []string{"Certificate", "PodDisruptionBudget", "Secret", "Service", "StatefulSet"}},
+		{"values-dev.yaml", devValues(t), []string{"PodDisruptionBudget", "Secret", "Secret", "Service", "StatefulSet"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			docs, err := render(t, tc.values)
@@ -124,8 +170,14 @@ func checkObject(t *testing.T, name, kind, doc string, values map[string]any) {
 	case "Secret":
 		var s corev1.Secret
 		strict(t, name, doc, &s)
-		if len(s.StringData["auth-token"]) < 32 {
-			t.Errorf("secret: no auth-token of 32 characters")
+		switch s.Type {
+		case corev1.SecretTypeTLS:
+			// tls.generate: a server certificate for the Service and its CA.
+			checkGeneratedTLS(t, s)
+		default:
+			if len(s.StringData["auth-token"]) < 32 {
+				t.Errorf("secret: no auth-token of 32 characters")
+			}
 		}
 	case "Certificate":
 		// cert-manager's type is not in k8s.io/api: decoded strictly into the fields
@@ -165,7 +217,11 @@ func checkObject(t *testing.T, name, kind, doc string, values map[string]any) {
 
 func checkStatefulSet(t *testing.T, s *appsv1.StatefulSet, values map[string]any) {
 	t.Helper()
-	if s.Spec.ServiceName != "sandbox-sidecar" || s.Spec.Replicas == nil || *s.Spec.Replicas != 3 || len(s.Spec.VolumeClaimTemplates) != 1 {
+	replicas := 3.0
+	if r, ok := values["replicas"].(float64); ok {
+		replicas = r
+	}
+	if s.Spec.ServiceName != "sandbox-sidecar" || s.Spec.Replicas == nil || float64(*s.Spec.Replicas) != replicas || len(s.Spec.VolumeClaimTemplates) != 1 {
 		t.Fatalf("statefulset: service %q replicas %v claims %d", s.Spec.ServiceName, s.Spec.Replicas, len(s.Spec.VolumeClaimTemplates))
 	}
 	pod := s.Spec.Template.Spec
@@ -179,8 +235,12 @@ func checkStatefulSet(t *testing.T, s *appsv1.StatefulSet, values map[string]any
 	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Exec == nil || !slices.Contains(c.Lifecycle.PreStop.Exec.Command, "drain") {
 		t.Errorf("preStop: %+v", c.Lifecycle)
 	}
-	if pod.TerminationGracePeriodSeconds == nil || *pod.TerminationGracePeriodSeconds <= 900 {
-		t.Errorf("terminationGracePeriodSeconds %v must exceed the drain wait (900 s)", pod.TerminationGracePeriodSeconds)
+	drain := 900.0
+	if d, ok := values["drainSeconds"].(float64); ok {
+		drain = d
+	}
+	if pod.TerminationGracePeriodSeconds == nil || float64(*pod.TerminationGracePeriodSeconds) <= drain {
+		t.Errorf("terminationGracePeriodSeconds %v must exceed the drain wait (%v s)", pod.TerminationGracePeriodSeconds, drain)
 	}
 	env := map[string]corev1.EnvVar{}
 	for _, e := range c.Env {
@@ -216,7 +276,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		want   string
 	}{
 		{map[string]any{"auth": map[string]any{"token": "short"}, "tls": map[string]any{"existingSecret": "x"}}, "at least 32 characters"},
-		{map[string]any{"auth": map[string]any{"existingSecret": "x"}}, "tls.existingSecret or tls.certManager.enabled"},
+		{map[string]any{"auth": map[string]any{"existingSecret": "x"}}, "set tls.existingSecret, tls.certManager.enabled or, for development, tls.generate"},
+		{map[string]any{"auth": map[string]any{"generate": true}, "tls": map[string]any{"generate": true, "existingSecret": "x"}}, "unset tls.existingSecret"},
 	} {
 		_, err := render(t, tc.values)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -1,8 +1,11 @@
 package disk
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -455,4 +458,38 @@ func TestAttachReusesTheBoundDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGone(t, root)
+}
+
+// Quotas adding up to more than the disk are the design (sparse images), not a fault: a
+// start with them logs the figures at info and warns of nothing.
+func TestOvercommitIsInfoNotWarning(t *testing.T) {
+	needLoop(t)
+	root := newRoot(t)
+	var logs bytes.Buffer
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	q, err := New(context.Background(), Config{Mode: ModeLoop, WorkRoot: root, DefaultBytes: 1 << 40, MaxLeases: 64, PoolSize: -1, Strict: true, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Close() })
+	var found bool
+	for line := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct {
+			Level     string `json:"level"`
+			Msg       string `json:"msg"`
+			NeedBytes int64  `json:"need_bytes"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+		if rec.Level == "WARN" || rec.Level == "ERROR" {
+			t.Errorf("a start in loop mode logged %s: %s", rec.Level, line)
+		}
+		if strings.Contains(rec.Msg, "exceed the work root's free space") {
+			found = rec.Level == "INFO" && rec.NeedBytes == 64<<40
+		}
+	}
+	if !found {
+		t.Fatalf("no info line with the overcommit's figures:\n%s", logs.String())
+	}
 }

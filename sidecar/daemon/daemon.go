@@ -428,8 +428,9 @@ func (d *Daemon) serve(ctx context.Context) error {
 	opts.Images = imageAPI{store: d.images, defaultImage: d.defaultImage}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
-		return err
+		return listenError(cfg.ListenAddr, err)
 	}
+	warnCertMismatch(d.log, cfg.ListenAddr, cfg.TLS)
 	d.srv.Store(srv)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel

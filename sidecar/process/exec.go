@@ -90,6 +90,7 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 		spec: r.Spec, rows: DefaultRows, cols: DefaultCols, stdinFrom: stdin, killLeftovers: r.KillLeftovers,
 	}, out, nil, m.logger.With("lease", leaseID))
 	if err != nil {
+		m.audit.line(leaseID, "exec failed to start", append(argvAttrs(r.Spec.Argv), "err", err.Error())...)
 		return ExecResult{}, err
 	}
 	m.mu.Lock()
@@ -125,6 +126,8 @@ func (m *Manager) Exec(ctx context.Context, leaseID string, r ExecRequest) (Exec
 		OOMKilled:       run.oom,
 		DurationMS:      m.cfg.Now().Sub(began).Milliseconds(),
 	}
+	m.audit.line(leaseID, "exec", append(argvAttrs(r.Spec.Argv), "exit_code", res.ExitCode, "signal", res.Signal,
+		"timed_out", res.TimedOut, "duration_ms", res.DurationMS)...)
 	if run.canceled.Load() {
 		return res, ctx.Err()
 	}

@@ -19,6 +19,7 @@ import (
 type Manager struct {
 	cfg    Config
 	logger *slog.Logger
+	audit  *auditor
 	store  store
 
 	output   *budget       // what Execs hold, daemon-wide
@@ -55,6 +56,7 @@ func New(cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg:    cfg,
 		logger: cfg.Logger,
+		audit:  newAuditor(cfg.Logger, cfg.Now),
 		store:  store{dir: cfg.StateDir},
 		output: newBudget(cfg.OutputBudgetBytes),
 		stop:   make(chan struct{}),
@@ -199,6 +201,7 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 		m.mu.Unlock()
 		p.startErr = err
 		close(p.ready)
+		m.audit.line(leaseID, "process failed to start", append(argvAttrs(r.Spec.Argv), "err", err.Error())...)
 		return nil, false, err
 	}
 	p.run, p.startedAt = run, m.cfg.Now()
@@ -207,6 +210,8 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 	if err := m.store.save(p.record()); err != nil {
 		logger.Error("persisting process record; a restart will not report it lost", "err", err)
 	}
+	// Before ready closes, as finish waits for it: the start's line precedes the end's.
+	m.audit.line(leaseID, "process started", append([]any{"pid", id}, append(argvAttrs(r.Spec.Argv), "tty", r.Spec.TTY)...)...)
 	close(p.ready)
 	if r.Timeout > 0 || r.IdleTimeout > 0 {
 		m.mu.Lock() // Add under the lock Shutdown closes with, so never after its Wait
@@ -219,7 +224,6 @@ func (m *Manager) Start(ctx context.Context, leaseID string, r StartRequest) (p 
 		}
 		m.mu.Unlock()
 	}
-	logger.Info("process started", "argv0", r.Spec.Argv[0], "tty", r.Spec.TTY)
 	return p, true, nil
 }
 
@@ -231,6 +235,9 @@ func (m *Manager) finish(p *Process, logger *slog.Logger) {
 	r := p.run
 	ended := m.cfg.Now()
 	code := r.status.code
+	// Before the end shows anywhere: whoever saw the process end finds its line written.
+	m.audit.line(p.lease, "process ended", "pid", p.id, "exit_code", code, "signal", r.status.signal,
+		"timed_out", r.timedOut.Load(), "duration_ms", ended.Sub(p.startedAt).Milliseconds())
 	p.mu.Lock()
 	p.state, p.exit, p.signal, p.endedAt = apitype.ProcessExited, &code, r.status.signal, &ended
 	p.timedOut, p.oomKilled = r.timedOut.Load(), r.oom
@@ -240,7 +247,6 @@ func (m *Manager) finish(p *Process, logger *slog.Logger) {
 		logger.Error("persisting process exit", "err", err)
 	}
 	close(p.done)
-	logger.Info("process ended", "exit_code", code, "signal", r.status.signal, "timed_out", r.timedOut.Load())
 
 	m.mu.Lock()
 	lp := m.leases[p.lease]
@@ -407,6 +413,7 @@ func (m *Manager) ReleaseLease(leaseID string) {
 			m.logger.Warn("removing process record", "lease", leaseID, "pid", p.id, "err", err)
 		}
 	}
+	m.audit.forget(leaseID)
 }
 
 // Shutdown stops the Manager: no new processes, timeouts stop being watched, and

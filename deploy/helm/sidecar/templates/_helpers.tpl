@@ -26,3 +26,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "sidecar.tlsSecret" -}}
 {{- .Values.tls.existingSecret | default (printf "%s-tls" (include "sidecar.fullname" .)) -}}
 {{- end -}}
+
+{{- /* The Service's DNS name: what clients dial and what the certificate must name. */ -}}
+{{- define "sidecar.serviceHost" -}}
+{{- printf "%s.%s.svc" (include "sidecar.fullname" .) .Release.Namespace -}}
+{{- end -}}
