@@ -321,6 +321,9 @@ func reuseNote(a newLeaseArgs, info apitype.Lease, renew func(time.Duration) (ap
 	if len(a.req.Labels) > 0 {
 		ignored = append(ignored, "--label")
 	}
+	if a.req.Image != "" && a.req.Image != info.Image {
+		ignored = append(ignored, "--image (the lease runs on "+info.Image+")")
+	}
 	if len(ignored) > 0 {
 		note += "; not applied to it: " + strings.Join(ignored, ", ")
 	}
