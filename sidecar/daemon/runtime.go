@@ -65,7 +65,18 @@ func (rt *Runtime) sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
 		CPUMillicores: l.Limits.CPUMillicores,
 		Pids:          l.Limits.Pids,
 		Network:       rt.leaseNetwork(l),
+		Root:          rt.leaseRoot(l.ID),
 	}
+}
+
+// leaseRoot is the root filesystem the lease's processes see: its image's layers under a
+// writable layer of its own, or nil for the host's root.
+func (rt *Runtime) leaseRoot(id string) *sandbox.LeaseRoot {
+	r := rt.rootFor(id)
+	if r == nil {
+		return nil
+	}
+	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir}
 }
 
 // leaseNetwork is how a lease reaches out: through the daemon from a namespace of its own,
