@@ -117,7 +117,6 @@ func must0(t *testing.T, err error) {
 	}
 }
 
-
 // TestLeasesRunInTheirImages: each lease sees its image's files, not the host's; its
 // /workspace, uid and environment are as on the host root; what one lease writes into
 // the image is its own and gone at release.
