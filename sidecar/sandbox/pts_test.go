@@ -3,11 +3,16 @@ package sandbox
 import (
 	"bufio"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 )
 
 // A lease that opens PTYs until it cannot gets its own instance's max and no more; another
@@ -78,5 +83,52 @@ sys.stdin.read()`}})
 			m.Close()
 			sl.Close()
 		})
+	}
+}
+
+// Instances stacked on one directory (a daemon killed between two mounts) are found and
+// all unmounted by the sweep, in a mount namespace of the test's own.
+func TestSweepPTSUnmountsStackedInstances(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: mounts devpts")
+	}
+	root := t.TempDir()
+	dir := filepath.Join(root, "lease")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		// The thread ends with the goroutine (never unlocked): its namespace goes with it.
+		runtime.LockOSThread()
+		errc <- func() error {
+			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+				return err
+			}
+			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+				return err
+			}
+			if m, err := devptsAt(dir); err != nil || m {
+				return fmt.Errorf("before any mount: mounted %v, %v", m, err)
+			}
+			for range 2 {
+				if err := unix.Mount("devpts", dir, "devpts", 0, "newinstance"); err != nil {
+					return err
+				}
+			}
+			if m, err := devptsAt(dir); err != nil || !m {
+				return fmt.Errorf("two instances mounted: mounted %v, %v", m, err)
+			}
+			if err := sweepPTS(root); err != nil {
+				return err
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("after the sweep the directory is still there: %v", err)
+			}
+			return nil
+		}()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
 	}
 }
