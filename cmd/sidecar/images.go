@@ -43,7 +43,7 @@ func runImages(ctx context.Context, args []string) error {
 }
 
 func imagesList(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("images ls", flag.ContinueOnError)
+	fs := newFlagSet("images ls", "usage: sidecar images ls [-o table|json]\n\nThe daemon's images (SIDECAR_IMAGES): state, size, leases on each.")
 	output := outputFlag(fs, "table", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -78,7 +78,7 @@ func imageName(fs *flag.FlagSet, args []string) (string, error) {
 }
 
 func imagesPull(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("images pull", flag.ContinueOnError)
+	fs := newFlagSet("images pull", "usage: sidecar images pull NAME [-o text|json]\n\nPulls NAME again in the background (a moved tag); sidecar images ls shows the progress.")
 	output := outputFlag(fs, "text", "json")
 	name, err := imageName(fs, args)
 	if err != nil {
@@ -100,7 +100,7 @@ func imagesPull(ctx context.Context, args []string) error {
 }
 
 func imagesRemove(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("images rm", flag.ContinueOnError)
+	fs := newFlagSet("images rm", "usage: sidecar images rm NAME\n\nRemoves NAME from the store (refused while leases use it); it stays listed as absent.")
 	name, err := imageName(fs, args)
 	if err != nil {
 		return err
