@@ -310,7 +310,9 @@ func TestLeaseRootSymlinkedMountPoint(t *testing.T) {
 // the daemon no longer knows, even one this Sandbox never provisioned (a crash).
 func TestLeaseRootAdoptAndSweep(t *testing.T) {
 	layers := newTestImage(t)
-	s := newTestSandbox(t)
+	// Cold: no launcher or spare cgroup of this Sandbox's may appear in the lease's cgroup
+	// while the other one sweeps it (a daemon owns its parent alone; two here share it).
+	s := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), ColdStart: true})
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
 	if r := run(t, s, l.ID, sh("echo kept > /scratch/f")); r.exitCode != 0 {
 		t.Fatalf("write: %+v", r)
@@ -333,6 +335,7 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 		t.Errorf("after the root was mounted again: %+v; want the lease's file", r)
 	}
 
+	s.settle()
 	other := newTestSandbox(t) // a daemon after a crash: it never provisioned l
 	gone, _, err := other.Sweep(ctx, func(id string) bool { return id != l.ID })
 	if err != nil {
