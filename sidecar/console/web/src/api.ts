@@ -86,7 +86,7 @@ export interface NetworkPolicy { egress: string; allow_out?: string[]; deny_out?
 export interface NetworkStats { bytes_sent: number; bytes_received: number; connections_allowed: number; connections_denied: number; connections_open: number }
 export interface Lease {
   id: string; session_id: string; labels?: Record<string, string>; state: string;
-  network: NetworkPolicy; network_stats?: NetworkStats;
+  network: NetworkPolicy; network_stats?: NetworkStats; image?: string;
   created_at: string; expires_at: string; last_activity_at: string; limits: Limits; usage?: Usage;
   process_count: number; leftover_count: number; leftovers?: Leftover[];
 }

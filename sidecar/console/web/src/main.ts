@@ -223,6 +223,7 @@ function renderLeaseSummary(l: api.Lease): HTMLElement {
     row("session", l.session_id),
     row("labels", Object.entries(l.labels ?? {}).map(([k, v]) => `${k}=${v}`).join(" ") || "—"),
     row("state", l.state),
+    row("image", l.image || "host"),
     row("network", networkPolicy(l.network)),
     row("traffic", networkTraffic(l.network_stats)),
     row("age", duration(since(l.created_at))),

@@ -120,6 +120,7 @@ test("the console in a browser: sign-in, leases, terminal, files, release", { ti
   const summary = await page.locator("#summary").innerText();
   assert.match(summary, new RegExp(`network\\s+${leaseInfo.network.egress}`));
   assert.ok(!summary.includes("[object"), summary);
+  assert.match(summary, new RegExp(`image\\s+${leaseInfo.image}`));
   assert.match(summary, leaseInfo.network_stats ? /traffic\s+[\d.]+ \S+ sent, [\d.]+ \S+ received; connections \d+ allowed/ : /traffic\s+— \(host network\)/);
   const hist = JSON.parse((await d.api("GET", `/v1/leases/${leaseA.id}/usage`)).body);
   assert.equal(hist.interval_seconds, 10);

@@ -30,7 +30,7 @@ export async function startDaemon() {
       SIDECAR_ISOLATION: root ? "strict" : "none",
       SIDECAR_CGROUP_PARENT: cgroupParent,
       // Away from the TypeScript client's ranges (233000-233999, 235000 and up).
-      SIDECAR_UID_RANGE: "238000-238999",
+      SIDECAR_UID_RANGE: "243000-243999",
       SCRIPT_ENABLED: "false",
       SIDECAR_CONSOLE: "true",
     },
