@@ -34,7 +34,14 @@ func runDrain(ctx context.Context, args []string) error {
 	}
 	if *wait > 0 && !*undo {
 		deadline := time.Now().Add(*wait)
+		told := -1
 		for st.ActiveLeases > 0 && time.Now().Before(deadline) {
+			// Progress on stderr whenever the count moves: stdout keeps the one result line.
+			if st.ActiveLeases != told {
+				told = st.ActiveLeases
+				fmt.Fprintf(os.Stderr, "sidecar: draining: waiting for %d active leases (at most %v more)\n",
+					told, time.Until(deadline).Round(time.Second))
+			}
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

@@ -267,6 +267,19 @@ func TestServeAndCLI(t *testing.T) {
 	if out, code = cli("", "leases", "show", l.ID); code != 0 || !strings.Contains(out, `"session_id": "cli-session"`) {
 		t.Fatalf("leases show: exit %d:\n%s", code, out)
 	}
+	// drain --wait with a lease still active says what it waits for, on stderr, and fails
+	// when its time is up; stdout keeps its one result line for scripts.
+	drain := exec.Command(bin, "drain", "--wait", "1s")
+	drain.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work}
+	for k, v := range env {
+		drain.Env = append(drain.Env, k+"="+v)
+	}
+	var drainOut, drainErr bytes.Buffer
+	drain.Stdout, drain.Stderr = &drainOut, &drainErr
+	if err := drain.Run(); err == nil || drainOut.Len() != 0 ||
+		!strings.Contains(drainErr.String(), "waiting for 1 active leases") || !strings.Contains(drainErr.String(), "1 leases still active") {
+		t.Fatalf("drain --wait with a lease active: %v, stdout %q, stderr %q", err, drainOut.String(), drainErr.String())
+	}
 	if _, code = cli("", "leases", "rm", l.ID); code != 0 {
 		t.Fatalf("leases rm: exit %d", code)
 	}
