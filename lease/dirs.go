@@ -21,7 +21,7 @@ func ensureDirs(l Lease) error {
 	for _, d := range []struct {
 		path string
 		mode fs.FileMode
-	}{{l.Dir, dirMode}, {l.Workdir(), subdirMode}, {l.TmpDir(), subdirMode}, {l.UploadsDir(), subdirMode}} {
+	}{{l.Dir, dirMode}, {l.Workdir(), subdirMode}, {l.TmpDir(), subdirMode}, {l.HomeDir(), subdirMode}, {l.UploadsDir(), subdirMode}} {
 		if err := os.Mkdir(d.path, d.mode); err != nil && !errors.Is(err, fs.ErrExist) {
 			return err
 		}

@@ -28,8 +28,9 @@ type Lease struct {
 	Limits   Limits
 	UID, GID int // 0: no per-lease uid
 	// Dir is WorkRoot/ID, mode 0711 and owned by the daemon. It holds work/ (0700, the
-	// workdir), tmp/ (0700, the lease's private /tmp) and uploads/ (0700, partial uploads,
-	// daemon only). The Provisioner chowns work/ and tmp/ to the lease uid.
+	// workdir), tmp/ (0700, the lease's private /tmp), home/ (its home tree) and uploads/
+	// (0700, partial uploads, daemon only). The Provisioner chowns work/ and tmp/ to the
+	// lease uid and makes home/ its own.
 	Dir                                  string
 	CreatedAt, ExpiresAt, LastActivityAt time.Time
 }
@@ -39,6 +40,10 @@ func (l Lease) Workdir() string { return filepath.Join(l.Dir, "work") }
 
 // TmpDir is the lease's private /tmp.
 func (l Lease) TmpDir() string { return filepath.Join(l.Dir, "tmp") }
+
+// HomeDir is the lease's home tree: the sandbox binds it on /home, where the lease's HOME
+// is, so that tool caches and dotfiles stay out of the workdir (and inside the quota).
+func (l Lease) HomeDir() string { return filepath.Join(l.Dir, "home") }
 
 // UploadsDir holds partial uploads; only the daemon touches it.
 func (l Lease) UploadsDir() string { return filepath.Join(l.Dir, "uploads") }

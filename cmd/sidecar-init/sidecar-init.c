@@ -18,8 +18,8 @@
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
- * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, and its workdir on
- * /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts
+ * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, its home tree on
+ * /home and its workdir on /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts
  * goes inside that root, through a descriptor opened without following symlinks, with a /dev
  * tmpfs of its own, and the helper then pivots into it; oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
  * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
@@ -69,6 +69,7 @@ enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
 #define CONFIG_MAGIC "sidecar-init/1"
 #define LEASE_OOM_SCORE_ADJ "500"
 #define WORKSPACE "/workspace"
+#define HOME_MOUNT "/home" /* where the lease's home tree is bound (initproc.HomeMount) */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 /* System call numbers and Landlock ABI values, fixed by the kernel ABI; defined here so
@@ -167,7 +168,7 @@ enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
-	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *work_dir, *root;
+	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *home, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
 	int netns, landlock, have_uid, have_gid, seccomp, await;
 	long rlimit[NRLIMITS];
@@ -299,7 +300,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 		fail(EXIT_SETUP, "config", "bad config: no magic");
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
-		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_work = 0, seen_root = 0;
+		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_home = 0, seen_work = 0, seen_root = 0;
 		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
@@ -336,6 +337,8 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				set_once(&c->group, &seen_group, key, v);
 			} else if (strcmp(key, "resolv") == 0) {
 				set_once(&c->resolv, &seen_resolv, key, v);
+			} else if (strcmp(key, "home") == 0) {
+				set_once(&c->home, &seen_home, key, v);
 			} else if (strcmp(key, "work_dir") == 0) {
 				set_once(&c->work_dir, &seen_work, key, v);
 			} else if (strcmp(key, "root") == 0) {
@@ -388,7 +391,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 					fail(EXIT_SETUP, "config", "out of memory");
 				lists[i]->n = 0;
 			}
-			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->work_dir = c->root = NULL;
+			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->home = c->work_dir = c->root = NULL;
 			c->netns = c->seccomp = c->await = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
@@ -526,12 +529,13 @@ static void bind_private(const struct config *c, const char *src, const char *ds
 		fail(EXIT_SETUP, "setup", "bind %s on %s: %s", src, dst, strerror(errno));
 }
 
-/* private_workspace binds the lease's workdir on /workspace, nosuid and nodev like /tmp. */
-static void private_workspace(const struct config *c)
+/* private_bind binds a lease directory (its home tree, its workdir) on dst, nosuid and
+ * nodev like /tmp (as initproc.privateBind). */
+static void private_bind(const struct config *c, const char *src, const char *dst)
 {
-	bind_private(c, c->work_dir, WORKSPACE);
-	if (mount_in(c, "", WORKSPACE, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
-		fail(EXIT_SETUP, "setup", "remount %s nosuid,nodev: %s", WORKSPACE, strerror(errno));
+	bind_private(c, src, dst);
+	if (mount_in(c, "", dst, NULL, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "remount %s nosuid,nodev: %s", dst, strerror(errno));
 }
 
 /* private_pts binds the lease's devpts instance on /dev/pts and its ptmx on /dev/ptmx, in the
@@ -646,8 +650,10 @@ static void private_mounts(const struct config *c)
 		bind_private(c, c->group, "/etc/group");
 	if (has(c->resolv))
 		bind_private(c, c->resolv, "/etc/resolv.conf");
+	if (has(c->home))
+		private_bind(c, c->home, HOME_MOUNT);
 	if (has(c->work_dir))
-		private_workspace(c);
+		private_bind(c, c->work_dir, WORKSPACE);
 	if (has(c->root))
 		enter_root(c);
 }

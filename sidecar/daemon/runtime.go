@@ -61,6 +61,7 @@ func (rt *Runtime) sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
 		GID:           l.GID,
 		Workdir:       l.Workdir(),
 		TmpDir:        l.TmpDir(),
+		HomeDir:       l.HomeDir(),
 		MemoryBytes:   l.Limits.MemoryBytes,
 		CPUMillicores: l.Limits.CPUMillicores,
 		Pids:          l.Limits.Pids,

@@ -112,6 +112,7 @@ func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 		cfg.TmpDir, cfg.HostMountNS = l.TmpDir, s.hostMNS
 		cfg.PTSDir = pts
 		cfg.Passwd, cfg.Group, cfg.WorkDir = passwd, group, l.Workdir
+		cfg.Home = s.view(l).homeHost
 		cfg.Resolv = resolv
 		cfg.Root = root
 	}
@@ -262,6 +263,9 @@ func (s *Sandbox) landlockPolicy(l LeaseSpec, rootRW []string) *initproc.Landloc
 		RX:  systemExecDirs,
 		RO:  systemReadDirs,
 		Dev: deviceFiles,
+	}
+	if s.view(l).homeHost != "" {
+		p.RW = append(p.RW, HomeMount)
 	}
 	if l.Root != nil {
 		p.RW = append(p.RW, rootRW...)

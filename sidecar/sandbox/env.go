@@ -70,7 +70,7 @@ type identity struct{ home, user, shell string }
 // database gives the lease's uid); with isolation none, the daemon's user, whose uid the
 // process has, at home in the workdir's host path.
 func (s *Sandbox) identity(v view) identity {
-	id := identity{home: v.work, user: LeaseUser, shell: s.shell}
+	id := identity{home: v.home, user: LeaseUser, shell: s.shell}
 	if !s.strict() {
 		id.user = "sidecar"
 		if u, err := user.Current(); err == nil && u.Username != "" {
@@ -80,9 +80,14 @@ func (s *Sandbox) identity(v view) identity {
 	return id
 }
 
+// xdgDirs are the XDG base directories under a lease's own home.
+var xdgDirs = map[string]string{
+	"XDG_CACHE_HOME": ".cache", "XDG_CONFIG_HOME": ".config", "XDG_DATA_HOME": ".local/share", "XDG_STATE_HOME": ".local/state",
+}
+
 // leaseIdentityEnv are what an image's environment may not set: who and where the lease
 // process is.
-var leaseIdentityEnv = []string{"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR"}
+var leaseIdentityEnv = []string{"HOME", "USER", "LOGNAME", "SHELL", "TMPDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME"}
 
 // imageEnv is what of a lease root's environment applies (KEY=VALUE): all but
 // leaseIdentityEnv; nil for the host's root.
@@ -118,6 +123,13 @@ func buildEnv(id identity, path, tmp string, tty bool, lease []string, req map[s
 	}
 	if tty {
 		env["TERM"] = "xterm-256color"
+	}
+	if id.home == LeaseHome {
+		// A home of its own: tools that read XDG variables rather than default them from
+		// HOME keep their caches, settings and data there too, never in the workdir.
+		for k, sub := range xdgDirs {
+			env[k] = LeaseHome + "/" + sub
+		}
 	}
 	for _, kv := range lease {
 		if k, v, ok := strings.Cut(kv, "="); ok {

@@ -37,6 +37,7 @@ var badConfigs = map[string]string{
 	"group twice":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00group\x00/g\x00group\x00/g\x00",
 	"work_dir twice":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00work_dir\x00/w\x00work_dir\x00/w\x00",
 	"root twice":           "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00root\x00/r\x00root\x00/r\x00",
+	"home twice":           "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00home\x00/h\x00home\x00/h\x00",
 	"uid twice":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00uid\x001\x00",
 	"dir twice":            "sidecar-init/1\x00argv\x00true\x00dir\x00/\x00dir\x00/\x00uid\x000\x00gid\x000\x00",
 	"no uid":               "sidecar-init/1\x00argv\x00true\x00gid\x000\x00",
@@ -218,7 +219,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 	full, err := initproc.Encode(&initproc.Config{
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
-		Passwd: "/u/passwd", Group: "/u/group", Resolv: "/u/resolv.conf", WorkDir: "/l/work", Root: "/l/root/merged",
+		Passwd: "/u/passwd", Group: "/u/group", Resolv: "/u/resolv.conf", Home: "/l/home", WorkDir: "/l/work", Root: "/l/root/merged",
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: true,
 	})

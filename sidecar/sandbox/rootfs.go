@@ -130,7 +130,7 @@ func mountRoot(l LeaseSpec) (string, error) {
 // rootMountPoints are what the helper mounts over in a lease's root: directories, then
 // files (an image without them gets them in the lease's writable layer).
 var (
-	rootMountDirs  = []string{"proc", "dev", "tmp", "etc", strings.TrimPrefix(Workspace, "/")}
+	rootMountDirs  = []string{"proc", "dev", "tmp", "etc", strings.TrimPrefix(HomeMount, "/"), strings.TrimPrefix(Workspace, "/")}
 	rootMountFiles = []string{"etc/passwd", "etc/group", "etc/resolv.conf"}
 )
 

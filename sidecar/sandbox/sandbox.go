@@ -102,6 +102,11 @@ type LeaseSpec struct {
 	// Root runs the lease in an image (rootfs.go), its overlay in the directory that
 	// holds Workdir and TmpDir; nil: the host's root, read-only.
 	Root *LeaseRoot
+	// HomeDir is the lease's home tree (absolute; exists, beside Workdir on the lease's
+	// disk): with a mount namespace per process it is bound on /home and the lease's HOME
+	// is /home/<LeaseUser> in it, so tool caches and dotfiles stay out of the workdir.
+	// "" (or a host without /home, for the host's root): HOME is the workdir.
+	HomeDir string
 }
 
 // LeaseNetwork is what a lease with a network namespace of its own is given to reach out:
@@ -141,6 +146,7 @@ type Sandbox struct {
 	userRoot string
 	users    userDB
 	shell    string // $SHELL of lease processes
+	hostHome bool   // the host's root has /home to bind a lease's home tree on
 	path     string // $PATH of lease processes: DefaultPath and Config.LeasePath
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
@@ -277,6 +283,9 @@ func New(cfg Config) (*Sandbox, error) {
 	if s.hostMNS, err = os.Readlink("/proc/self/ns/mnt"); err != nil {
 		return nil, fmt.Errorf("sandbox: mount namespace: %w", err)
 	}
+	if st, err := os.Stat(HomeMount); err == nil && st.IsDir() {
+		s.hostHome = true
+	}
 	if err := ensureWorkspace(); err != nil {
 		return nil, err
 	}
@@ -388,6 +397,9 @@ func validateSpec(l LeaseSpec) error {
 	if l.Workdir == l.TmpDir {
 		return fmt.Errorf("%w: workdir and tmp dir must differ", ErrInvalid)
 	}
+	if h := l.HomeDir; h != "" && (!filepath.IsAbs(h) || filepath.Clean(h) != h || h == "/" || h == l.Workdir || h == l.TmpDir) {
+		return fmt.Errorf("%w: home dir %q must be absolute, clean and apart from the workdir and tmp dir", ErrInvalid, h)
+	}
 	// The limits were checked against what the kernel enforces by package lease, before
 	// any directory or disk was made for the lease.
 	if l.UID < 0 || l.GID < 0 {
@@ -427,6 +439,9 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		if err := ownDir(d, l.UID, l.GID); err != nil {
 			return err
 		}
+	}
+	if err := s.provisionHome(l); err != nil {
+		return err
 	}
 	if s.cg != nil {
 		if err := s.cg.provision(l.ID, l); err != nil {

@@ -26,6 +26,13 @@ const Workspace = initproc.Workspace
 // LeaseUser is the name of every lease's uid (and of its group) inside the lease.
 const LeaseUser = "user"
 
+// HomeMount is where a lease's home tree (LeaseSpec.HomeDir) is bound; its HOME is
+// LeaseHome there, a directory of the lease's own.
+const (
+	HomeMount = initproc.HomeMount
+	LeaseHome = HomeMount + "/" + LeaseUser
+)
+
 // ensureWorkspace makes the mount point of the leases' workdir binds: an empty root-owned
 // directory, created at start when missing. A read-only root (systemd's
 // ProtectSystem=strict) cannot get one: `make install` creates it.
@@ -54,6 +61,8 @@ func ensureWorkspace() error {
 // namespace, the host paths without one.
 type view struct {
 	work     string // the workdir as the lease names it
+	home     string // the lease's HOME: LeaseHome when its home tree is bound, else work
+	homeHost string // the home tree on the host, when bound on HomeMount; ""
 	workHost string // the workdir on the host
 	tmpHost  string // the lease's tmp dir when it is what /tmp shows; "" otherwise
 	root     string // the lease's root (merged overlay) on the host; "" for the host's root
@@ -61,13 +70,37 @@ type view struct {
 
 func (s *Sandbox) view(l LeaseSpec) view {
 	if !s.caps.PrivateTmp {
-		return view{work: l.Workdir, workHost: l.Workdir}
+		return view{work: l.Workdir, home: l.Workdir, workHost: l.Workdir}
 	}
-	v := view{work: Workspace, workHost: l.Workdir, tmpHost: l.TmpDir}
+	v := view{work: Workspace, home: Workspace, workHost: l.Workdir, tmpHost: l.TmpDir}
 	if l.Root != nil {
 		v.root = leaseRootDirs(l).merged
 	}
+	if l.HomeDir != "" && (s.hostHome || l.Root != nil) {
+		v.home, v.homeHost = LeaseHome, l.HomeDir
+	}
 	return v
+}
+
+// provisionHome makes the lease's home tree when it will be bound: root-owned 0755 (the
+// lease cannot replace what /home holds) with the lease's own HOME in it, 0700.
+func (s *Sandbox) provisionHome(l LeaseSpec) error {
+	v := s.view(l)
+	if v.homeHost == "" {
+		return nil
+	}
+	st, err := os.Lstat(v.homeHost)
+	if err != nil || !st.IsDir() {
+		return fmt.Errorf("%w: home dir %s: not a directory (%v)", ErrInvalid, v.homeHost, err)
+	}
+	if err := os.Chmod(v.homeHost, 0o755); err != nil {
+		return fmt.Errorf("sandbox: chmod %s: %w", v.homeHost, err)
+	}
+	home := filepath.Join(v.homeHost, LeaseUser)
+	if err := os.Mkdir(home, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("sandbox: lease %s home: %w", l.ID, err)
+	}
+	return ownDir(home, l.UID, l.GID)
 }
 
 // workspaceRel turns an exec's working directory (relative to the workdir, or absolute
@@ -151,9 +184,9 @@ func hostEntry(file, id string, fields int, fallback string) string {
 }
 
 // files are the lease's passwd and group contents.
-func (db userDB) files(uid, gid int) (passwd, group string) {
+func (db userDB) files(uid, gid int, home string) (passwd, group string) {
 	u, g := strconv.Itoa(uid), strconv.Itoa(gid)
-	passwd = db.root + "\n" + db.nobody + "\n" + LeaseUser + ":x:" + u + ":" + g + ":" + LeaseUser + ":" + Workspace + ":" + db.shell + "\n"
+	passwd = db.root + "\n" + db.nobody + "\n" + LeaseUser + ":x:" + u + ":" + g + ":" + LeaseUser + ":" + home + ":" + db.shell + "\n"
 	group = db.rootG + "\n" + db.nobodyG + "\n" + LeaseUser + ":x:" + g + ":\n"
 	return passwd, group
 }
@@ -166,7 +199,7 @@ func (s *Sandbox) writeUserFiles(l LeaseSpec) (passwd, group, resolv string, err
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return "", "", "", fmt.Errorf("sandbox: lease %s users: %w", l.ID, err)
 	}
-	p, g := s.users.files(l.UID, l.GID)
+	p, g := s.users.files(l.UID, l.GID, s.view(l).home)
 	passwd, group = filepath.Join(dir, "passwd"), filepath.Join(dir, "group")
 	files := []struct{ path, data string }{{passwd, p}, {group, g}}
 	if l.Network != nil && l.Network.ResolvConf != "" {

@@ -110,7 +110,7 @@ func TestUserDBFiles(t *testing.T) {
 		nobodyG: hostEntry("", nobodyID, 4, defaultNobodG),
 		shell:   "/bin/bash",
 	}
-	passwd, group := db.files(200001, 200002)
+	passwd, group := db.files(200001, 200002, Workspace)
 	wantP := "root:x:0:0:Super User:/root:/bin/bash\nnobody:x:65534:65534:Kernel Overflow User:/:/sbin/nologin\nuser:x:200001:200002:user:/workspace:/bin/bash\n"
 	wantG := "root:x:0:\nnogroup:x:65534:\nuser:x:200002:\n"
 	if passwd != wantP || group != wantG {
@@ -131,5 +131,48 @@ func TestWorkspaceRel(t *testing.T) {
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("workspaceRel(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
 		}
+	}
+}
+
+func TestLeaseHome(t *testing.T) { forEachHelper(t, testLeaseHome) }
+
+// A lease with a home tree has HOME (and the XDG directories) of its own, outside the
+// workdir, on the lease's directory, writable by it alone; /home shows only it.
+func testLeaseHome(t *testing.T, s *Sandbox) {
+	if !s.hostHome {
+		t.Skip("this host has no /home to bind a lease's home tree on")
+	}
+	l := newTestLease(t, s, func(l *LeaseSpec) {
+		l.HomeDir = filepath.Join(filepath.Dir(l.Workdir), "home")
+		if err := os.Mkdir(l.HomeDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	})
+	r := run(t, s, l.ID, sh(`echo home $HOME; echo cache $XDG_CACHE_HOME; cd && echo cd $(pwd)
+mkdir -p .cache/tool && echo cached > .cache/tool/x && echo wrote
+echo ls $(ls -A /home)
+echo passwd $(grep '^user:' /etc/passwd | cut -d: -f6)
+echo owner $(stat -c %U:%a /home/user) $(stat -c %U:%a /home)
+(touch /home/other) 2>/dev/null && echo home-writable
+echo pwd $(cd /workspace && pwd) $(ls -A /workspace | wc -l)`))
+	want := map[string]string{
+		"home": LeaseHome, "cache": LeaseHome + "/.cache", "cd": LeaseHome, "wrote": "",
+		"ls": LeaseUser, "passwd": LeaseHome, "owner": "user:700 root:755", "pwd": "/workspace 0",
+	}
+	got := map[string]string{}
+	for _, line := range lines(r.stdout) {
+		k, v, _ := strings.Cut(line, " ")
+		got[k] = v
+	}
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s: %q, want %q (stdout %q, stderr %q)", k, g, v, r.stdout, r.stderr)
+		}
+	}
+	if _, ok := got["home-writable"]; ok {
+		t.Error("the lease wrote into /home itself")
+	}
+	if b, err := os.ReadFile(filepath.Join(l.HomeDir, LeaseUser, ".cache/tool/x")); err != nil || string(b) != "cached\n" {
+		t.Errorf("the cache file on the host: %q, %v; want it in the lease's home tree", b, err)
 	}
 }

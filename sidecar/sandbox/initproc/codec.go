@@ -46,6 +46,7 @@ const (
 	keyPasswd      = "passwd"
 	keyGroup       = "group"
 	keyResolv      = "resolv"
+	keyHome        = "home"
 	keyWorkDir     = "work_dir"
 	keyRoot        = "root"
 	keyRlimit      = "rlimit_"
@@ -112,6 +113,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.Resolv != "" {
 		put(keyResolv, cfg.Resolv)
+	}
+	if cfg.Home != "" {
+		put(keyHome, cfg.Home)
 	}
 	if cfg.WorkDir != "" {
 		put(keyWorkDir, cfg.WorkDir)
@@ -208,6 +212,8 @@ func Decode(b []byte) (*Config, error) {
 			cfg.Group = v
 		case keyResolv:
 			cfg.Resolv = v
+		case keyHome:
+			cfg.Home = v
 		case keyWorkDir:
 			cfg.WorkDir = v
 		case keyRoot:

@@ -12,7 +12,7 @@ func fullConfig() *Config {
 		Argv: []string{"/bin/sh", "-c", "echo hi", ""}, Env: []string{"PATH=/bin", "A=b=c"},
 		Dir: "/w", UID: 1000, GID: 2147483647,
 		CgroupProcs: []string{"/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"},
-		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true, Root: "/l/root/merged",
+		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true, Root: "/l/root/merged", Home: "/l/home",
 		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []Rlimit{{"nofile", 4096}, {"core", 0}, {"memlock", 65536}, {"msgqueue", 819200}, {"sigpending", 4096}},
 		Seccomp:  true,

@@ -28,6 +28,9 @@ const (
 // the host as an empty directory: the mount point of every lease's bind.
 const Workspace = "/workspace"
 
+// HomeMount is where lease processes see Config.Home; the lease's HOME is a directory in it.
+const HomeMount = "/home"
+
 // Exit codes of a helper that could not start its target, chosen like env(1) and shells do.
 const (
 	ExitSetup       = 125 // the sandbox could not be set up
@@ -66,6 +69,10 @@ type Config struct {
 	// Resolv is the lease's resolv.conf, naming the resolver the daemon runs inside the
 	// lease's network namespace, bound over /etc/resolv.conf likewise.
 	Resolv string
+	// Home is the lease's home directory tree, bound on HomeMount (nosuid, nodev) inside the
+	// private mount namespace: the lease's HOME lives there, on the lease's disk, not in its
+	// workdir. "": none (HOME is the workdir).
+	Home string
 	// WorkDir is the lease's workdir, bound on Workspace (nosuid, nodev) inside the
 	// private mount namespace, the last of the mounts: lease processes never need the
 	// host's path to it.

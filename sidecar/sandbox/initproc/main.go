@@ -143,8 +143,13 @@ func privateMounts(cfg *Config) error {
 			}
 		}
 	}
+	if cfg.Home != "" {
+		if err := privateBind(cfg, cfg.Home, HomeMount); err != nil {
+			return err
+		}
+	}
 	if cfg.WorkDir != "" {
-		if err := privateWorkspace(cfg); err != nil {
+		if err := privateBind(cfg, cfg.WorkDir, Workspace); err != nil {
 			return err
 		}
 	}
@@ -255,14 +260,15 @@ func bindPrivate(cfg *Config, src, dst string) error {
 	return nil
 }
 
-// privateWorkspace binds the lease's workdir on Workspace, nosuid and nodev like /tmp.
-func privateWorkspace(cfg *Config) error {
-	if err := bindPrivate(cfg, cfg.WorkDir, Workspace); err != nil {
+// privateBind binds a lease directory (its home tree, its workdir) on dst, nosuid and
+// nodev like /tmp.
+func privateBind(cfg *Config, src, dst string) error {
+	if err := bindPrivate(cfg, src, dst); err != nil {
 		return err
 	}
 	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_NOSUID | unix.MS_NODEV)
-	if err := mountIn(cfg, "", Workspace, "", flags, ""); err != nil {
-		return fmt.Errorf("remount %s nosuid,nodev: %w", Workspace, err)
+	if err := mountIn(cfg, "", dst, "", flags, ""); err != nil {
+		return fmt.Errorf("remount %s nosuid,nodev: %w", dst, err)
 	}
 	return nil
 }
