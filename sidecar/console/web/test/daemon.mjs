@@ -29,13 +29,22 @@ export async function startDaemon() {
       SIDECAR_LISTEN_ADDR: "127.0.0.1:0",
       SIDECAR_ISOLATION: root ? "strict" : "none",
       SIDECAR_CGROUP_PARENT: cgroupParent,
-      // Away from the TypeScript client's ranges (233000-233999, 235000 and up).
+      // A range of its own: no other suite's daemon takes 243000-243999.
       SIDECAR_UID_RANGE: "243000-243999",
       SCRIPT_ENABLED: "false",
       SIDECAR_CONSOLE: "true",
     },
     stdio: ["ignore", "ignore", "pipe"],
   });
+  const removeCgroupParent = () => {
+    for (const dir of ["", "cpu/", "cpuacct/", "memory/", "pids/", "freezer/"]) {
+      try {
+        rmdirSync(`/sys/fs/cgroup/${dir}${cgroupParent}`); // only an empty cgroup goes
+      } catch {
+        // not there
+      }
+    }
+  };
   const killOnExit = () => child.kill("SIGKILL");
   process.on("exit", killOnExit);
   const exited = new Promise((resolve) => child.on("exit", resolve));
@@ -45,6 +54,7 @@ export async function startDaemon() {
     const timer = setTimeout(() => reject(new Error("no client lines from serve:\n" + stderr)), 60_000);
     child.on("exit", (code) => {
       clearTimeout(timer);
+      removeCgroupParent(); // a daemon refused at start may have made it
       reject(new Error(`serve exited ${code}:\n${stderr}`));
     });
     child.stderr.on("data", (b) => {
@@ -85,13 +95,7 @@ export async function startDaemon() {
       child.kill("SIGTERM");
       await exited;
       process.off("exit", killOnExit);
-      for (const dir of ["", "cpu/", "cpuacct/", "memory/", "pids/", "freezer/"]) {
-        try {
-          rmdirSync(`/sys/fs/cgroup/${dir}${cgroupParent}`); // only an empty cgroup goes
-        } catch {
-          // not there
-        }
-      }
+      removeCgroupParent();
       rmSync(work, { recursive: true, force: true });
     },
   };
