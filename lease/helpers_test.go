@@ -1,9 +1,9 @@
 package lease
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -97,30 +97,12 @@ func (p *fakeProvisioner) setFail(provision, teardown error) {
 	p.failProvision, p.failTeardown = provision, teardown
 }
 
-// syncBuffer is a log sink safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // testEnv is one daemon's worth of lease state in temp dirs.
 type testEnv struct {
 	t      *testing.T
 	clock  *fakeClock
 	prov   *fakeProvisioner
-	logs   *syncBuffer
+	logs   *testtool.Buffer
 	cfg    Config
 	mu     sync.Mutex
 	events []Event
@@ -129,7 +111,7 @@ type testEnv struct {
 func newEnv(t *testing.T, configure ...func(*Config)) *testEnv {
 	t.Helper()
 	root := t.TempDir()
-	e := &testEnv{t: t, clock: newClock(), prov: newProvisioner(), logs: &syncBuffer{}}
+	e := &testEnv{t: t, clock: newClock(), prov: newProvisioner(), logs: &testtool.Buffer{}}
 	e.cfg = Config{
 		StateDir:    filepath.Join(root, "state"),
 		WorkRoot:    filepath.Join(root, "work"),

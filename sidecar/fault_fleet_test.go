@@ -15,6 +15,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
 
@@ -25,7 +26,7 @@ func newFleetMember(t *testing.T, i int, extra ...string) *binDaemon {
 	needRoot(t)
 	first, _ := faultUIDs(256000)
 	first += 16_000 * (i + 1) // away from newBinDaemon's range and each other's
-	stderr := &syncBuffer{}
+	stderr := &testtool.Buffer{}
 	b, err := daemontest.New(daemontest.Options{Bin: helperBinary(t), Parent: faultName(t) + "-" + strconv.Itoa(i), Token: testToken,
 		UIDFirst: first, UIDLast: first + 15, Env: extra, Output: stderr})
 	if err != nil {

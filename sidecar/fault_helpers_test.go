@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
 	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
 )
@@ -34,33 +35,9 @@ type binDaemon struct {
 	addr   string
 	parent string // cgroup parent, unique per test
 	caFile string
-	stderr *syncBuffer
+	stderr *testtool.Buffer
 	client *client.Client
 	starts int
-}
-
-// syncBuffer collects a child's stderr while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b.Reset()
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // faultName is the unique prefix of everything a fault test creates: its cgroup
@@ -97,7 +74,7 @@ func newBinDaemon(t *testing.T, extra ...string) *binDaemon {
 	t.Helper()
 	needRoot(t)
 	uidFirst, uidLast := faultUIDs(256000)
-	stderr := &syncBuffer{}
+	stderr := &testtool.Buffer{}
 	b, err := daemontest.New(daemontest.Options{Bin: helperBinary(t), Parent: faultName(t), Token: testToken,
 		UIDFirst: uidFirst, UIDLast: uidLast, Env: append(append([]string{"SIDECAR_LOG_LEVEL=debug"}, quotaEnv()...), extra...), Output: stderr})
 	if err != nil {
@@ -119,7 +96,7 @@ func (d *binDaemon) start() {
 
 func (d *binDaemon) tryStart() error {
 	d.starts++
-	d.stderr.reset() // this start's output only
+	d.stderr.Reset() // this start's output only
 	if err := d.Start(context.Background()); err != nil {
 		return fmt.Errorf("start %d: %w\n%s", d.starts, err, d.stderr)
 	}

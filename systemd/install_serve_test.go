@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"crypto/x509"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"net"
 	"net/http"
 	"os"
@@ -11,12 +12,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // make install with no settings writes a sidecar.env that listens on this host's own
@@ -75,7 +73,7 @@ func TestMakeInstallServesOnThisHost(t *testing.T) {
 	for k, v := range env {
 		serve.Env = append(serve.Env, k+"="+v)
 	}
-	var stderr syncBuffer
+	var stderr testtool.Buffer
 	serve.Stderr = &stderr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -166,22 +164,4 @@ func isLocalAddress(t *testing.T, ip string) bool {
 		}
 	}
 	return false
-}
-
-// syncBuffer collects a child's stderr while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

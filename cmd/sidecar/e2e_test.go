@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -28,24 +27,6 @@ func buildBinary(t *testing.T, dir string) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// lockedBuffer collects a child's stderr while the test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // The README's promise: run the daemon on its defaults, paste the printed lines, and the
@@ -95,7 +76,7 @@ func TestServeAndCLI(t *testing.T) {
 		"SCRIPT_ENABLED=false",
 	}
 	serve.Env = append(serve.Env, quotaEnv()...)
-	stderr := &lockedBuffer{}
+	stderr := &testtool.Buffer{}
 	serve.Stderr = stderr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -244,12 +225,12 @@ func TestServeAndCLI(t *testing.T) {
 	for k, v := range env {
 		watch.Env = append(watch.Env, k+"="+v)
 	}
-	watchOut, watchErr := &lockedBuffer{}, &lockedBuffer{}
+	watchOut, watchErr := &testtool.Buffer{}, &testtool.Buffer{}
 	watch.Stdout, watch.Stderr = watchOut, watchErr
 	if err := watch.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor := func(b *lockedBuffer, s string) {
+	waitFor := func(b *testtool.Buffer, s string) {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); !strings.Contains(b.String(), s); time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(deadline) {

@@ -74,7 +74,7 @@ func TestCLIDockerHabits(t *testing.T) {
 
 	// Ctrl-C ends a streamed exec quietly, with the shell's code for SIGINT.
 	interrupted := d.cli("exec", l.ID, "sh", "-c", "echo up; sleep 60")
-	upOut, upErr := &lockedBuffer{}, &lockedBuffer{}
+	upOut, upErr := &testtool.Buffer{}, &testtool.Buffer{}
 	interrupted.Stdout, interrupted.Stderr = upOut, upErr
 	if err := interrupted.Start(); err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestCLIDockerHabits(t *testing.T) {
 	pr, pw := io.Pipe()
 	attach := d.cli("attach", "-i", l.ID, proc)
 	attach.Stdin = pr
-	attachOut, attachErr := &lockedBuffer{}, &lockedBuffer{}
+	attachOut, attachErr := &testtool.Buffer{}, &testtool.Buffer{}
 	attach.Stdout, attach.Stderr = attachOut, attachErr
 	if err := attach.Start(); err != nil {
 		t.Fatal(err)
@@ -203,7 +203,7 @@ func TestCLIRenewAndAttachedSessions(t *testing.T) {
 	// Released under an attached session: the CLI says so.
 	cmd := d.cli("exec", "-it", l.ID, "sh", "-c", "echo started; sleep 60")
 	cmd.Stdin = strings.NewReader("")
-	stdout, stderr := &lockedBuffer{}, &lockedBuffer{}
+	stdout, stderr := &testtool.Buffer{}, &testtool.Buffer{}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

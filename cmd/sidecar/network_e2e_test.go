@@ -24,6 +24,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // netDaemon is a daemon binary serving on loopback for the network tests, with the
@@ -74,7 +75,7 @@ func startNetDaemon(t *testing.T) *netDaemon {
 		"SIDECAR_UID_RANGE=238000-238999",
 		"SCRIPT_ENABLED=false",
 	}
-	stderr := &lockedBuffer{}
+	stderr := &testtool.Buffer{}
 	serve.Stderr = stderr
 	if err := serve.Start(); err != nil {
 		t.Fatal(err)
@@ -286,7 +287,7 @@ func TestLeaseNetworkClientAndCLI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pfErr := &lockedBuffer{}
+		pfErr := &testtool.Buffer{}
 		pf.Stderr = pfErr
 		if err := pf.Start(); err != nil {
 			t.Fatal(err)
@@ -407,7 +408,7 @@ func TestLeaseNetworkClientAndCLI(t *testing.T) {
 			defer c.Release(context.Background(), string(m[1]))
 		}
 		cmd := d.cli("leases", "new", "net-cli-bad", "--allow-out", "192.168.1.1")
-		errOut := &lockedBuffer{}
+		errOut := &testtool.Buffer{}
 		cmd.Stderr = errOut
 		if err := cmd.Run(); err == nil || !strings.Contains(errOut.String(), "invalid_network_policy") {
 			t.Errorf("leases new with a private allow_out: %v, stderr %q", err, errOut.String())

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"io/fs"
 	"net"
 	"os"
@@ -12,8 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // tourBlocks are the ```sh blocks of the README's "A quick tour", in order.
@@ -96,7 +95,7 @@ func TestReadmeTour(t *testing.T) {
 	)
 	run.Env = append(run.Env, quotaEnv()...)
 	run.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stderr := &lockedBuffer{}
+	stderr := &testtool.Buffer{}
 	run.Stdout, run.Stderr = stderr, stderr
 	if err := run.Start(); err != nil {
 		t.Fatal(err)

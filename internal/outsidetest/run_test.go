@@ -4,37 +4,17 @@ package outsidetest
 
 import (
 	"bytes"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
-
-// lockedBuffer is a command's output, read while it runs.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // daemonIn returns the pid of the process in process group pgid running a binary named
 // sidecar, and the path of that binary (the kernel's word, "(deleted)" once replaced).
@@ -85,7 +65,7 @@ func TestSecondMakeRunLeavesTheRunningDaemonAlone(t *testing.T) {
 	}
 
 	first := run()
-	var out1 lockedBuffer
+	var out1 testtool.Buffer
 	first.Stdout, first.Stderr = &out1, &out1
 	if err := first.Start(); err != nil {
 		t.Fatal(err)

@@ -1,9 +1,9 @@
 package process
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"log/slog"
 	"strings"
 	"sync"
@@ -21,25 +21,11 @@ func TestAuditArgv(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink read while processes still write to it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
 // auditLines are the audit records logged so far.
-func (b *syncBuffer) auditLines(t *testing.T) []map[string]any {
+func auditLines(t *testing.T, logs *testtool.Buffer) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var recs []map[string]any
-	for line := range strings.SplitSeq(strings.TrimSpace(b.buf.String()), "\n") {
+	for line := range strings.SplitSeq(strings.TrimSpace(logs.String()), "\n") {
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("%v: %s", err, line)
@@ -68,7 +54,7 @@ func (c *fakeClock) add(d time.Duration) {
 // exit code and duration, up to the lease's bucket; what the bucket drops is counted on
 // the next line, and on a last line at release.
 func TestAuditLinesRateLimitedPerLease(t *testing.T) {
-	var logs syncBuffer
+	var logs testtool.Buffer
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	m := newManager(t, Config{Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Now: clock.now}, "other")
 	ctx := context.Background()
@@ -82,7 +68,7 @@ func TestAuditLinesRateLimitedPerLease(t *testing.T) {
 		exec("lease", "true")
 	}
 	exec("other", "sh", "-c", "exit 3") // another lease has a bucket of its own
-	recs := logs.auditLines(t)
+	recs := auditLines(t, &logs)
 	if len(recs) != AuditBurst+1 {
 		t.Fatalf("%d audit lines for %d execs in one lease and 1 in another, want %d", len(recs), AuditBurst+6, AuditBurst+1)
 	}
@@ -95,7 +81,7 @@ func TestAuditLinesRateLimitedPerLease(t *testing.T) {
 
 	clock.add(time.Second) // one token back
 	exec("lease", "false")
-	recs = logs.auditLines(t)
+	recs = auditLines(t, &logs)
 	if r := recs[len(recs)-1]; r["argv"] != "false" || r["exit_code"] != 1.0 || r["audit_dropped"] != 5.0 {
 		t.Fatalf("the line after the drops: %v, want audit_dropped 5", r)
 	}
@@ -110,7 +96,7 @@ func TestAuditLinesRateLimitedPerLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-p.Done()
-	recs = logs.auditLines(t)
+	recs = auditLines(t, &logs)
 	started, ended := recs[len(recs)-2], recs[len(recs)-1]
 	if started["msg"] != "process started" || started["pid"] != p.ID() || started["argv_truncated"] != true || len(started["argv"].(string)) != AuditArgvBytes {
 		t.Errorf("start line: %v", started)
@@ -122,9 +108,9 @@ func TestAuditLinesRateLimitedPerLease(t *testing.T) {
 	for range AuditBurst + 2 { // spends the rest of the bucket, then drops
 		exec("lease", "true")
 	}
-	before := len(logs.auditLines(t))
+	before := len(auditLines(t, &logs))
 	m.ReleaseLease("lease")
-	recs = logs.auditLines(t)
+	recs = auditLines(t, &logs)
 	if len(recs) != before+1 || recs[before]["msg"] != "audit lines dropped" || recs[before]["audit_dropped"].(float64) < 2 {
 		t.Fatalf("release: %v", recs[before:])
 	}
