@@ -198,7 +198,7 @@ fuzz:
 	.ci/fuzz-one FuzzStreamFrames ./sidecar $(FUZZTIME)
 	.ci/fuzz-one FuzzResolve      ./fsxfer $(FUZZTIME)
 	.ci/fuzz-one FuzzExtractTar   ./fsxfer $(FUZZTIME)
-	.ci/fuzz-one FuzzDecode       ./sidecar/sandbox/initproc $(FUZZTIME)
+	.ci/fuzz-one FuzzDecode       ./internal/confine/initproc $(FUZZTIME)
 
 # vm-test: the isolation and lease checks inside Debian 12's kernel under qemu, once per
 # host kind (cgroup v2, v2 without Landlock, v1, v2 delegated, v2 by hand); root, and

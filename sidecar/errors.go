@@ -14,13 +14,13 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/script"
+	"github.com/sidecar-sandbox/sidecar/internal/shell"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/image"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
-	"github.com/sidecar-sandbox/sidecar/sidecar/script"
-	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
 )
 
 // Error is an error with its place on the wire. Handlers return it (or a package sentinel

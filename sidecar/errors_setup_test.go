@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 )
 
 // A sandbox setup failure is its own code, naming the step; the helper's report (host

@@ -23,7 +23,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
 )
 
 // The fuzz targets here drive the server's own code paths without a daemon: JSON

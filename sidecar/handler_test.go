@@ -18,11 +18,11 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/script"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
-	"github.com/sidecar-sandbox/sidecar/sidecar/script"
 )
 
 // The handler tests drive the server through ServeHTTP on fakes of the parts it serves:

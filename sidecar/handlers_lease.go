@@ -8,9 +8,9 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/docs"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 func (s *Server) handleHealthz(w http.ResponseWriter, r *http.Request, _ principal) error {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
 )
 
 // seconds converts timeout_seconds and idle_timeout_seconds; package process bounds them

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+	"github.com/sidecar-sandbox/sidecar/internal/script"
 )
 
 // scriptBody is apitype.ScriptRequest with the input kept as raw JSON: it goes to the

@@ -5,8 +5,8 @@ import (
 	"net/http"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/shell"
 	"github.com/sidecar-sandbox/sidecar/lease"
-	"github.com/sidecar-sandbox/sidecar/sidecar/shell"
 )
 
 // Shells keeps the lease's persistent shell sessions (shell.Manager).

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/lease"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 )
 
 // metrics are the daemon's Prometheus series, on a registry of its own (no globals, so

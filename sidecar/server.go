@@ -1,7 +1,7 @@
 // Package sidecar is the daemon's HTTP server: routes in one place, the auth middleware,
 // thin handlers (decode, call a package that knows nothing of HTTP, encode), websocket
 // streams and metrics. It knows the parts it serves only by the small interfaces below;
-// the daemon's wiring (opening, restoring and sweeping them) is package sidecar/daemon.
+// the daemon's wiring (opening, restoring and sweeping them) is package internal/daemon.
 package sidecar
 
 import (
@@ -23,12 +23,12 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/script"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/sidecar/console"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
-	"github.com/sidecar-sandbox/sidecar/sidecar/script"
 )
 
 // HTTPLimits bounds what one connection or request may cost.
@@ -61,7 +61,7 @@ func orDefault[T int | int64 | time.Duration](v *T, d T) {
 	}
 }
 
-// The parts the handlers serve, as small interfaces: sidecar/daemon passes the real
+// The parts the handlers serve, as small interfaces: internal/daemon passes the real
 // ones, the handler tests fakes.
 
 // Leases is the lease table (lease.Manager).

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 )
 
 // An absolute workdir path in a path route keeps its leading slash escaped, so that the

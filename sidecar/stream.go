@@ -16,7 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
 )
 
 // Websocket buffers: gorilla's 4 KiB default halves a fast stream's throughput (0.42 vs

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 	"log/slog"
 	"time"
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
 // caseScale: the lease-count curve. With 10, 100, (1,000) leases held, acquire + release

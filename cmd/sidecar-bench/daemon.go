@@ -11,7 +11,7 @@ import (
 	"strconv"
 
 	"github.com/sidecar-sandbox/sidecar/client"
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"
 )
 

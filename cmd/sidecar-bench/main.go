@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 	"golang.org/x/sys/unix"
 )
 

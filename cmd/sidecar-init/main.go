@@ -11,6 +11,6 @@
 //	CGO_ENABLED=0 go build -o bin/sidecar-init ./cmd/sidecar-init
 package main
 
-import "github.com/sidecar-sandbox/sidecar/sidecar/sandbox/initproc"
+import "github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 
 func main() { initproc.Main() }

@@ -8,7 +8,7 @@
  * sidecar-init: the sandbox helper every lease process starts as, in C so that it starts
  * as fast as /bin/true (the Go helper pays ~2.6 ms of runtime start per exec).
  *
- * It does what sidecar/sandbox/initproc does, in the same order, with the same exit codes
+ * It does what internal/confine/initproc does, in the same order, with the same exit codes
  * and report format, reading the same config (see initproc/codec.go):
  *
  *   fd 3  sealed memfd: "sidecar-init/1\0" (key "\0" value "\0")*
@@ -743,7 +743,7 @@ static const int socket_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
 #define SOCKET_FAMILY_MAX AF_NETLINK
 
 /* The seccomp denylist, the same as package seccomp's Denied (TestDenylistParity compares
- * them; see sidecar/sandbox/seccomp for why a denylist and why these calls): refused with
+ * them; see internal/kernel/seccomp for why a denylist and why these calls): refused with
  * EPERM whatever the arguments. Names this architecture lacks are skipped. */
 static const char *const seccomp_denied[] = {
 	"setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "open_tree_attr",

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/cmd/sidecar-soak/workload"
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
 // resources is what the daemon holds that a leak would grow. -1 means unknown (a

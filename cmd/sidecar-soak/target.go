@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemontest"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
 // target is the daemon under soak: one this program started (local), or a remote one.

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 )
 
 // The sandbox starts every lease process as `sidecar __sandbox-init` (unless a smaller

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 
-	"github.com/sidecar-sandbox/sidecar/sidecar/script"
+	"github.com/sidecar-sandbox/sidecar/internal/script"
 )
 
 // The script worker is the daemon's own binary run by script.Runner: hidden, because only

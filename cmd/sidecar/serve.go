@@ -18,10 +18,10 @@ import (
 
 	"github.com/caarlos0/env/v11"
 
+	"github.com/sidecar-sandbox/sidecar/internal/daemon"
+	"github.com/sidecar-sandbox/sidecar/internal/process"
+	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/lease"
-	"github.com/sidecar-sandbox/sidecar/sidecar/daemon"
-	"github.com/sidecar-sandbox/sidecar/sidecar/process"
-	"github.com/sidecar-sandbox/sidecar/sidecar/sandbox"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
 	"github.com/sidecar-sandbox/sidecar/tls/tlsconfig"

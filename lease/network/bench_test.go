@@ -8,9 +8,9 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/sidecar-sandbox/sidecar/internal/nettest"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/lease/network"
-	"github.com/sidecar-sandbox/sidecar/lease/network/nettest"
 )
 
 // benchWorld is a lease namespace with an internet policy and a test host that answers

@@ -19,9 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sidecar-sandbox/sidecar/internal/nettest"
 	"github.com/sidecar-sandbox/sidecar/lease/netpolicy"
 	"github.com/sidecar-sandbox/sidecar/lease/network"
-	"github.com/sidecar-sandbox/sidecar/lease/network/nettest"
 )
 
 // world is a lease namespace, two public test hosts, a private one, a metadata host and a

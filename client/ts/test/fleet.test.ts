@@ -1,7 +1,7 @@
 // The TypeScript client against three real daemons behind one fleet config: the hash is
 // the Go client's, placement spreads by capacity, a drained sidecar gets no new lease
 // while its own lease works on, a killed one is skipped, a lease opened by id is found
-// on its sidecar. The Go side of the same: client/fleet.go, sidecar/fault_fleet_test.go.
+// on its sidecar. The Go side of the same: client/fleet.go, internal/daemon/fault_fleet_test.go.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";

@@ -1,5 +1,5 @@
 // Package workload is the lease life that the soak (cmd/sidecar-soak) and the short load
-// test in CI (sidecar/fault_load_test.go) both run, so that the two measure the same thing.
+// test in CI (internal/daemon/fault_load_test.go) both run, so that the two measure the same thing.
 package workload
 
 import (

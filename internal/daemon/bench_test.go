@@ -1,0 +1,121 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/daemon"
+)
+
+// Benchmarks run against the real daemon over real TLS through the real client, next to
+// the floor measured in the same run. `go test -bench . -benchtime 200x ./sidecar/`.
+
+// BenchmarkNoop is an authenticated request that does nothing: TLS, auth, routing.
+func BenchmarkNoop(b *testing.B) {
+	d := startDaemon(b)
+	ctx := context.Background()
+	b.Run("info", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := d.client.Info(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "bench-noop"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Release(ctx)
+	b.Run("lease-get-with-lease-token", func(b *testing.B) {
+		lc := d.newClient(l.Token()).OpenLease(l.ID(), l.Token())
+		for b.Loop() {
+			if _, err := lc.Get(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkAcquireRelease is a whole lease life: state written, cgroup, uid, workdir, and
+// a network namespace with the daemon's proxy and resolver in it, beside the same life on
+// the host's network.
+func BenchmarkAcquireRelease(b *testing.B) {
+	for _, network := range []string{daemon.NetworkNamespace, daemon.NetworkHost} {
+		b.Run("network="+network, func(b *testing.B) {
+			d := startDaemon(b, func(c *daemon.Config) { c.Network.Isolation = network })
+			ctx := context.Background()
+			i := 0
+			for b.Loop() {
+				i++
+				l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", i)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAcquireDisk is what an acquire pays for its filesystem (release is not timed):
+// none (SIDECAR_DISK_QUOTA=off), a pooled image (the default size), an image made on the
+// spot (another size). The pool refills while the untimed release runs.
+func BenchmarkAcquireDisk(b *testing.B) {
+	for _, bc := range []struct {
+		name, mode string
+		size       int64
+	}{{"off", "off", 0}, {"loop-pooled", "loop", 0}, {"loop-made", "loop", 96 << 20}} {
+		b.Run(bc.name, func(b *testing.B) {
+			if bc.mode != "off" && os.Geteuid() != 0 {
+				b.Skip("loop devices need root")
+			}
+			d := startDaemon(b, func(c *daemon.Config) { c.DiskQuota = bc.mode })
+			ctx := context.Background()
+			i := 0
+			for b.Loop() {
+				i++
+				l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", i), Limits: apitype.Limits{DiskBytes: bc.size}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				if err := l.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// BenchmarkExecTrue is `true` run to completion in a held lease, next to a local fork/exec.
+func BenchmarkExecTrue(b *testing.B) {
+	b.Run("local-os-exec", func(b *testing.B) {
+		for b.Loop() {
+			if err := exec.Command("/bin/true").Run(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	d := startDaemon(b)
+	ctx := context.Background()
+	l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "bench-exec"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Release(ctx)
+	b.Run("sidecar-client", func(b *testing.B) {
+		for b.Loop() {
+			res, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"/bin/true"}})
+			if err != nil || res.ExitCode != 0 {
+				b.Fatal(res, err)
+			}
+		}
+	})
+}

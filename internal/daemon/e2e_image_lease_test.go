@@ -1,0 +1,182 @@
+package daemon_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/daemon"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
+)
+
+// runnableImage is an image a lease can run commands in: a base layer of host programs
+// and the libraries ldd names for them, a world-writable /scratch, and a top layer with
+// an /etc/os-release of its own. Its Env sets PATH and IMAGE=id.
+func runnableImage(t *testing.T, id string) v1.Image {
+	t.Helper()
+	testtool.Need(t, "ldd", "libc-bin", "it lists the libraries of the programs the test image holds")
+	base := map[string]layerFile{"scratch/": {mode: 0o1777}, "tmp/": {mode: 0o1777}}
+	for _, name := range []string{"sh", "cat", "ls", "id", "touch", "test", "pwd"} {
+		host, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		base["bin/"+name] = hostFile(t, host)
+		out, err := exec.Command("ldd", host).Output()
+		if err != nil {
+			t.Fatalf("ldd %s: %v", host, err)
+		}
+		for _, m := range regexp.MustCompile(`(?m)(?:=> )?(/\S+) \(0x`).FindAllStringSubmatch(string(out), -1) {
+			base[strings.TrimPrefix(m[1], "/")] = hostFile(t, m[1])
+		}
+	}
+	img := empty.Image
+	for _, files := range []map[string]layerFile{base, {"etc/os-release": {body: "ID=" + id + "\n", mode: 0o644}}} {
+		layer, err := tarball.LayerFromOpener(layerTar(t, files))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img, err = mutate.AppendLayers(img, layer); err != nil {
+			t.Fatal(err)
+		}
+	}
+	img, err := mutate.Config(img, v1.Config{Env: []string{"PATH=/bin", "IMAGE=" + id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+// layerFile is a regular file of a test layer, or a directory when its name ends in /.
+type layerFile struct {
+	body string
+	mode int64
+}
+
+func hostFile(t *testing.T, path string) layerFile {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layerFile{body: string(b), mode: 0o755}
+}
+
+// layerTar is a tar of files, parents made as directories, in a stable order.
+func layerTar(t *testing.T, files map[string]layerFile) tarball.Opener {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		f := files[n]
+		parts := strings.Split(strings.TrimSuffix(n, "/"), "/")
+		for i := 1; i < len(parts); i++ {
+			d := strings.Join(parts[:i], "/") + "/"
+			if !dirs[d] {
+				dirs[d] = true
+				must0(t, tw.WriteHeader(&tar.Header{Name: d, Mode: 0o755, Typeflag: tar.TypeDir}))
+			}
+		}
+		if strings.HasSuffix(n, "/") {
+			dirs[n] = true
+			must0(t, tw.WriteHeader(&tar.Header{Name: n, Mode: f.mode, Typeflag: tar.TypeDir}))
+			continue
+		}
+		must0(t, tw.WriteHeader(&tar.Header{Name: n, Mode: f.mode, Size: int64(len(f.body)), Typeflag: tar.TypeReg}))
+		_, _ = tw.Write([]byte(f.body))
+	}
+	must0(t, tw.Close())
+	b := buf.Bytes()
+	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+}
+
+func must0(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeasesRunInTheirImages: each lease sees its image's files, not the host's; its
+// /workspace, uid and environment are as on the host root; what one lease writes into
+// the image is its own and gone at release.
+func TestLeasesRunInTheirImages(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	dir := imageLayout(t, map[string]v1.Image{"a": runnableImage(t, "alpha"), "b": runnableImage(t, "beta")})
+	d := startDaemon(t, func(c *daemon.Config) {
+		c.Images = daemon.ImageConfig{Images: "alpha=oci-layout:" + dir + ":a,beta=oci-layout:" + dir + ":b", StoreBytes: 256 << 20}
+	})
+	for name, in := range waitImages(t, d.client) {
+		if in.State != apitype.ImageReady {
+			t.Fatalf("image %s: %+v", name, in)
+		}
+	}
+	acquire := func(session, img string) *leaseOnImage {
+		l := must(d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: session, Image: img}))(t)
+		t.Cleanup(func() { _ = l.Release(context.Background()) })
+		return &leaseOnImage{t: t, run: func(script string) apitype.ExecResult { return must(l.Exec(ctx, sh(script)))(t) }, uid: l.Info().UID}
+	}
+	a, b := acquire("on-alpha", "alpha"), acquire("on-beta", "beta")
+	if got := a.out(`cat /etc/os-release; echo $IMAGE`); got != "ID=alpha\nalpha\n" {
+		t.Fatalf("alpha's lease: %q", got)
+	}
+	if got := b.out(`cat /etc/os-release; echo $IMAGE`); got != "ID=beta\nbeta\n" {
+		t.Fatalf("beta's lease: %q", got)
+	}
+	// The host's root is out of sight: the daemon's own state dir, a host program.
+	if got := a.out(`test -e ` + d.cfg.StateDir + ` && echo state; test -e /usr/bin/env && echo env; echo done`); got != "done\n" {
+		t.Fatalf("the host's files in an image lease: %q", got)
+	}
+	if got := a.out(`id -u; pwd; echo hi > note; cat /workspace/note`); got != strconv.Itoa(a.uid)+"\n/workspace\nhi\n" {
+		t.Fatalf("uid, cwd and workspace: %q", got)
+	}
+	// A private writable layer: alpha's second lease does not see the first one's file.
+	a.out(`echo mine > /scratch/file`)
+	if got := a.out(`cat /scratch/file`); got != "mine\n" {
+		t.Fatalf("the writer's own file: %q", got)
+	}
+	a2 := acquire("on-alpha-too", "alpha")
+	if got := a2.out(`test -e /scratch/file && echo seen; echo done`); got != "done\n" {
+		t.Fatalf("another lease on the same image: %q", got)
+	}
+	if r := a.run(`echo no > /etc/os-release`); r.ExitCode == 0 {
+		t.Fatalf("the image's /etc is writable by the lease: %+v", r)
+	}
+}
+
+type leaseOnImage struct {
+	t   *testing.T
+	run func(script string) apitype.ExecResult
+	uid int
+}
+
+// out runs script and returns its stdout, failing the test on a non-zero exit.
+func (l *leaseOnImage) out(script string) string {
+	l.t.Helper()
+	r := l.run(script)
+	if r.ExitCode != 0 {
+		l.t.Fatalf("%s: %+v", script, r)
+	}
+	return r.Stdout
+}

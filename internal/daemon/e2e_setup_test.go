@@ -1,0 +1,128 @@
+package daemon_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/client"
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
+)
+
+// A helper that cannot join its command's cgroup (the spare child cgroup the next exec
+// takes is removed under the daemon) fails the exec with sandbox_setup_failed naming the
+// step, not with exit 125. On v1 the helper reports it; on v2 the daemon cannot clone
+// into it. The lease's launcher, set up ahead (internal/sandbox/launcher.go), is killed
+// first, so that the exec starts the plain way. Run with each helper by the sandbox tests;
+// here, the one deployed.
+func TestExecSetupFailure(t *testing.T) {
+	needRoot(t)
+	d := startDaemon(t)
+	ctx := context.Background()
+	l := d.acquire("setup-failure")
+	must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t)
+	dirs := cgroupDirs("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
+	if len(dirs) == 0 {
+		dirs = []string{"/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID()}
+	}
+	// Made in the background: a spare (empty) and the next command's launcher (one process).
+	var spares []string
+	launcher := 0
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		spares, launcher = childCgroups(t, dirs)
+		if len(spares) > 0 && launcher != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no spare and launcher under %v: %v, %d", dirs, spares, launcher)
+		}
+	}
+	for _, dir := range dirs {
+		for _, c := range spares {
+			if err := syscall.Rmdir(filepath.Join(dir, c)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := syscall.Kill(launcher, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		// Gone, or a zombie (the daemon reaps it when the exec finds it dead).
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(launcher) + "/stat")
+		if _, rest, _ := strings.Cut(string(b), ") "); err != nil || strings.HasPrefix(rest, "Z") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("launcher %d still alive", launcher)
+		}
+	}
+	_, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}})
+	var apiErr *client.APIError
+	if !errors.Is(err, client.ErrSandboxSetupFailed) || !errors.As(err, &apiErr) || apiErr.Status != 500 ||
+		!strings.Contains(apiErr.Detail, `"join cgroup"`) {
+		t.Fatalf("exec with its cgroup gone: %v, want 500 sandbox_setup_failed at \"join cgroup\"", err)
+	}
+	// The lease is still usable: the next exec makes a fresh child.
+	if r := must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t); r.ExitCode != 0 {
+		t.Fatalf("exec after the failure: %+v", r)
+	}
+}
+
+// childCgroups lists a lease's empty child cgroups (present in every one of dirs) and the
+// pid of the one process found in a child, if exactly one is.
+func childCgroups(t *testing.T, dirs []string) (empty []string, pid int) {
+	t.Helper()
+	entries, err := os.ReadDir(dirs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		everywhere := true
+		for _, dir := range dirs {
+			if _, err := os.Stat(filepath.Join(dir, e.Name())); err != nil {
+				everywhere = false
+			}
+		}
+		b, err := os.ReadFile(filepath.Join(dirs[0], e.Name(), "cgroup.procs"))
+		if err != nil || !everywhere {
+			continue
+		}
+		if procs := strings.Fields(string(b)); len(procs) == 0 {
+			empty = append(empty, e.Name())
+		} else {
+			pids = append(pids, procs...)
+		}
+	}
+	if len(pids) == 1 {
+		pid, _ = strconv.Atoi(pids[0])
+	}
+	return empty, pid
+}
+
+// cgroupDirs globs a lease's cgroup in every v1 hierarchy, once per hierarchy: co-mounted
+// controllers appear under several names (cpu and cpuacct are links to cpu,cpuacct).
+func cgroupDirs(pattern string) []string {
+	matches, _ := filepath.Glob(pattern)
+	var dirs []string
+	seen := map[string]bool{}
+	for _, m := range matches {
+		real, err := filepath.EvalSymlinks(m)
+		if err != nil || seen[real] {
+			continue
+		}
+		seen[real] = true
+		dirs = append(dirs, real)
+	}
+	return dirs
+}

@@ -1,0 +1,306 @@
+package sandbox
+
+import (
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
+
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// v1Controllers are the hierarchies a lease process joins: limits (memory, cpu, pids),
+// accounting (cpuacct) and killing without races (freezer).
+var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
+
+type cgroupV1 struct {
+	mounts map[string]string // controller → mount point
+	hiers  []string          // distinct mount points (cpu and cpuacct are often one)
+	parent string
+}
+
+func newCgroupV1(parent, mountinfo string) (*cgroupV1, error) {
+	b, err := os.ReadFile(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	mounts := parseV1Mounts(string(b))
+	c := &cgroupV1{mounts: map[string]string{}, parent: parent}
+	var missing []string
+	for _, ctrl := range v1Controllers {
+		m, ok := mounts[ctrl]
+		if !ok {
+			missing = append(missing, ctrl)
+			continue
+		}
+		c.mounts[ctrl] = m
+		if !slices.Contains(c.hiers, m) {
+			c.hiers = append(c.hiers, m)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("cgroup v1 controllers not mounted: %s", strings.Join(missing, ", "))
+	}
+	for _, h := range c.hiers {
+		if err := os.MkdirAll(filepath.Join(h, parent), 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup v1: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// parseV1Mounts maps each v1 controller to its mount point from /proc/self/mountinfo.
+func parseV1Mounts(mountinfo string) map[string]string {
+	mounts := map[string]string{}
+	for line := range strings.SplitSeq(mountinfo, "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(qf) < 3 || qf[0] != "cgroup" {
+			continue
+		}
+		for opt := range strings.SplitSeq(qf[2], ",") {
+			if slices.Contains(v1Controllers, opt) {
+				if _, dup := mounts[opt]; !dup {
+					mounts[opt] = pf[4]
+				}
+			}
+		}
+	}
+	return mounts
+}
+
+func (c *cgroupV1) version() string { return "v1" }
+
+func (c *cgroupV1) dir(ctrl string, parts ...string) string {
+	return filepath.Join(append([]string{c.mounts[ctrl], c.parent}, parts...)...)
+}
+
+func (c *cgroupV1) dirs(parts ...string) []string {
+	ds := make([]string, len(c.hiers))
+	for i, h := range c.hiers {
+		ds[i] = filepath.Join(append([]string{h, c.parent}, parts...)...)
+	}
+	return ds
+}
+
+func (c *cgroupV1) provision(id string, l LeaseSpec) error {
+	for _, d := range c.dirs(id) {
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+	}
+	if err := setMemoryV1(c.dir("memory", id), l.MemoryBytes); err != nil {
+		return err
+	}
+	quota := "-1"
+	if l.CPUMillicores > 0 {
+		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
+	}
+	if err := cgroupfs.WriteFile(c.dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
+		return err
+	}
+	if err := cgroupfs.WriteFile(c.dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
+		return err
+	}
+	pids := "max"
+	if l.Pids > 0 {
+		pids = strconv.FormatInt(l.Pids, 10)
+	}
+	return cgroupfs.WriteFile(c.dir("pids", id, "pids.max"), pids)
+}
+
+// setMemoryV1 sets the memory limit and, where swap accounting exists, the memory+swap
+// limit to the same value so that swap is no way around it. The kernel wants
+// memsw >= mem at every step, so the order depends on the direction.
+func setMemoryV1(dir string, n int64) error {
+	v := "-1"
+	if n > 0 {
+		v = strconv.FormatInt(n, 10)
+	}
+	mem, memsw := filepath.Join(dir, "memory.limit_in_bytes"), filepath.Join(dir, "memory.memsw.limit_in_bytes")
+	if _, err := os.Stat(memsw); err != nil {
+		return cgroupfs.WriteFile(mem, v)
+	}
+	if err := cgroupfs.WriteFile(mem, v); err != nil {
+		if err := cgroupfs.WriteFile(memsw, v); err != nil {
+			return err
+		}
+		return cgroupfs.WriteFile(mem, v)
+	}
+	return cgroupfs.WriteFile(memsw, v)
+}
+
+func (c *cgroupV1) newChild(id, child string) error {
+	made := 0
+	for _, d := range c.dirs(id, child) {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			for _, u := range c.dirs(id, child)[:made] {
+				syscall.Rmdir(u)
+			}
+			return err
+		}
+		made++
+	}
+	return nil
+}
+
+func (c *cgroupV1) setMemory(id, child string, bytes int64) error {
+	return setMemoryV1(c.memoryDir(id, child), bytes)
+}
+
+func (c *cgroupV1) memoryDir(id, child string) string { return c.dir("memory", id, child) }
+
+func (c *cgroupV1) joinFiles(id, child string) []string {
+	ds := c.dirs(id, child)
+	for i := range ds {
+		ds[i] = filepath.Join(ds[i], "cgroup.procs")
+	}
+	return ds
+}
+
+func (c *cgroupV1) childDir(string, string) string { return "" }
+
+func (c *cgroupV1) killChild(ctx context.Context, id, child string) error {
+	_, err := killFrozenV1(ctx, c.dir("freezer", id, child))
+	return err
+}
+
+func (c *cgroupV1) childOOMKills(id, child string) int64 {
+	n, _ := cgroupfs.ReadKey(c.dir("memory", id, child, "memory.oom_control"), "oom_kill")
+	return n
+}
+
+func (c *cgroupV1) childPids(id, child string) ([]int, error) {
+	return readPids(c.dir("freezer", id, child)) // every hierarchy has the same members
+}
+
+func (c *cgroupV1) removeChild(id, child string) error {
+	var errs []error
+	for _, d := range c.dirs(id, child) {
+		errs = append(errs, cgroupfs.RemoveTree(d))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *cgroupV1) killLease(ctx context.Context, id string) ([]int, error) {
+	return killFrozenV1(ctx, c.dir("freezer", id))
+}
+
+func (c *cgroupV1) removeLease(id string) error {
+	var errs []error
+	for _, d := range c.dirs(id) {
+		errs = append(errs, cgroupfs.RemoveTree(d))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *cgroupV1) usage(id string, counted map[string]bool) (Usage, error) {
+	var u Usage
+	var err error
+	if u.MemoryBytes, err = cgroupfs.ReadInt(c.dir("memory", id, "memory.usage_in_bytes")); err != nil {
+		return u, err
+	}
+	ns, err := cgroupfs.ReadInt(c.dir("cpuacct", id, "cpuacct.usage"))
+	if err != nil {
+		return u, err
+	}
+	u.CPUSeconds = float64(ns) / 1e9
+	if u.Pids, err = cgroupfs.ReadInt(c.dir("pids", id, "pids.current")); err != nil {
+		return u, err
+	}
+	// v1 counts OOM kills in the victim's own cgroup only (no propagation to parents), so
+	// the lease's count is the sum over its live cgroups; removed children are added by
+	// the caller.
+	root := c.dir("memory", id)
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil && path != root && errors.Is(err, fs.ErrNotExist) {
+			return nil // a command's child cgroup removed (in the background) mid-walk
+		}
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		if path != root && counted[d.Name()] {
+			return filepath.SkipDir // being removed; its kills are in the lease's tally
+		}
+		n, _ := cgroupfs.ReadKey(filepath.Join(path, "memory.oom_control"), "oom_kill")
+		u.OOMKills += n
+		return nil
+	})
+	return u, err
+}
+
+func (c *cgroupV1) leases() ([]string, error) {
+	var ids []string
+	for _, h := range c.hiers {
+		names, err := listDirs(filepath.Join(h, c.parent))
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if !slices.Contains(ids, n) {
+				ids = append(ids, n)
+			}
+		}
+	}
+	return ids, nil
+}
+
+// killFrozenV1 empties a freezer cgroup subtree: freeze (so nothing forks while we look),
+// SIGKILL every pid, thaw (frozen tasks die only once thawed), and repeat until empty.
+//
+// An empty subtree is left alone, which skips three cgroupfs writes after every command
+// that ended cleanly: only a member can fork into it. (A helper still joining is not a
+// member yet; tree.Kill SIGKILLs it first, so it cannot fork once it is.)
+func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
+	if pids, err := readPids(dir); err == nil && len(pids) == 0 {
+		return nil, nil // empty, or already gone
+	}
+	state := filepath.Join(dir, "freezer.state")
+	var killed []int
+	for range killRounds {
+		if err := cgroupfs.WriteFile(state, "FROZEN"); err != nil {
+			return killed, err
+		}
+		// A task stuck in the kernel may keep the cgroup FREEZING; kill what we see anyway.
+		_ = pollUntil(ctx, killDeadline/killRounds, func() (bool, error) {
+			b, err := os.ReadFile(state)
+			return strings.TrimSpace(string(b)) == "FROZEN", err
+		})
+		pids, err := readPids(dir)
+		if err != nil {
+			cgroupfs.WriteFile(state, "THAWED")
+			return killed, err
+		}
+		for _, pid := range pids {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed = append(killed, pid)
+			}
+		}
+		if err := cgroupfs.WriteFile(state, "THAWED"); err != nil {
+			return killed, err
+		}
+		if len(pids) == 0 {
+			return killed, nil
+		}
+		err = pollUntil(ctx, killDeadline/killRounds, func() (bool, error) {
+			pids, err := readPids(dir)
+			return len(pids) == 0, err
+		})
+		if err == nil {
+			return killed, nil
+		}
+		if ctx.Err() != nil {
+			return killed, ctx.Err()
+		}
+	}
+	return killed, fmt.Errorf("%s: %w", dir, errNotEmpty)
+}

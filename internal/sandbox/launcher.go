@@ -1,0 +1,398 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
+)
+
+// Launchers take the sandbox's set-up off the exec path. Starting a command the plain way
+// forks the helper, which joins its child cgroup (on v1 a migration that, after a few tens
+// of milliseconds of idle, waits out an RCU grace period: 6-8 ms), mounts the lease's view,
+// drops to its uid and builds its Landlock and seccomp filters, then execs. A launcher is
+// that helper started ahead of time, in the background, for the lease's next command: born
+// in a fresh child cgroup of its own, it does every step but the exec and waits on a socket
+// (initproc/launch.go). A command then costs one message and the exec of its target, and
+// still starts in its own new cgroup, namespaces and Landlock domain before its first
+// instruction.
+//
+// Each lease keeps one launcher, made at Provision and again for each command that takes
+// one, once the lease is quiet (awaitQuiet: an agent's commands come with gaps). Made
+// while a short command runs, it would slow that command: on two CPUs the helper's set-up
+// and the command share them. A launcher is a process of the lease (one of its pids, ~100 KiB of its memory; Usage leaves its pid out), running as the lease's uid:
+// `ps` in the lease shows it as sidecar-init. It holds nothing of another command: what a
+// lease command could do to it, it could do to its own next command anyway.
+
+// launchersAtOnce bounds the launchers being made at once, daemon-wide: a restart adopting
+// a thousand leases makes theirs a few at a time, not a thousand forks in one go.
+const launchersAtOnce = 4
+
+// launcherAfterReply is how long after a command ends (or a lease is made) its next
+// launcher waits: the reply goes out first. Measured on 2 CPUs, an exec after 50 ms of
+// idle: 7.8 ms with the launcher made at once as the command ended, 7.0 ms with this wait,
+// 9.4 ms with it made as the command started.
+const launcherAfterReply = 3 * time.Millisecond
+
+// launcherWhileRunning is how long a command runs before the next launcher is made anyway,
+// for a command that comes while it still runs (a server started in the background).
+const launcherWhileRunning = 20 * time.Millisecond
+
+// launcherCatchUp is how long a command waits for a launcher that is already being forked
+// and set up (a few ms when idle) before it starts the plain way.
+const launcherCatchUp = 15 * time.Millisecond
+
+// maxLauncherFailures is how many launchers in a row may fail before a lease stops making
+// them (a lease at its pids limit, say): its commands start the plain way, and each one
+// that does allows one more try.
+const maxLauncherFailures = 3
+
+type launcher struct {
+	child   string      // its child cgroup
+	proc    *os.Process // nil until started
+	sock    *os.File    // the daemon's end of the launch socket
+	report  *os.File    // read end of its report pipe
+	made    chan struct{}
+	forking atomic.Bool // past awaitQuiet and launchersAtOnce: being forked and set up
+	err     error       // why it could not be started; set before made closes
+
+	cancel     chan struct{} // closed by dropLauncher: not to be made after all
+	cancelOnce sync.Once
+}
+
+// errLauncherCanceled: the lease went before its launcher was made.
+var errLauncherCanceled = errors.New("launcher no longer needed")
+
+// started says l is running (ready or getting there); false for nil.
+func (l *launcher) started() bool {
+	if l == nil {
+		return false
+	}
+	select {
+	case <-l.made:
+		return l.err == nil
+	default:
+		return false
+	}
+}
+
+// tasks is how many of the lease's pids the launcher holds: its threads (one for the C
+// helper, the runtime's few for the Go one).
+func (l *launcher) tasks() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", l.proc.Pid)) // not reaped: the pid is still its
+	if err != nil {
+		return 0
+	}
+	_, rest, _ := strings.Cut(string(b), "\nThreads:")
+	n, _ := strconv.ParseInt(strings.TrimSpace(strings.SplitN(rest, "\n", 2)[0]), 10, 64)
+	return n
+}
+
+// noteCommand records a command that is about to start as the lease's last (ended closes
+// when it is over), before it starts: a launcher waiting for quiet (awaitQuiet) then
+// waits for this command too instead of being made beside its plain start. Noted after
+// the start, a launcher whose quiet timer ran out meanwhile would be forked beside the
+// plain start, and the two would share the CPUs.
+func (s *Sandbox) noteCommand(le *lease, ended <-chan struct{}) {
+	s.mu.Lock()
+	le.lastCommand = ended
+	s.mu.Unlock()
+}
+
+// refillLauncher makes the lease's next launcher in the background if it has none and may
+// have one, once the lease is quiet after the command whose end is ended (nil: none;
+// noteCommand recorded it as the lease's last). A command that comes while it waits for
+// quiet starts the plain way; one that comes while it is forked catches up with it
+// (takeLauncher).
+func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
+	if s.cg == nil || !s.strict() || s.coldStart {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if le.launcher != nil || le.launcherFailures >= maxLauncherFailures || s.closed || s.leases[le.spec.ID] != le {
+		return
+	}
+	l := &launcher{made: make(chan struct{}), cancel: make(chan struct{})}
+	le.launcher = l
+	le.jobs.Go(func() {
+		defer close(l.made)
+		if !s.awaitQuiet(le, l, ended) {
+			l.err = errLauncherCanceled
+			return
+		}
+		s.launching <- struct{}{}
+		defer func() { <-s.launching }()
+		l.forking.Store(true)
+		if l.err = s.startLauncher(le, l); l.err != nil {
+			s.launcherFailed(le, l)
+		}
+	})
+}
+
+// awaitQuiet waits until the lease is quiet enough to make launcher l: ended has closed
+// (or the command has run for launcherWhileRunning), then launcherAfterReply has passed
+// without another command starting; a command that did start is waited for the same way.
+// Back-to-back commands thus start the plain way without a launcher being made beside
+// them. False if l was canceled meanwhile.
+func (s *Sandbox) awaitQuiet(le *lease, l *launcher, ended <-chan struct{}) bool {
+	for {
+		if ended != nil {
+			running := time.NewTimer(launcherWhileRunning)
+			select {
+			case <-ended:
+			case <-running.C:
+			case <-l.cancel:
+			}
+			running.Stop()
+		}
+		reply := time.NewTimer(launcherAfterReply)
+		select {
+		case <-reply.C:
+		case <-l.cancel:
+			reply.Stop()
+			return false
+		}
+		s.mu.Lock()
+		latest := le.lastCommand
+		s.mu.Unlock()
+		if latest == ended {
+			return true
+		}
+		ended = latest
+	}
+}
+
+// startLauncher forks the helper as a launcher, in a new child cgroup.
+func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
+	child, err := s.takeChild(le)
+	if err != nil {
+		return fmt.Errorf("child cgroup: %w", err)
+	}
+	l.child = child
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("launch socket: %w", err)
+	}
+	l.sock = os.NewFile(uintptr(fds[0]), "launch")
+	theirs := os.NewFile(uintptr(fds[1]), "launch")
+	defer theirs.Close()
+	cfg := s.helperConfig(le)
+	cfg.Await = true
+	cmd := &exec.Cmd{
+		Path: s.helper, Args: []string{s.helper, HelperArg}, Env: []string{},
+		Dir: le.spec.Workdir, SysProcAttr: s.helperAttr(),
+	}
+	parentFiles, report, err := s.prepareHelper(le, cmd, &cfg, child, theirs)
+	if err != nil {
+		return err
+	}
+	l.report = report
+	if err := s.startHelper(le, cmd, child, parentFiles); err != nil {
+		return err
+	}
+	l.proc = cmd.Process
+	return nil
+}
+
+// takeLauncher returns the lease's launcher once it is ready, else nil: a command never
+// waits for a launcher that has not been forked yet (one waiting for quiet, or behind
+// launchersAtOnce: that wait would cost what a plain start costs, or far more while others
+// are made). One already forked is waited for up to launcherCatchUp: a plain start beside
+// it would share the CPUs with it and pay the whole set-up again, where waiting pays only
+// the rest of the launcher's. One not ready by then stays for a later command; a dead one
+// is discarded, and the lease may make a new one.
+func (s *Sandbox) takeLauncher(le *lease) *launcher {
+	s.mu.Lock()
+	l := le.launcher
+	s.mu.Unlock()
+	if l == nil {
+		return nil
+	}
+	deadline := time.Now().Add(launcherCatchUp)
+	select {
+	case <-l.made:
+	default:
+		if !l.forking.Load() {
+			return nil
+		}
+		catchUp := time.NewTimer(launcherCatchUp)
+		defer catchUp.Stop()
+		select {
+		case <-l.made:
+		case <-catchUp.C:
+			return nil
+		}
+	}
+	s.mu.Lock()
+	if le.launcher != l { // another command took it, or the lease is going
+		s.mu.Unlock()
+		return nil
+	}
+	le.launcher = nil
+	s.mu.Unlock()
+	if l.err != nil {
+		return nil // counted and cleaned up by launcherFailed
+	}
+	ready, err := awaitReady(l.sock, time.Until(deadline))
+	switch {
+	case ready && l.child != "" && s.cg.childOOMKills(le.spec.ID, l.child) > 0:
+		// The kernel OOM-killed a process in its cgroup (made while the lease was at its
+		// memory limit): a command must start where only its own processes can have
+		// been killed (Tree.OOMKilled).
+		s.discardLauncher(le, l)
+		return nil
+	case ready:
+		s.mu.Lock()
+		le.launcherFailures = 0
+		s.mu.Unlock()
+		return l
+	case err == nil: // still setting up: back in its place, unless the lease is going
+		s.mu.Lock()
+		keep := le.launcher == nil && !s.closed && s.leases[le.spec.ID] == le
+		if keep {
+			le.launcher = l
+		}
+		s.mu.Unlock()
+		if !keep {
+			s.discardLauncher(le, l)
+		}
+		return nil
+	}
+	s.launcherFailed(le, l)
+	s.discardLauncher(le, l)
+	return nil
+}
+
+// awaitReady waits up to d for a launcher's ready byte (0: only looks); an error if it
+// exited instead.
+func awaitReady(sock *os.File, d time.Duration) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(sock.Fd()), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, max(int(d/time.Millisecond), 0))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if n == 0 {
+			return false, nil
+		}
+		break
+	}
+	b := make([]byte, 1)
+	n, _, err := unix.Recvfrom(int(sock.Fd()), b, unix.MSG_DONTWAIT)
+	switch {
+	case err != nil:
+		return false, err
+	case n != 1 || b[0] != initproc.LaunchReady:
+		return false, errors.New("launcher exited before it was ready")
+	}
+	return true, nil
+}
+
+// launcherFailed logs why a launcher could not be made or exited early, and counts it.
+func (s *Sandbox) launcherFailed(le *lease, l *launcher) {
+	msg := ""
+	if l.err != nil {
+		msg = l.err.Error()
+	} else if l.report != nil {
+		b, _ := io.ReadAll(io.LimitReader(l.report, 4096))
+		msg = string(b)
+	}
+	s.mu.Lock()
+	le.launcherFailures++
+	n := le.launcherFailures
+	s.mu.Unlock()
+	level := slog.LevelDebug
+	if n == maxLauncherFailures {
+		level = slog.LevelWarn
+	}
+	s.log.Log(context.Background(), level, "launcher failed: commands of this lease start the plain way", "lease", le.spec.ID, "err", msg, "failures", n)
+	if l.err != nil {
+		s.discardLauncher(le, l)
+	}
+}
+
+// discardLauncher ends a launcher that will not run a command, reaps it and removes its
+// cgroup.
+func (s *Sandbox) discardLauncher(le *lease, l *launcher) {
+	if l.proc != nil {
+		_ = l.proc.Kill()
+		_, _ = l.proc.Wait()
+	}
+	for _, f := range []*os.File{l.sock, l.report} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if l.child != "" {
+		if err := s.dropEmptyChild(le.spec.ID, l.child); err != nil { // its OOM kills stay in the tally
+			s.log.Warn("remove launcher cgroup", "lease", le.spec.ID, "cgroup", l.child, "err", err)
+		}
+	}
+}
+
+// dropLauncher discards the lease's launcher, if it has one (Teardown, Close).
+func (s *Sandbox) dropLauncher(le *lease) {
+	s.mu.Lock()
+	l := le.launcher
+	le.launcher = nil
+	s.mu.Unlock()
+	if l != nil {
+		l.cancelOnce.Do(func() { close(l.cancel) })
+		<-l.made
+		if l.err == nil {
+			s.discardLauncher(le, l)
+		}
+	}
+}
+
+// send gives the launcher its command: kind, then the sealed command and its standard
+// descriptors (nil ones /dev/null).
+func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error {
+	b, err := initproc.EncodeLaunch(cmd)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	config, err := sealedMemfd("sidecar-launch", b)
+	if err != nil {
+		return err
+	}
+	defer config.Close()
+	fds := []int{int(config.Fd())}
+	for _, f := range stdio {
+		if f == nil {
+			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+			if err != nil {
+				return err
+			}
+			defer null.Close()
+			f = null
+		}
+		fds = append(fds, int(f.Fd()))
+	}
+	kind := []byte{initproc.LaunchPipes}
+	if tty {
+		kind[0] = initproc.LaunchTTY
+	}
+	if err := unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0); err != nil {
+		return err
+	}
+	l.sock.Close()
+	l.sock = nil
+	return nil
+}

@@ -1,0 +1,264 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
+)
+
+// Spec is one process to start inside a lease.
+type Spec struct {
+	Argv []string
+	// Env is the request's environment; Command adds the clean base (PATH, HOME, USER,
+	// LOGNAME, SHELL, LANG, TMPDIR; TERM for a TTY only).
+	Env map[string]string
+	// Dir is relative to the lease workdir, or absolute under Workspace ("" is the workdir
+	// itself).
+	Dir string
+	TTY bool
+}
+
+// Tree is everything one command may fork: its own child cgroup (or, without cgroups, its
+// process group). Package process supervises it; fakes in its tests stand in for it.
+type Tree interface {
+	// Start starts the command and returns once it runs the target, or with a *SetupError
+	// when the sandbox could not be set up around it (the helper has then been waited for).
+	Start() error
+	// Kill sends SIGKILL to every process in the tree, including those that called
+	// setsid or double-forked, and returns once the tree is empty (a bounded wait).
+	Kill() error
+	// Signal delivers sig to the command's process group.
+	Signal(sig syscall.Signal) error
+	// OOMKilled reports whether the kernel's OOM killer killed a process of the tree.
+	OOMKilled() bool
+	// Close kills what is left and releases the tree's resources. Call it after Wait.
+	Close() error
+}
+
+// SetupError is a step of the sandbox that failed before the target ran: the helper's
+// cgroup join, a mount, the uid drop, Landlock, seccomp... Step names it ("join cgroup").
+// An exec failure (exit 126 or 127) is not one: it is the target's status, as a shell's.
+type SetupError struct {
+	Step string
+	Msg  string // the helper's report, host paths included: for logs
+}
+
+func (e *SetupError) Error() string { return "sandbox: setup failed at " + e.Step + ": " + e.Msg }
+
+// tree is one command's process tree: its child cgroup, or its process group without
+// cgroups.
+type tree struct {
+	s       *Sandbox
+	leaseID string
+	le      *lease
+	launch  initproc.Launch // the command
+	tty     bool
+	child   string // child cgroup name (the launcher's once Start gives it one); "" without cgroups
+	cmd     *exec.Cmd
+
+	report      *os.File   // read end of the helper's report pipe
+	parentFiles []*os.File // the daemon's copies of what the helper inherits, until it starts
+
+	started   bool          // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
+	ended     chan struct{} // closed by Close: the command is over
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start hands the command to the lease's launcher when one is ready (launcher.go), else
+// starts a helper for it; then it reads the helper's report pipe, which closes empty when
+// the target is exec'd: no round trip beyond the start itself.
+func (t *tree) Start() error {
+	if t.cmd.Process != nil {
+		return errors.New("sandbox: command already started")
+	}
+	t.s.noteCommand(t.le, t.ended)
+	defer t.s.refillLauncher(t.le, t.ended) // the next command's
+	if files, ok := t.stdio(); ok {
+		if l := t.s.takeLauncher(t.le); l != nil {
+			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
+			if err == nil {
+				return t.startLaunched(l)
+			}
+			// It died since it said it was ready: the plain start Command prepared.
+			t.s.log.Debug("launcher gone before its command", "lease", t.leaseID, "err", err)
+			t.s.discardLauncher(t.le, l)
+		}
+	}
+	err := t.s.startHelper(t.le, t.cmd, t.child, t.parentFiles)
+	t.parentFiles = nil
+	if err != nil {
+		return err
+	}
+	if err := t.readReport(); err != nil {
+		return err
+	}
+	t.s.mu.Lock()
+	t.le.launcherFailures = min(t.le.launcherFailures, maxLauncherFailures-1) // the lease can fork: one more try
+	t.s.mu.Unlock()
+	return nil
+}
+
+// stdio is the command's standard descriptors as files (nil: /dev/null), which a launcher
+// can be given; false if one is another reader or writer (exec.Cmd would copy it).
+func (t *tree) stdio() ([3]*os.File, bool) {
+	var files [3]*os.File
+	for i, v := range []any{t.cmd.Stdin, t.cmd.Stdout, t.cmd.Stderr} {
+		switch f := v.(type) {
+		case nil:
+		case *os.File:
+			files[i] = f
+		default:
+			return files, false
+		}
+	}
+	return files, true
+}
+
+// startLaunched makes launcher l, which has its command, the command's process.
+func (t *tree) startLaunched(l *launcher) error {
+	closeAll(t.parentFiles) // of the plain start prepared by Command
+	t.parentFiles = nil
+	t.report.Close()
+	if t.child != "" {
+		t.s.returnSpare(t.le, t.child) // never entered
+	}
+	t.child, t.report = l.child, l.report
+	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
+	return t.readReport()
+}
+
+// readReport reads the helper's report pipe to its end: empty when the target was exec'd.
+func (t *tree) readReport() error {
+	msg, err := io.ReadAll(io.LimitReader(t.report, 4096))
+	if err != nil {
+		return err
+	}
+	if len(msg) == 0 {
+		t.started = true // the target runs
+		return nil
+	}
+	code, rest, _ := strings.Cut(string(msg), " ")
+	if code != strconv.Itoa(initproc.ExitSetup) {
+		t.started = true // the helper ran its exec: 126, 127, the exit status says it
+		return nil
+	}
+	t.cmd.Wait()
+	return parseSetupError(rest)
+}
+
+// parseSetupError reads "setup: join cgroup: open …: no such file…" or "config: bad
+// config…" from a helper's report.
+func parseSetupError(rest string) *SetupError {
+	stage, detail, _ := strings.Cut(rest, ": ")
+	step, _, _ := strings.Cut(detail, ": ")
+	if stage != "setup" || step == "" {
+		step = stage
+	}
+	return &SetupError{Step: step, Msg: rest}
+}
+
+// Kill SIGKILLs the whole tree, setsid'd and double-forked descendants included, and
+// returns once its cgroup is empty (bounded by killDeadline). Without cgroups it kills the
+// process group, which a setsid'd descendant has left.
+func (t *tree) Kill() error {
+	if t.child == "" {
+		return t.Signal(syscall.SIGKILL)
+	}
+	if p := t.cmd.Process; p != nil {
+		// On v1 the helper may not have joined its cgroup yet, and has no children until
+		// it has. os.Process signals through a pidfd: never a recycled pid.
+		p.Kill()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), killDeadline)
+	defer cancel()
+	return t.s.cg.killChild(ctx, t.leaseID, t.child)
+}
+
+// Signal delivers sig to the command's process group (the leader's pid: Setsid). Once the
+// leader has been waited for, its pid may be reused, so the group is signalled only while
+// the leader's pidfd says it has not been reaped.
+func (t *tree) Signal(sig syscall.Signal) error {
+	p := t.cmd.Process
+	if p == nil {
+		return errors.New("sandbox: command not started")
+	}
+	if err := p.Signal(syscall.Signal(0)); err != nil {
+		if errors.Is(err, os.ErrProcessDone) {
+			return nil
+		}
+		return err
+	}
+	err := syscall.Kill(-p.Pid, sig)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	return err
+}
+
+// OOMKilled reports whether the kernel OOM-killed a process of this command: the child
+// cgroup's own oom_kill count, which only this command's processes can raise.
+func (t *tree) OOMKilled() bool {
+	return t.child != "" && t.s.cg.childOOMKills(t.leaseID, t.child) > 0
+}
+
+// Close releases the tree. Processes the command left behind in its child cgroup stay
+// there as the lease's leftovers (leftovers.go) until they exit, are signalled, or the
+// lease is torn down; an empty child cgroup is removed (in the background: nothing can
+// enter an emptied cgroup). Without cgroups it kills the process group, as nothing could
+// find a leftover again. Kill first for a command whose leftovers must not stay.
+func (t *tree) Close() error {
+	t.closeOnce.Do(func() {
+		defer close(t.ended)
+		closeAll(t.parentFiles)
+		if t.report != nil {
+			t.report.Close()
+		}
+		if t.cmd.Process == nil { // never started
+			if t.child != "" {
+				t.closeErr = t.s.cg.removeChild(t.leaseID, t.child)
+			}
+			return
+		}
+		if t.child == "" {
+			t.closeErr = t.Kill()
+			return
+		}
+		defer t.s.pruneLeftoversOf(t.leaseID) // the lease's earlier ones that emptied meanwhile
+		if t.started && t.s.keepLeftovers(t.leaseID, t.child) {
+			return
+		}
+		// Never started, or empty: nothing will be left. Kill is a
+		// no-op on an empty child, and takes a helper that never joined it.
+		if err := t.Kill(); err != nil {
+			t.closeErr = err
+			return
+		}
+		t.closeErr = t.s.dropEmptyChild(t.leaseID, t.child)
+	})
+	return t.closeErr
+}
+
+// dropEmptyChild removes an emptied child cgroup, keeping its OOM kills in the lease's
+// tally (v1 counts them per cgroup).
+func (s *Sandbox) dropEmptyChild(id, child string) error {
+	oom := s.cg.childOOMKills(id, child)
+	s.mu.Lock()
+	if le := s.leases[id]; le != nil && s.cg.version() == "v1" {
+		le.oomKills += oom
+		if le.removing == nil {
+			le.removing = map[string]bool{}
+		}
+		le.removing[child] = true // Usage must not count it twice meanwhile
+	}
+	s.mu.Unlock()
+	return s.dropChild(id, child)
+}

@@ -1,7 +1,0 @@
-// Command worker is a minimal binary that only serves scripts, for the package tests:
-// they then need not build the whole daemon.
-package main
-
-import "github.com/sidecar-sandbox/sidecar/sidecar/script"
-
-func main() { script.WorkerMain() }
