@@ -200,6 +200,7 @@ func echoRoundTrip(t *testing.T, conn net.Conn, msg string) {
 // refused with a lease token; a TCP stream both ways through the client's port-forward
 // and through `sidecar port-forward`; HTTP to a lease port through the ports route.
 func TestLeaseNetworkClientAndCLI(t *testing.T) {
+	testtool.Need(t, "/usr/bin/python3", "python3", "the lease runs an echo server in it")
 	d := startNetDaemon(t)
 	c := d.client(t, "")
 	ctx := context.Background()

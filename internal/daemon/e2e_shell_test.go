@@ -61,7 +61,7 @@ func TestShellSession(t *testing.T) {
 		t.Fatalf("after a timeout: %+v", res)
 	}
 	// The session's jobs stay the session's: a later command sees and stops them.
-	if res := run("ps -o pid= -p $(cat ../bg.pid) >/dev/null && echo seen; kill %1; wait %1; echo $?", 0); res.Stdout != "seen\n143\n" {
+	if res := run("[ -d /proc/$(cat ../bg.pid) ] && echo seen; kill %1; wait %1; echo $?", 0); res.Stdout != "seen\n143\n" {
 		t.Fatalf("a job of an earlier command, stopped by a later one: %+v", res)
 	}
 
