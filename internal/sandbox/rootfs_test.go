@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,8 +20,7 @@ import (
 // testImageOSRelease is what the test image's /etc/os-release says.
 const testImageOSRelease = "ID=sidecar-test-image\n"
 
-// testImageBinaries are the host programs copied into the test image, with the libraries
-// ldd names for them.
+// testImageBinaries are the host programs copied into the test image, with their libraries.
 var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty", "true"}
 
 // newTestImage builds a two-layer image from host binaries and returns its layers, top
@@ -31,7 +29,6 @@ var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty", "true"
 // overlay whiteout and adds /etc/added.
 func newTestImage(t testing.TB) []string {
 	t.Helper()
-	testtool.Need(t, "ldd", "libc-bin", "it lists the libraries of the programs the test image holds")
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-image-")
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +41,7 @@ func newTestImage(t testing.TB) []string {
 			t.Fatal(err)
 		}
 		copyHostFile(t, host, filepath.Join(lower, "bin", name), 0o755)
-		for _, lib := range libraries(t, host) {
+		for _, lib := range testtool.Libraries(t, host) {
 			copyHostFile(t, lib, filepath.Join(lower, lib), 0o755)
 		}
 	}
@@ -67,22 +64,6 @@ func newTestImage(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	return []string{upper, lower}
-}
-
-var lddPath = regexp.MustCompile(`(?m)(?:=> )?(/\S+) \(0x`)
-
-// libraries are the shared libraries ldd names for program.
-func libraries(t testing.TB, program string) []string {
-	t.Helper()
-	out, err := exec.Command("ldd", program).Output()
-	if err != nil {
-		t.Fatalf("ldd %s: %v", program, err)
-	}
-	var libs []string
-	for _, m := range lddPath.FindAllStringSubmatch(string(out), -1) {
-		libs = append(libs, m[1])
-	}
-	return libs
 }
 
 // copyHostFile copies what the host's src resolves to into dst, making its directories.
