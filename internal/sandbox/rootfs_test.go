@@ -40,7 +40,17 @@ func newTestImage(t testing.TB) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		copyHostFile(t, host, filepath.Join(lower, "bin", name), 0o755)
+		dst := filepath.Join(lower, "bin", name)
+		if name == "cat" { // on the PATH through an absolute symlink, as images' alternatives are
+			dst = filepath.Join(lower, "usr/libexec", name)
+			if err := os.MkdirAll(filepath.Join(lower, "bin"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("/usr/libexec/cat", filepath.Join(lower, "bin", name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		copyHostFile(t, host, dst, 0o755)
 		for _, lib := range testtool.Libraries(t, host) {
 			copyHostFile(t, lib, filepath.Join(lower, lib), 0o755)
 		}
@@ -48,10 +58,6 @@ func newTestImage(t testing.TB) []string {
 	writeTestFile(t, filepath.Join(lower, "etc/os-release"), "ID=lower\n", 0o644)
 	writeTestFile(t, filepath.Join(lower, "etc/gone"), "deleted by the upper layer\n", 0o644)
 	mkdirMode(t, filepath.Join(lower, "scratch"), 0o777)
-	// A program reached through an absolute symlink, as images' alternatives are.
-	if err := os.Symlink("/bin/cat", filepath.Join(lower, "bin/catlink")); err != nil {
-		t.Fatal(err)
-	}
 	// A mount point the helper binds over, as a symlink (Ubuntu's images have this one):
 	// the lease gets a file in its place.
 	if err := os.Symlink("/run/systemd/resolve/stub-resolv.conf", filepath.Join(lower, "etc/resolv.conf")); err != nil {
@@ -154,7 +160,7 @@ func TestLeaseRoot(t *testing.T) {
 				t.Errorf("a lease process in the image: no %q in its status:\n%s", want, r.stdout)
 			}
 		}
-		if r := run(t, s, l.ID, Spec{Argv: []string{"catlink", "/etc/added"}}); r.exitCode != 0 || r.stdout != "added\n" {
+		if r := run(t, s, l.ID, Spec{Argv: []string{"cat", "/etc/added"}}); r.exitCode != 0 || r.stdout != "added\n" {
 			t.Errorf("a program found on the image's PATH through an absolute symlink: %+v", r)
 		}
 		if _, _, err := s.Command(l.ID, Spec{Argv: []string{"python3"}}); !errors.Is(err, exec.ErrNotFound) {
