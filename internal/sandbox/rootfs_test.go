@@ -114,7 +114,7 @@ func mountsUnder(t *testing.T, dir, id string) []string {
 	t.Helper()
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
 		_, in := under(m.Mountpoint, dir)
-		return !(in || m.Source == overlayFSName+id), false
+		return !(in || strings.HasPrefix(m.Source, overlayFSName) && strings.HasSuffix(m.Source, ":"+id)), false
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -320,6 +320,17 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 	}
 	if r := run(t, s, l.ID, sh("cat /scratch/f")); r.exitCode != 0 || r.stdout != "kept\n" {
 		t.Errorf("after the root was mounted again: %+v; want the lease's file", r)
+	}
+
+	// Another daemon on the host, with a cgroup parent of its own, sweeps only its own.
+	const neighbourParent = testCgroupParent + "-neighbour"
+	t.Cleanup(func() { removeCgroupParent(neighbourParent) })
+	neighbour := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), CgroupParent: neighbourParent})
+	if _, _, err := neighbour.Sweep(ctx, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, s, l.ID, sh("cat /scratch/f")); r.exitCode != 0 || r.stdout != "kept\n" {
+		t.Errorf("after another daemon's sweep: %+v; want the lease's file", r)
 	}
 
 	s.settle()
