@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,11 +23,10 @@ import (
 )
 
 // runnableImage is an image a lease can run commands in: a base layer of host programs
-// and the libraries ldd names for them, a world-writable /scratch, and a top layer with
+// and their libraries, a world-writable /scratch, and a top layer with
 // an /etc/os-release of its own. Its Env sets PATH and IMAGE=id.
 func runnableImage(t *testing.T, id string) v1.Image {
 	t.Helper()
-	testtool.Need(t, "ldd", "libc-bin", "it lists the libraries of the programs the test image holds")
 	base := map[string]layerFile{"scratch/": {mode: 0o1777}, "tmp/": {mode: 0o1777}}
 	for _, name := range []string{"sh", "cat", "ls", "id", "touch", "test", "pwd"} {
 		host, err := exec.LookPath(name)
@@ -36,12 +34,8 @@ func runnableImage(t *testing.T, id string) v1.Image {
 			t.Fatal(err)
 		}
 		base["bin/"+name] = hostFile(t, host)
-		out, err := exec.Command("ldd", host).Output()
-		if err != nil {
-			t.Fatalf("ldd %s: %v", host, err)
-		}
-		for _, m := range regexp.MustCompile(`(?m)(?:=> )?(/\S+) \(0x`).FindAllStringSubmatch(string(out), -1) {
-			base[strings.TrimPrefix(m[1], "/")] = hostFile(t, m[1])
+		for _, lib := range testtool.Libraries(t, host) {
+			base[strings.TrimPrefix(lib, "/")] = hostFile(t, lib)
 		}
 	}
 	img := empty.Image

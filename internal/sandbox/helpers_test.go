@@ -102,13 +102,16 @@ func newTestSandboxWith(t testing.TB, helper string) *Sandbox {
 	return newTestSandboxConfig(t, Config{HelperPath: helper})
 }
 
-// newTestSandboxConfig is a strict sandbox on the test cgroup parent configured by cfg.
+// newTestSandboxConfig is a strict sandbox configured by cfg, on the test cgroup parent
+// unless cfg names another.
 func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: strict isolation (cgroups, uid switching, mounts); CI runs as root")
 	}
-	cfg.CgroupParent = testCgroupParent
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = testCgroupParent
+	}
 	if cfg.PTYRoot == "" {
 		// Not /tmp (leases hide it); removed with Remove, never RemoveAll: a devpts
 		// instance left mounted there fails the test instead of being walked into.

@@ -42,9 +42,14 @@ type LeaseRoot struct {
 	WorkingDir string
 }
 
-// overlayFSName is the source name of a lease's overlay in mountinfo: what Sweep finds
-// the overlays of leases the daemon no longer knows by.
+// overlayFSName starts the source name of a lease's overlay in mountinfo, which Sweep finds
+// the overlays of leases the daemon no longer knows by. The sandbox's cgroup parent
+// follows, then ":" and the lease id: a parent has one daemon (owner.go), so a daemon
+// sweeps its own leases' overlays and never another daemon's on the same host.
 const overlayFSName = "sidecar-root-"
+
+// rootSources is the source-name prefix of this sandbox's lease overlays (overlayFSName).
+func rootSources(cgroupParent string) string { return overlayFSName + cgroupParent + ":" }
 
 // maxOverlayOptions is the bound mount(2) puts on the option string (one page): a root
 // whose layer paths do not fit is refused.
@@ -97,7 +102,7 @@ func overlayOptions(d rootDirs, layers []string) string {
 // mountRoot mounts lease l's overlay unless it is mounted already (Provision again, after a
 // restart in the same mount namespace), makes the mount points the helper needs in it, and
 // returns the merged directory ("" for a lease on the host's root).
-func mountRoot(l LeaseSpec) (string, error) {
+func mountRoot(l LeaseSpec, sources string) (string, error) {
 	if l.Root == nil {
 		return "", nil
 	}
@@ -116,7 +121,7 @@ func mountRoot(l LeaseSpec) (string, error) {
 		return "", err
 	}
 	if !mounted {
-		err := unix.Mount(overlayFSName+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, l.Root.Layers))
+		err := unix.Mount(sources+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, l.Root.Layers))
 		if err != nil {
 			return "", fmt.Errorf("sandbox: lease %s: mount its root overlay: %w", l.ID, err)
 		}
@@ -234,11 +239,11 @@ func overlayAt(dir string) (bool, error) {
 }
 
 // sweepRoots unmounts the overlays of leases known says are gone (a crash between mount
-// and release), found by their source name, and returns their lease ids. Their
-// directories are left to whoever removes the lease's directory.
-func sweepRoots(known func(id string) bool) ([]string, error) {
+// and release), found by their source name (sources and the lease id), and returns their
+// lease ids. Their directories are left to whoever removes the lease's directory.
+func sweepRoots(sources string, known func(id string) bool) ([]string, error) {
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
-		id, ok := strings.CutPrefix(m.Source, overlayFSName)
+		id, ok := strings.CutPrefix(m.Source, sources)
 		return !(ok && m.FSType == "overlay" && leaseIDPattern.MatchString(id) && !known(id)), false
 	})
 	if err != nil {
@@ -251,7 +256,7 @@ func sweepRoots(known func(id string) bool) ([]string, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if id := strings.TrimPrefix(m.Source, overlayFSName); !slices.Contains(ids, id) {
+		if id := strings.TrimPrefix(m.Source, sources); !slices.Contains(ids, id) {
 			ids = append(ids, id)
 		}
 	}
@@ -283,7 +288,7 @@ func rootWritable(merged string) ([]string, error) {
 // provisionRoot mounts lease l's root, if it has one, and lists what Landlock lets it
 // write there.
 func (s *Sandbox) provisionRoot(l LeaseSpec) (merged string, writable []string, err error) {
-	if merged, err = mountRoot(l); err != nil || merged == "" {
+	if merged, err = mountRoot(l, s.rootSources); err != nil || merged == "" {
 		return "", nil, err
 	}
 	if writable, err = rootWritable(merged); err != nil {

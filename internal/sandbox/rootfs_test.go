@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,8 +20,7 @@ import (
 // testImageOSRelease is what the test image's /etc/os-release says.
 const testImageOSRelease = "ID=sidecar-test-image\n"
 
-// testImageBinaries are the host programs copied into the test image, with the libraries
-// ldd names for them.
+// testImageBinaries are the host programs copied into the test image, with their libraries.
 var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty", "true"}
 
 // newTestImage builds a two-layer image from host binaries and returns its layers, top
@@ -31,7 +29,6 @@ var testImageBinaries = []string{"sh", "cat", "ls", "id", "touch", "tty", "true"
 // overlay whiteout and adds /etc/added.
 func newTestImage(t testing.TB) []string {
 	t.Helper()
-	testtool.Need(t, "ldd", "libc-bin", "it lists the libraries of the programs the test image holds")
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-image-")
 	if err != nil {
 		t.Fatal(err)
@@ -43,18 +40,24 @@ func newTestImage(t testing.TB) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		copyHostFile(t, host, filepath.Join(lower, "bin", name), 0o755)
-		for _, lib := range libraries(t, host) {
+		dst := filepath.Join(lower, "bin", name)
+		if name == "cat" { // on the PATH through an absolute symlink, as images' alternatives are
+			dst = filepath.Join(lower, "usr/libexec", name)
+			if err := os.MkdirAll(filepath.Join(lower, "bin"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("/usr/libexec/cat", filepath.Join(lower, "bin", name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		copyHostFile(t, host, dst, 0o755)
+		for _, lib := range testtool.Libraries(t, host) {
 			copyHostFile(t, lib, filepath.Join(lower, lib), 0o755)
 		}
 	}
 	writeTestFile(t, filepath.Join(lower, "etc/os-release"), "ID=lower\n", 0o644)
 	writeTestFile(t, filepath.Join(lower, "etc/gone"), "deleted by the upper layer\n", 0o644)
 	mkdirMode(t, filepath.Join(lower, "scratch"), 0o777)
-	// A program reached through an absolute symlink, as images' alternatives are.
-	if err := os.Symlink("/bin/cat", filepath.Join(lower, "bin/catlink")); err != nil {
-		t.Fatal(err)
-	}
 	// A mount point the helper binds over, as a symlink (Ubuntu's images have this one):
 	// the lease gets a file in its place.
 	if err := os.Symlink("/run/systemd/resolve/stub-resolv.conf", filepath.Join(lower, "etc/resolv.conf")); err != nil {
@@ -67,22 +70,6 @@ func newTestImage(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	return []string{upper, lower}
-}
-
-var lddPath = regexp.MustCompile(`(?m)(?:=> )?(/\S+) \(0x`)
-
-// libraries are the shared libraries ldd names for program.
-func libraries(t testing.TB, program string) []string {
-	t.Helper()
-	out, err := exec.Command("ldd", program).Output()
-	if err != nil {
-		t.Fatalf("ldd %s: %v", program, err)
-	}
-	var libs []string
-	for _, m := range lddPath.FindAllStringSubmatch(string(out), -1) {
-		libs = append(libs, m[1])
-	}
-	return libs
 }
 
 // copyHostFile copies what the host's src resolves to into dst, making its directories.
@@ -127,7 +114,7 @@ func mountsUnder(t *testing.T, dir, id string) []string {
 	t.Helper()
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
 		_, in := under(m.Mountpoint, dir)
-		return !(in || m.Source == overlayFSName+id), false
+		return !(in || strings.HasPrefix(m.Source, overlayFSName) && strings.HasSuffix(m.Source, ":"+id)), false
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +160,7 @@ func TestLeaseRoot(t *testing.T) {
 				t.Errorf("a lease process in the image: no %q in its status:\n%s", want, r.stdout)
 			}
 		}
-		if r := run(t, s, l.ID, Spec{Argv: []string{"catlink", "/etc/added"}}); r.exitCode != 0 || r.stdout != "added\n" {
+		if r := run(t, s, l.ID, Spec{Argv: []string{"cat", "/etc/added"}}); r.exitCode != 0 || r.stdout != "added\n" {
 			t.Errorf("a program found on the image's PATH through an absolute symlink: %+v", r)
 		}
 		if _, _, err := s.Command(l.ID, Spec{Argv: []string{"python3"}}); !errors.Is(err, exec.ErrNotFound) {
@@ -333,6 +320,17 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 	}
 	if r := run(t, s, l.ID, sh("cat /scratch/f")); r.exitCode != 0 || r.stdout != "kept\n" {
 		t.Errorf("after the root was mounted again: %+v; want the lease's file", r)
+	}
+
+	// Another daemon on the host, with a cgroup parent of its own, sweeps only its own.
+	const neighbourParent = testCgroupParent + "-neighbour"
+	t.Cleanup(func() { removeCgroupParent(neighbourParent) })
+	neighbour := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), CgroupParent: neighbourParent})
+	if _, _, err := neighbour.Sweep(ctx, func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, s, l.ID, sh("cat /scratch/f")); r.exitCode != 0 || r.stdout != "kept\n" {
+		t.Errorf("after another daemon's sweep: %+v; want the lease's file", r)
 	}
 
 	s.settle()

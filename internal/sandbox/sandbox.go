@@ -147,6 +147,8 @@ type Sandbox struct {
 	users    userDB
 	shell    string // $SHELL of lease processes
 	hostHome bool   // the host's root has /home to bind a lease's home tree on
+	// rootSources names this sandbox's lease overlays in mountinfo (rootSources).
+	rootSources string
 	path     string // $PATH of lease processes: DefaultPath and Config.LeasePath
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
@@ -229,7 +231,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, coldStart: cfg.ColdStart,
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, coldStart: cfg.ColdStart, rootSources: rootSources(cfg.CgroupParent),
 		launching: make(chan struct{}, launchersAtOnce)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
@@ -555,7 +557,7 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if le != nil {
 		errs = append(errs, removePTS(le.pts), unmountRoot(le.spec))
 	} else {
-		_, err := sweepRoots(func(id string) bool { return id != leaseID })
+		_, err := sweepRoots(s.rootSources, func(id string) bool { return id != leaseID })
 		errs = append(errs, err)
 	}
 	errs = append(errs, s.removeUserFiles(leaseID))
@@ -610,7 +612,7 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 		}
 		seen[id] = true
 	}
-	roots, err := sweepRoots(known)
+	roots, err := sweepRoots(s.rootSources, known)
 	errs = append(errs, err)
 	for _, id := range roots {
 		s.log.InfoContext(ctx, "unmounted orphan lease root", "lease", id)

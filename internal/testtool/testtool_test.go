@@ -3,6 +3,8 @@ package testtool
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -44,5 +46,22 @@ func TestNeedSkipsOrFails(t *testing.T) {
 			!strings.Contains(s, "apt-get install no-such-package") || strings.Contains(s, "reached after Need") {
 			t.Errorf("%s=%q: err %v, output:\n%s", RequireAllEnv, c.requireAll, err, s)
 		}
+	}
+}
+
+// A dynamic program's libraries include its loader (ld-linux*); a static one (busybox-static's,
+// as in the VM tests) has none.
+func TestLibraries(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	libs := Libraries(t, sh)
+	if !slices.ContainsFunc(libs, func(l string) bool { return strings.HasPrefix(filepath.Base(l), "ld-linux") }) {
+		t.Errorf("%s: libraries %q lack the loader", sh, libs)
+	}
+	busybox := Need(t, "busybox", "busybox-static", "it is a static program")
+	if libs := Libraries(t, busybox); len(libs) != 0 {
+		t.Errorf("static %s: libraries %q, want none", busybox, libs)
 	}
 }
