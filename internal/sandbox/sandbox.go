@@ -149,7 +149,7 @@ type Sandbox struct {
 	hostHome bool   // the host's root has /home to bind a lease's home tree on
 	// rootSources names this sandbox's lease overlays in mountinfo (rootSources).
 	rootSources string
-	path     string // $PATH of lease processes: DefaultPath and Config.LeasePath
+	path        string // $PATH of lease processes: DefaultPath and Config.LeasePath
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
 	owner       *ownerLock    // the lock on the cgroup parent (owner.go), nil without Config.Owner
