@@ -31,3 +31,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "sidecar.serviceHost" -}}
 {{- printf "%s.%s.svc" (include "sidecar.fullname" .) .Release.Namespace -}}
 {{- end -}}
+
+{{- /* SIDECAR_IMAGES from images.names: NAME=REF pairs, by name. Setting the variables in
+config as well would give the daemon two values: refused. */ -}}
+{{- define "sidecar.images" -}}
+{{- range $k := list "SIDECAR_IMAGES" "SIDECAR_DEFAULT_IMAGE" "SIDECAR_IMAGE_STORE_BYTES" -}}
+{{- if hasKey $.Values.config $k -}}
+{{- fail (printf "images: %s is set by images.names/default/storeBytes; remove it from config" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- $pairs := list -}}
+{{- range $name, $ref := .Values.images.names -}}
+{{- $pairs = append $pairs (printf "%s=%s" $name $ref) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
