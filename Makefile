@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test chart-test console console-test image image-name ts-pack ts-pack-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test fresh-test chart-test console console-test image image-name ts-pack ts-pack-test
 
 all: build
 
@@ -209,6 +209,11 @@ fuzz:
 	.ci/fuzz-one FuzzResolve      ./fsxfer $(FUZZTIME)
 	.ci/fuzz-one FuzzExtractTar   ./fsxfer $(FUZZTIME)
 	.ci/fuzz-one FuzzDecode       ./internal/confine/initproc $(FUZZTIME)
+
+# fresh-test: `make test` on a fresh Debian 12 with only Go and make, chrooted (root, and
+# debootstrap, which .ci/run installs). See test/fresh/run.
+fresh-test:
+	test/fresh/run
 
 # vm-test: the isolation and lease checks inside Debian 12's kernel under qemu, once per
 # host kind (cgroup v2, v2 without Landlock, v1, v2 delegated, v2 by hand); root, and
