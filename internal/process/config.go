@@ -35,6 +35,12 @@ const (
 // written) and later output is dropped. docs/api.md states it as part of the contract.
 const outputGrace = 200 * time.Millisecond
 
+// leftoverPace is the pause between reads of a pipe whose output is dropped (a leftover's,
+// once its command is done): at most readSize per pause, ~2.6 MB/s a pipe, a few dozen reads
+// a second of daemon CPU however fast the leftover writes; a faster writer waits on its
+// full pipe, as on a slow terminal.
+const leftoverPace = 50 * time.Millisecond
+
 // LosslessAttachWait bounds how long a process started with StartRequest.Lossless keeps
 // its output for a lossless viewer that has not come yet.
 const LosslessAttachWait = apitype.LosslessAttachWaitSeconds * time.Second

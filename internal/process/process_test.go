@@ -382,6 +382,55 @@ func TestLeftoverHoldingStdoutDoesNotHoldReply(t *testing.T) {
 	}
 }
 
+// A leftover that writes as fast as it can to a pipe nobody keeps is read at leftoverPace:
+// it writes at most what the pace lets through (it waits on its full pipe meanwhile),
+// instead of the daemon copying gigabytes a second to nowhere on a core of its own.
+func TestLeftoverOutputReadAtAPace(t *testing.T) {
+	m := newManager(t, Config{})
+	res, err := m.Exec(t.Context(), "lease", ExecRequest{Spec: sh(`cat /dev/zero & echo $!`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(res.Stdout, "\n", 2)[0]))
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("result %+v", res)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	written := func() int64 {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/io")
+		if err != nil {
+			t.Fatalf("the leftover's I/O counters: %v", err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "wchar: "); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Fatalf("no wchar in %q", b)
+		return 0
+	}
+	var cpu0, cpu1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &cpu0)
+	before, start := written(), time.Now()
+	time.Sleep(time.Second)
+	after, elapsed := written(), time.Since(start)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &cpu1)
+	reads := int64(elapsed/leftoverPace) + 1
+	limit := reads*readSize + pipeSize // each paced read frees at most readSize; the pipe held some already
+	cpu := time.Duration(cpu1.Utime.Nano() + cpu1.Stime.Nano() - cpu0.Utime.Nano() - cpu0.Stime.Nano())
+	t.Logf("the leftover wrote %d bytes in %v; this process used %v of CPU meanwhile", after-before, elapsed, cpu)
+	if !pidAlive(pid) {
+		t.Fatalf("leftover %d died: it must wait on its pipe, not get EPIPE", pid)
+	}
+	if after-before > limit {
+		t.Fatalf("the leftover wrote %d bytes in %v, more than %d paced reads drain (%d)", after-before, elapsed, reads, limit)
+	}
+	if after == before {
+		t.Fatalf("the leftover wrote nothing in %v: its pipe is no longer read", elapsed)
+	}
+}
+
 // Even a holder of the pipe that escaped the tree (here: setsid, which the test
 // Execer's process-group Tree cannot see) does not keep the process from ending.
 func TestEscapedPipeHolderDoesNotHang(t *testing.T) {

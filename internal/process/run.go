@@ -260,6 +260,12 @@ func (r *run) pump(f *os.File, channel byte, out output) {
 			}
 			return
 		}
+		if r.out.detached() {
+			// A leftover writes to a pipe nobody keeps: read it at leftoverPace, so that
+			// it waits on its full pipe instead of the daemon spending a core on copying
+			// its output to nowhere.
+			time.Sleep(leftoverPace)
+		}
 	}
 }
 
@@ -383,18 +389,26 @@ func (r *run) drain(drained <-chan struct{}) {
 // gate passes output on until detach, and drops it after: the capture or replay buffer
 // of a run that is done must not change, whoever still writes to its pipes.
 type gate struct {
-	mu  sync.Mutex
-	out output
-	off bool
+	mu      sync.Mutex
+	out     output
+	off     bool
+	dropped atomic.Int64 // bytes written after detach
 }
 
 func (g *gate) write(channel byte, p []byte) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.off {
+		g.dropped.Add(int64(len(p)))
 		return false
 	}
 	return g.out.write(channel, p)
+}
+
+func (g *gate) detached() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.off
 }
 
 // detach drops all later output; once it returns no write is in progress. A write
