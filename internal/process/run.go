@@ -389,27 +389,22 @@ func (r *run) drain(drained <-chan struct{}) {
 // gate passes output on until detach, and drops it after: the capture or replay buffer
 // of a run that is done must not change, whoever still writes to its pipes.
 type gate struct {
-	mu      sync.Mutex
-	out     output
-	off     bool
-	dropped atomic.Int64 // bytes written after detach
+	mu   sync.Mutex
+	out  output
+	off  bool
+	gone atomic.Bool // off, read without waiting for a write held by a lossless viewer
 }
 
 func (g *gate) write(channel byte, p []byte) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.off {
-		g.dropped.Add(int64(len(p)))
 		return false
 	}
 	return g.out.write(channel, p)
 }
 
-func (g *gate) detached() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.off
-}
+func (g *gate) detached() bool { return g.gone.Load() }
 
 // detach drops all later output; once it returns no write is in progress. A write
 // waiting for a lossless reader (outLog) is let go first.
@@ -419,6 +414,7 @@ func (g *gate) detach() {
 	}
 	g.mu.Lock()
 	g.off = true
+	g.gone.Store(true)
 	g.mu.Unlock()
 }
 
