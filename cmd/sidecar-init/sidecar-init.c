@@ -17,7 +17,8 @@
  *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
- * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) when dropping to a uid,
+ * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) and hide the host's cgroup
+ * tree (a cgroup namespace, an empty /sys/fs/cgroup) when dropping to a uid,
  * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, its home tree on
  * /home and its workdir on /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts
  * goes inside that root, through a descriptor opened without following symlinks, with a /dev
@@ -42,6 +43,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -624,6 +626,27 @@ static void enter_root(const struct config *c)
 		fail(EXIT_SETUP, "setup", "chdir /: %s", strerror(errno));
 }
 
+#ifndef CLONE_NEWCGROUP
+#define CLONE_NEWCGROUP 0x02000000
+#endif
+#define CGROUP_MOUNT "/sys/fs/cgroup"
+
+/* private_cgroups hides the host's cgroup tree (as initproc.privateCgroups): a cgroup
+ * namespace rooted at the cgroup the helper joined, and on a host root an empty read-only
+ * tmpfs over /sys/fs/cgroup. */
+static void private_cgroups(const struct config *c)
+{
+	if (unshare(CLONE_NEWCGROUP) < 0)
+		fail(EXIT_SETUP, "setup", "cgroup namespace: %s", strerror(errno));
+	if (has(c->root))
+		return;
+	struct stat st;
+	if (stat(CGROUP_MOUNT, &st) < 0 || !S_ISDIR(st.st_mode))
+		return; /* nothing there to hide */
+	if (mount_in(c, "tmpfs", CGROUP_MOUNT, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0555,size=4k") < 0)
+		fail(EXIT_SETUP, "setup", "hide %s: %s", CGROUP_MOUNT, strerror(errno));
+}
+
 /* private_mounts makes the process's view in its private mount namespace, in
  * initproc.privateMounts' order: /tmp, /proc, the root's /dev, PTYs, user files, the
  * workdir last (no source path is ever looked up through /workspace), then the root. */
@@ -632,9 +655,11 @@ static void private_mounts(const struct config *c)
 	if (has(c->tmp_dir)) {
 		private_tmp(c);
 		/* A lease sees only its own uid's processes in a /proc of its own. */
-		if ((c->uid != 0 || has(c->root)) &&
-		    mount_in(c, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
-			fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
+		if (c->uid != 0 || has(c->root)) {
+			if (mount_in(c, "proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") < 0)
+				fail(EXIT_SETUP, "setup", "mount private /proc: %s", strerror(errno));
+			private_cgroups(c);
+		}
 	} else if (has(c->root)) {
 		in_private_ns(c, c->root); /* refuses: a root needs the private namespace */
 	}

@@ -116,18 +116,23 @@ func (c Caps) Gaps() []string {
 }
 
 // probeNamespaces checks that this process can make the namespaces strict isolation
-// gives every lease: a mount namespace (made by each helper) and a network namespace.
-// The mount namespace is tried in a child (the helper, which exits at once without its
-// config): unsharing one on a daemon thread would leave that thread with a root and
+// gives every lease: a mount and a cgroup namespace (made by each helper) and a network
+// namespace. The first two are tried in a child (the helper, which exits at once without
+// its config): unsharing one on a daemon thread would leave that thread with a root and
 // working directory of its own, or, on the main thread, keep it alive in the namespace.
 func probeNamespaces(helper string) []string {
 	var missing []string
-	probe := exec.Command(helper, HelperArg)
-	probe.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
-	if err := probe.Start(); err != nil {
-		missing = append(missing, fmt.Sprintf("mount namespaces (%v)", err))
-	} else {
-		_ = probe.Wait() // it fails, finding no config: only the clone mattered
+	for _, ns := range []struct {
+		name, unit string // unit: its name in a systemd unit's RestrictNamespaces=
+		flag       uintptr
+	}{{"mount", "mnt", syscall.CLONE_NEWNS}, {"cgroup", "cgroup", syscall.CLONE_NEWCGROUP}} {
+		probe := exec.Command(helper, HelperArg)
+		probe.SysProcAttr = &syscall.SysProcAttr{Cloneflags: ns.flag}
+		if err := probe.Start(); err != nil {
+			missing = append(missing, fmt.Sprintf("%s namespaces (%v; a systemd unit's RestrictNamespaces= must allow %s)", ns.name, err, ns.unit))
+		} else {
+			_ = probe.Wait() // it fails, finding no config: only the clone mattered
+		}
 	}
 	ns, err := newNetNS()
 	if err != nil {

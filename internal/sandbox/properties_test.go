@@ -65,6 +65,31 @@ echo owners $(for p in /proc/[0-9]*; do stat -c %u "$p"; done | sort -u)`))
 	}
 }
 
+// A lease does not see the host's cgroup tree, which names every daemon's parent and
+// every lease with its host pids: /sys/fs/cgroup is empty and read-only, and its own
+// cgroups are the root of its cgroup namespace. The host's tree holds the lease's cgroup
+// under the test parent, which shows the test can fail.
+func TestLeaseCgroupView(t *testing.T) { forEachHelper(t, testLeaseCgroupView) }
+
+func testLeaseCgroupView(t *testing.T, s *Sandbox) {
+	l := newTestLease(t, s, nil)
+	host, _ := filepath.Glob("/sys/fs/cgroup/*/" + testCgroupParent + "/" + l.ID)
+	if v2, _ := filepath.Glob("/sys/fs/cgroup/" + testCgroupParent + "/" + l.ID); len(v2) > 0 {
+		host = append(host, v2...)
+	}
+	if len(host) == 0 {
+		t.Fatalf("control: the lease's cgroup %s/%s is not in the host's /sys/fs/cgroup", testCgroupParent, l.ID)
+	}
+	r := run(t, s, l.ID, sh(`echo entries $(ls -A /sys/fs/cgroup | wc -l)
+touch /sys/fs/cgroup/x 2>/dev/null && echo writable
+sed 's/^[^:]*:[^:]*:/path /' /proc/self/cgroup | sort -u`))
+	got := lines(r.stdout)
+	want := []string{"entries 0", "path /"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("seen from the lease: %q, want %q (stderr %q)", got, want, r.stderr)
+	}
+}
+
 // Landlock, not file modes, stops the lease here: a world-readable file and a
 // world-writable directory outside the lease. The same uid without the helper reaches both,
 // which shows the test can fail.

@@ -31,6 +31,9 @@ const Workspace = "/workspace"
 // HomeMount is where lease processes see Config.Home; the lease's HOME is a directory in it.
 const HomeMount = "/home"
 
+// CgroupMount is where the host's cgroup tree is mounted; privateCgroups hides it.
+const CgroupMount = "/sys/fs/cgroup"
+
 // Exit codes of a helper that could not start its target, chosen like env(1) and shells do.
 const (
 	ExitSetup       = 125 // the sandbox could not be set up

@@ -117,6 +117,9 @@ func privateMounts(cfg *Config) error {
 			if err := privateProc(cfg); err != nil {
 				return err
 			}
+			if err := privateCgroups(cfg); err != nil {
+				return err
+			}
 		}
 	} else if cfg.Root != "" {
 		return inPrivateNS(cfg, cfg.Root) // refuses: a root needs the private namespace
@@ -207,6 +210,27 @@ func privateProc(cfg *Config) error {
 	flags := uintptr(unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
 	if err := mountIn(cfg, "proc", "/proc", "proc", flags, "hidepid=invisible"); err != nil {
 		return fmt.Errorf("mount private /proc: %w", err)
+	}
+	return nil
+}
+
+// privateCgroups hides the host's cgroup tree, which names every daemon's parent, every
+// lease, their host pids and memory use: a cgroup namespace rooted at the cgroup the helper
+// joined (so /proc/self/cgroup shows "/"), and on a host root an empty read-only tmpfs over
+// /sys/fs/cgroup (an image root mounts no /sys). The lease's limits bind it all the same.
+func privateCgroups(cfg *Config) error {
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("cgroup namespace: %w", err)
+	}
+	if cfg.Root != "" {
+		return nil
+	}
+	if fi, err := os.Stat(CgroupMount); err != nil || !fi.IsDir() {
+		return nil // nothing there to hide
+	}
+	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := mountIn(cfg, "tmpfs", CgroupMount, "tmpfs", flags, "mode=0555,size=4k"); err != nil {
+		return fmt.Errorf("hide %s: %w", CgroupMount, err)
 	}
 	return nil
 }
