@@ -21,8 +21,6 @@ type metrics struct {
 	requests     *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
 	authFailures prometheus.Counter
-	leaseEvents  *prometheus.CounterVec
-	leaseLife    prometheus.Histogram
 	procStarts   *prometheus.CounterVec
 	bytes        *prometheus.CounterVec
 	handler      http.Handler
@@ -41,13 +39,6 @@ func newMetrics(s *Server) *metrics {
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sidecar_auth_failures_total", Help: "Requests refused for a missing, wrong or out-of-scope credential.",
 		}),
-		leaseEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sidecar_lease_events_total", Help: "Lease lifecycle events: created, renewed, released, expired.",
-		}, []string{"event"}),
-		leaseLife: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "sidecar_lease_lifetime_seconds", Help: "How long leases lived, observed when released or expired.",
-			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
-		}),
 		procStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sidecar_process_starts_total", Help: "Lease processes started, by kind (exec, background, shell) and result (ok, failed).",
 		}, []string{"kind", "result"}),
@@ -55,7 +46,11 @@ func newMetrics(s *Server) *metrics {
 			Name: "sidecar_transfer_bytes_total", Help: "File bytes moved, by direction (in, out).",
 		}, []string{"direction"}),
 	}
-	m.reg.MustRegister(m.requests, m.latency, m.authFailures, m.leaseEvents, m.leaseLife, m.procStarts, m.bytes,
+	leases := s.opts.LeaseMetrics
+	if leases == nil {
+		leases = NewLeaseMetrics()
+	}
+	m.reg.MustRegister(m.requests, m.latency, m.authFailures, leases.events, leases.life, m.procStarts, m.bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(newStateCollector(s))
 	if s.opts.Host != nil {
@@ -106,11 +101,32 @@ func (l collectorList) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// leaseEvent feeds lease.Config.OnEvent.
-func (m *metrics) leaseEvent(e lease.Event) {
-	m.leaseEvents.WithLabelValues(e.Kind).Inc()
+// LeaseMetrics counts the lease table's events. It is made before the lease table, whose
+// OnEvent is its Observe, and handed to the Server (ServerOptions.LeaseMetrics), which
+// exports it with its other metrics.
+type LeaseMetrics struct {
+	events *prometheus.CounterVec
+	life   prometheus.Histogram
+}
+
+// NewLeaseMetrics makes the lease event counters.
+func NewLeaseMetrics() *LeaseMetrics {
+	return &LeaseMetrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sidecar_lease_events_total", Help: "Lease lifecycle events: created, renewed, released, expired.",
+		}, []string{"event"}),
+		life: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sidecar_lease_lifetime_seconds", Help: "How long leases lived, observed when released or expired.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+	}
+}
+
+// Observe counts one event (lease.Config.OnEvent).
+func (m *LeaseMetrics) Observe(e lease.Event) {
+	m.events.WithLabelValues(e.Kind).Inc()
 	if e.Kind == "released" || e.Kind == "expired" {
-		m.leaseLife.Observe(time.Since(e.Lease.CreatedAt).Seconds())
+		m.life.Observe(time.Since(e.Lease.CreatedAt).Seconds())
 	}
 }
 

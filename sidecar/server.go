@@ -121,18 +121,21 @@ type Images interface {
 
 // ServerOptions is what the HTTP server is built from.
 type ServerOptions struct {
-	Logger         *slog.Logger
-	Version        string
-	SharedTokens   []string // the current shared token first, then a previous one
-	Tokens         *lease.Tokens
-	Leases         Leases
-	Processes      Processes
-	Shells         Shells // nil: shell sessions disabled
-	Files          Files
-	Host           Host
-	Scripts        Scripts // nil: scripts disabled
-	Network        Network // nil: leases share the host's network
-	Images         Images  // nil: no images (GET /v1/images lists none)
+	Logger       *slog.Logger
+	Version      string
+	SharedTokens []string // the current shared token first, then a previous one
+	Tokens       *lease.Tokens
+	Leases       Leases
+	Processes    Processes
+	Shells       Shells // nil: shell sessions disabled
+	Files        Files
+	Host         Host
+	Scripts      Scripts // nil: scripts disabled
+	Network      Network // nil: leases share the host's network
+	Images       Images  // nil: no images (GET /v1/images lists none)
+	// LeaseMetrics counts the lease table's events (its OnEvent feeds it); nil: the
+	// server's own, which nothing feeds.
+	LeaseMetrics   *LeaseMetrics
 	AllowedOrigins []string
 	Limits         HTTPLimits
 	Info           apitype.Info // static parts of GET /v1/info
@@ -218,9 +221,6 @@ func NewServer(opts ServerOptions) *Server {
 }
 
 func (s *Server) now() time.Time { return s.opts.Now() }
-
-// LeaseEvent counts a lease table event in the metrics (lease.Config.OnEvent).
-func (s *Server) LeaseEvent(e lease.Event) { s.metrics.leaseEvent(e) }
 
 // ServeHTTP routes the request (tests may drive the server without a listener).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -16,7 +16,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -116,8 +115,9 @@ type Daemon struct {
 	rt           *Runtime
 	tokens       *lease.Tokens
 	leases       *lease.Manager
-	scripts      *script.Runner                 // nil: scripts disabled
-	srv          atomic.Pointer[sidecar.Server] // set once it listens: lease events reach its metrics from then on
+	scripts      *script.Runner // nil: scripts disabled
+	leaseMetrics *sidecar.LeaseMetrics
+	srv          *sidecar.Server // nil until it listens
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -147,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if len(cfg.SharedToken) < 32 {
 		return nil, errors.New("sidecar: the shared token must be at least 32 characters")
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Logger, serveErr: make(chan error, 1), cancel: func() {}}
+	d := &Daemon{cfg: cfg, log: cfg.Logger, leaseMetrics: sidecar.NewLeaseMetrics(), serveErr: make(chan error, 1), cancel: func() {}}
 	if err := d.open(ctx); err != nil {
 		_ = d.Close(ctx)
 		return nil, err
@@ -290,15 +290,10 @@ func (d *Daemon) open(ctx context.Context) error {
 		CheckImage:     d.images.Check,
 		Now:            cfg.Now,
 		Logger:         log.With("component", "lease"),
-		OnEvent: func(e lease.Event) {
-			if s := d.srv.Load(); s != nil {
-				s.LeaseEvent(e)
-			}
-		},
+		OnEvent:        d.leaseMetrics.Observe,
 	}); err != nil {
 		return err
 	}
-	d.rt.leases = d.leases
 	if removed, err := script.CleanupStale(""); err != nil {
 		log.Warn("script worker sweep incomplete", "err", err)
 	} else if len(removed) > 0 {
@@ -376,7 +371,7 @@ func (d *Daemon) startImages() {
 
 // sweep removes what a previous run left and the state does not account for.
 func (d *Daemon) sweep(ctx context.Context) {
-	if res, err := d.rt.Cleanup(ctx); err != nil {
+	if res, err := (host{d.rt, d.leases}).Cleanup(ctx); err != nil {
 		d.log.Warn("startup sweep incomplete", "err", err)
 	} else if n := len(res.Leases) + len(res.Cgroups) + len(res.Workdirs) + len(res.Processes); n > 0 {
 		d.log.Info("startup sweep", "leases", res.Leases, "cgroups", res.Cgroups, "workdirs", res.Workdirs, "processes", res.Processes)
@@ -396,7 +391,8 @@ func (d *Daemon) serve(ctx context.Context) error {
 		Processes:      d.procs,
 		Shells:         d.shells,
 		Files:          d.rt,
-		Host:           d.rt,
+		Host:           host{d.rt, d.leases},
+		LeaseMetrics:   d.leaseMetrics,
 		AllowedOrigins: cfg.AllowedOrigins,
 		Console:        cfg.Console,
 		Limits:         cfg.HTTP,
@@ -431,7 +427,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 		return listenError(cfg.ListenAddr, err)
 	}
 	warnCertMismatch(d.log, cfg.ListenAddr, cfg.TLS)
-	d.srv.Store(srv)
+	d.srv = srv
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.cancel = cancel
 	d.wg.Add(5)
@@ -468,10 +464,10 @@ func (d *Daemon) pruneLeftovers(ctx context.Context, interval time.Duration) {
 }
 
 // Addr is where the daemon listens.
-func (d *Daemon) Addr() net.Addr { return d.srv.Load().Addr() }
+func (d *Daemon) Addr() net.Addr { return d.srv.Addr() }
 
 // SetDraining starts or ends a drain (SIGUSR1, SIGUSR2); see sidecar.Server.SetDraining.
-func (d *Daemon) SetDraining(on bool) bool { return d.srv.Load().SetDraining(on) }
+func (d *Daemon) SetDraining(on bool) bool { return d.srv.SetDraining(on) }
 
 // Done reports a fatal serve error (or nil after Close).
 func (d *Daemon) Done() <-chan error { return d.serveErr }
@@ -484,7 +480,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 	d.once.Do(func() {
 		sctx, cancel := context.WithTimeout(ctx, d.cfg.HTTP.ShutdownTimeout)
 		defer cancel()
-		srv := d.srv.Load()
+		srv := d.srv
 		if srv != nil {
 			err = srv.Shutdown(sctx)
 		}

@@ -36,8 +36,6 @@ type Runtime struct {
 	// Images is the image store leases with an Image run on.
 	Images *image.Store
 
-	leases *lease.Manager // set once the lease table is open, before anything is served
-
 	mu    sync.Mutex
 	fss   map[string]*fsxfer.FS
 	roots map[string]leaseRoot // by lease id: the image each lease holds
@@ -265,10 +263,17 @@ func (rt *Runtime) SignalLeftover(l lease.Lease, pid int, sig syscall.Signal) er
 // Caps is the isolation in force.
 func (rt *Runtime) Caps() sandbox.Caps { return rt.Sandbox.Caps() }
 
+// host is the Runtime as the server's sidecar.Host, joined with the lease table, which is
+// built on the Runtime (its Provisioner): the sweep needs both.
+type host struct {
+	*Runtime
+	leases *lease.Manager
+}
+
 // Cleanup reaps expired leases and anything a previous run left behind that no lease
 // accounts for: cgroups (and their processes) and workdirs.
-func (rt *Runtime) Cleanup(ctx context.Context) (apitype.CleanupResult, error) {
-	leases := rt.leases
+func (h host) Cleanup(ctx context.Context) (apitype.CleanupResult, error) {
+	rt, leases := h.Runtime, h.leases
 	res := apitype.CleanupResult{Leases: []string{}, Cgroups: []string{}, Workdirs: []string{}, Processes: []int{}}
 	reaped, err := leases.Reap(ctx)
 	if err != nil {
