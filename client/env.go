@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/sidecar-sandbox/sidecar/client/apitype"
 )
 
 // Client environment variables of the wire contract.
@@ -27,7 +29,7 @@ const (
 const ProviderRemote = "remote"
 
 // MinTokenLength is the shortest shared token the daemon accepts.
-const MinTokenLength = 32
+const MinTokenLength = apitype.MinTokenLength
 
 // ConfigFromEnv reads the SANDBOX_* variables. Every problem is reported at once, each
 // naming its variable; the token's value never appears in an error.

@@ -16,6 +16,10 @@ const APIVersion = "v1"
 // cwd may be relative to it or absolute under it.
 const Workspace = "/workspace"
 
+// MinTokenLength is the shortest shared token (SIDECAR_AUTH_TOKEN, SANDBOX_REMOTE_AUTH_TOKEN)
+// the daemon starts with and the client accepts.
+const MinTokenLength = 32
+
 // Routes, as Go 1.22 ServeMux patterns without the method.
 const (
 	RouteHealthz        = "/healthz"

@@ -19,8 +19,6 @@ import (
 	"github.com/caarlos0/env/v11"
 
 	"github.com/sidecar-sandbox/sidecar/internal/daemon"
-	"github.com/sidecar-sandbox/sidecar/internal/process"
-	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/lease"
 	"github.com/sidecar-sandbox/sidecar/systemd"
 	"github.com/sidecar-sandbox/sidecar/tls/certgen"
@@ -57,12 +55,11 @@ type serveConfig struct {
 	LogFormat string `env:"SIDECAR_LOG_FORMAT" envDefault:"text"`
 }
 
-// loadServeConfig reads and checks the environment, reporting every bad variable at once.
+// loadServeConfig reads and checks the environment, reporting every bad variable at once:
+// this command's own settings (secrets' sources, TLS, the uid range, logging) here, the
+// daemon's by daemon.Config.Check.
 func loadServeConfig(environ map[string]string) (serveConfig, error) {
-	c := serveConfig{Config: daemon.Config{ // the lease limits' defaults (env tags set the others)
-		DefaultLimits: lease.Limits{MemoryBytes: 1 << 30, CPUMillicores: 1000, Pids: 512, DiskBytes: 10 << 30},
-		MaxLimits:     lease.Limits{MemoryBytes: 8 << 30, CPUMillicores: 4000, Pids: 4096, DiskBytes: 100 << 30},
-	}}
+	c := serveConfig{Config: daemon.ServeDefaults()}
 	var errs []error
 	if err := env.ParseWithOptions(&c, env.Options{Environment: environ}); err != nil {
 		var agg env.AggregateError
@@ -75,15 +72,9 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	var err error
 	if c.SharedToken, err = secret("SIDECAR_AUTH_TOKEN", c.SharedToken, c.AuthTokenFile, "auth-token"); err != nil {
 		errs = append(errs, err)
-	} else if c.SharedToken == "" {
-		errs = append(errs, errors.New("SIDECAR_AUTH_TOKEN (or SIDECAR_AUTH_TOKEN_FILE) is required: make one with `sidecar token`"))
-	} else if len(c.SharedToken) < 32 {
-		errs = append(errs, fmt.Errorf("SIDECAR_AUTH_TOKEN must be at least 32 characters (it has %d): make one with `sidecar token`", len(c.SharedToken)))
 	}
 	if c.PreviousToken, err = secret("SIDECAR_AUTH_TOKEN_PREVIOUS", c.PreviousToken, c.PreviousTokenFile, ""); err != nil {
 		errs = append(errs, err)
-	} else if c.PreviousToken != "" && len(c.PreviousToken) < 32 {
-		errs = append(errs, errors.New("SIDECAR_AUTH_TOKEN_PREVIOUS must be at least 32 characters"))
 	}
 	switch {
 	case c.TLSSelfSigned && (c.TLSCertFile != "" || c.TLSKeyFile != ""):
@@ -91,84 +82,19 @@ func loadServeConfig(environ map[string]string) (serveConfig, error) {
 	case !c.TLSSelfSigned && (c.TLSCertFile == "" || c.TLSKeyFile == ""):
 		errs = append(errs, errors.New("TLS is required: set SIDECAR_TLS_CERT_FILE and SIDECAR_TLS_KEY_FILE, or SIDECAR_TLS_SELF_SIGNED=true for development (there is no plain-HTTP mode)"))
 	}
-	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
-		errs = append(errs, fmt.Errorf("SIDECAR_LISTEN_ADDR: %v", err))
-	}
-	if c.Isolation != "strict" && c.Isolation != "none" {
-		errs = append(errs, fmt.Errorf("SIDECAR_ISOLATION must be strict or none, not %q", c.Isolation))
-	}
-	if c.DiskQuota != "auto" && c.DiskQuota != "loop" && c.DiskQuota != "off" {
-		errs = append(errs, fmt.Errorf("SIDECAR_DISK_QUOTA must be auto, loop or off, not %q", c.DiskQuota))
-	}
-	if c.MinLandlockABI < 0 || c.MinLandlockABI > sandbox.MaxKnownLandlockABI {
-		errs = append(errs, fmt.Errorf("SIDECAR_MIN_LANDLOCK_ABI must be 0 to %d, not %d", sandbox.MaxKnownLandlockABI, c.MinLandlockABI))
-	}
-	if c.RequireCgroup != "" && c.RequireCgroup != "v1" && c.RequireCgroup != "v2" {
-		errs = append(errs, fmt.Errorf("SIDECAR_REQUIRE_CGROUP must be v1, v2 or empty, not %q", c.RequireCgroup))
-	}
-	if c.MaxPTYs < 1 || c.MaxPTYs > 4096 {
-		errs = append(errs, fmt.Errorf("SIDECAR_MAX_PTYS must be 1 to 4096, not %d", c.MaxPTYs))
-	}
-	if c.Seccomp != "strict" && c.Seccomp != "off" {
-		errs = append(errs, fmt.Errorf("SIDECAR_SECCOMP must be strict or off, not %q", c.Seccomp))
-	}
-	if _, err := sandbox.LeasePathDirs(c.LeasePath); err != nil {
-		errs = append(errs, err)
-	}
 	if c.UIDRange != "" {
 		if c.UIDFirst, c.UIDLast, err = parseUIDRange(c.UIDRange); err != nil {
 			errs = append(errs, fmt.Errorf("SIDECAR_UID_RANGE: %v", err))
 		}
-	}
-	if c.MaxLeases < 1 {
-		errs = append(errs, errors.New("SIDECAR_MAX_LEASES must be at least 1"))
-	}
-	if c.CapacityMemoryBytes < 0 {
-		errs = append(errs, errors.New("SIDECAR_CAPACITY_MEMORY_BYTES must not be negative (0 or unset: the host's MemTotal)"))
-	}
-	if c.DefaultTTL <= 0 || c.MaxTTL < c.DefaultTTL {
-		errs = append(errs, errors.New("SIDECAR_LEASE_TTL must be positive and at most SIDECAR_LEASE_MAX_TTL"))
-	}
-	def, max := c.DefaultLimits, c.MaxLimits
-	for _, l := range []struct {
-		name             string
-		def, max_, floor int64
-	}{
-		{"MEMORY_BYTES", def.MemoryBytes, max.MemoryBytes, lease.MinMemoryBytes},
-		{"CPU_MILLICORES", def.CPUMillicores, max.CPUMillicores, lease.MinCPUMillicores},
-		{"PIDS", def.Pids, max.Pids, 1},
-		{"DISK_BYTES", def.DiskBytes, max.DiskBytes, 1},
-	} {
-		if l.def < l.floor || l.def > l.max_ {
-			errs = append(errs, fmt.Errorf("SIDECAR_DEFAULT_LIMITS_%s must be at least %d and at most SIDECAR_MAX_LIMITS_%s", l.name, l.floor, l.name))
-		}
-	}
-	if c.ScriptMaxPerLease < 0 {
-		errs = append(errs, errors.New("SIDECAR_SCRIPT_MAX_PER_LEASE must not be negative (0: half of SIDECAR_SCRIPT_WORKERS)"))
-	}
-	if c.MaxOutputBytes < 1024 {
-		errs = append(errs, errors.New("SIDECAR_MAX_OUTPUT_BYTES must be at least 1024"))
-	}
-	if c.OutputBufferBytes < process.MinBufferBytes {
-		errs = append(errs, fmt.Errorf("SIDECAR_OUTPUT_BUFFER_BYTES must be at least %d (two reads of a process's output)", process.MinBufferBytes))
-	}
-	if c.MaxExecs < 1 || c.OutputBudgetBytes < 2*c.MaxOutputBytes {
-		errs = append(errs, errors.New("SIDECAR_MAX_EXECS_PER_LEASE must be positive and SIDECAR_OUTPUT_BUDGET_BYTES at least twice SIDECAR_MAX_OUTPUT_BYTES"))
-	}
-	if c.MaxSearches < 1 {
-		errs = append(errs, errors.New("SIDECAR_MAX_SEARCHES must be positive"))
-	}
-	if c.SearchBudgetBytes < 1<<20 {
-		errs = append(errs, errors.New("SIDECAR_SEARCH_BUDGET_BYTES must be at least 1048576 (1 MiB)"))
-	}
-	if c.MaxShells < 1 {
-		errs = append(errs, errors.New("SIDECAR_MAX_SHELLS_PER_LEASE must be positive"))
 	}
 	if _, err := logLevel(c.LogLevel); err != nil {
 		errs = append(errs, err)
 	}
 	if c.LogFormat != "text" && c.LogFormat != "json" {
 		errs = append(errs, fmt.Errorf("SIDECAR_LOG_FORMAT must be text or json, not %q", c.LogFormat))
+	}
+	if err := c.Check(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StateDir == "" {
 		c.StateDir = defaultStateDir()

@@ -7,7 +7,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,75 +28,6 @@ import (
 	"github.com/sidecar-sandbox/sidecar/lease/image"
 	"github.com/sidecar-sandbox/sidecar/sidecar"
 )
-
-// Config is the daemon's whole configuration, already checked. cmd/sidecar reads it from
-// the environment: the env tags name the variables (docs/api.md, Configuration) and hold
-// the defaults of `sidecar serve`; a Config built in Go (tests) takes the zero values.
-type Config struct {
-	Version       string
-	SharedToken   string `env:"SIDECAR_AUTH_TOKEN"`          // ≥ 32 characters
-	PreviousToken string `env:"SIDECAR_AUTH_TOKEN_PREVIOUS"` // accepted during a rotation; "" when none
-	ListenAddr    string `env:"SIDECAR_LISTEN_ADDR" envDefault:"127.0.0.1:7443"`
-	TLS           *tls.Config
-	CertNotAfter  func() time.Time
-
-	StateDir string `env:"SIDECAR_STATE_DIR"`
-	WorkRoot string `env:"SIDECAR_WORK_ROOT"`
-
-	MaxLeases         int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
-	DefaultTTL        time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
-	MaxTTL            time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
-	DefaultLimits     lease.Limits  `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
-	MaxLimits         lease.Limits  `envPrefix:"SIDECAR_MAX_LIMITS_"`
-	UIDFirst, UIDLast int
-	CgroupParent      string `env:"SIDECAR_CGROUP_PARENT"`
-	Isolation         string `env:"SIDECAR_ISOLATION" envDefault:"strict"`   // "strict" or "none"
-	Seccomp           string `env:"SIDECAR_SECCOMP" envDefault:"strict"`     // "strict" or "off": the system-call filter on lease processes and script workers
-	MinLandlockABI    int    `env:"SIDECAR_MIN_LANDLOCK_ABI" envDefault:"0"` // operator's floor: refuse to start below it; 0 none
-	RequireCgroup     string `env:"SIDECAR_REQUIRE_CGROUP"`                  // operator's floor: "v1", "v2" or "" (either)
-	// LeasePath extends lease processes' PATH: directories after sandbox.DefaultPath,
-	// ':'-separated (sandbox.LeasePathDirs says which are accepted).
-	LeasePath      string `env:"SIDECAR_LEASE_PATH"`
-	LandlockMaxABI int    // caps the Landlock ABI lease processes get (tests); 0 the kernel's
-	// DiskQuota is how lease disk limits are enforced: "auto" (default: a loop-mounted
-	// filesystem per lease when the host allows, else refuse in strict isolation), "loop"
-	// or "off" (the API meter only). See lease/disk.
-	DiskQuota      string   `env:"SIDECAR_DISK_QUOTA" envDefault:"auto"`
-	AllowedOrigins []string `env:"SIDECAR_ALLOWED_ORIGINS" envSeparator:","`
-	// Console serves the operator console at /ui/ (docs/operations.md).
-	Console bool `env:"SIDECAR_CONSOLE"`
-
-	// CapacityMemoryBytes is the memory all leases may commit, reported in GET /v1/info
-	// for placement across sidecars; 0: the host's MemTotal.
-	CapacityMemoryBytes int64 `env:"SIDECAR_CAPACITY_MEMORY_BYTES"`
-
-	MaxOutputBytes    int64 `env:"SIDECAR_MAX_OUTPUT_BYTES" envDefault:"1048576"`      // run-to-completion output cap per stream
-	OutputBufferBytes int64 `env:"SIDECAR_OUTPUT_BUFFER_BYTES" envDefault:"1048576"`   // replay buffer per background process
-	MaxProcesses      int   `env:"SIDECAR_MAX_PROCESSES" envDefault:"64"`              // background processes per lease
-	MaxPTYs           int   `env:"SIDECAR_MAX_PTYS" envDefault:"64"`                   // PTYs per lease (its own devpts instance); 0 sandbox.DefaultMaxPTYs
-	MaxExecs          int   `env:"SIDECAR_MAX_EXECS_PER_LEASE" envDefault:"16"`        // run-to-completion execs per lease at once
-	OutputBudgetBytes int64 `env:"SIDECAR_OUTPUT_BUDGET_BYTES" envDefault:"268435456"` // output all execs and shell commands hold in memory, daemon-wide
-	MaxShells         int   `env:"SIDECAR_MAX_SHELLS_PER_LEASE" envDefault:"8"`        // shell sessions per lease
-	MaxSearches       int   `env:"SIDECAR_MAX_SEARCHES" envDefault:"16"`               // greps running at once, daemon-wide (4 per lease)
-	SearchBudgetBytes int64 `env:"SIDECAR_SEARCH_BUDGET_BYTES" envDefault:"268435456"` // memory all greps hold at once, daemon-wide
-
-	Network NetworkConfig
-	Images  ImageConfig
-
-	ScriptEnabled bool `env:"SCRIPT_ENABLED" envDefault:"true"`
-	ScriptWorkers int  `env:"SIDECAR_SCRIPT_WORKERS" envDefault:"2"`
-	// ScriptMaxPerLease is how many script workers one lease's scripts hold at once; 0:
-	// half the workers, at least 1.
-	ScriptMaxPerLease int `env:"SIDECAR_SCRIPT_MAX_PER_LEASE" envDefault:"0"`
-
-	HelperPath   string // the daemon binary, run as the script worker (and the sandbox helper when no sidecar-init sits beside it); default os.Executable()
-	HTTP         sidecar.HTTPLimits
-	ReapInterval time.Duration // default 10s
-	UploadIdle   time.Duration // partial uploads idle this long are reaped; default 24h
-
-	Now    func() time.Time
-	Logger *slog.Logger
-}
 
 // Daemon is a running sidecar: every part opened, the listener bound.
 type Daemon struct {
@@ -143,9 +73,6 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	}
 	if cfg.HTTP.ShutdownTimeout <= 0 {
 		cfg.HTTP.ShutdownTimeout = 15 * time.Second
-	}
-	if len(cfg.SharedToken) < 32 {
-		return nil, errors.New("sidecar: the shared token must be at least 32 characters")
 	}
 	d := &Daemon{cfg: cfg, log: cfg.Logger, leaseMetrics: sidecar.NewLeaseMetrics(), serveErr: make(chan error, 1), cancel: func() {}}
 	if err := d.open(ctx); err != nil {
