@@ -50,7 +50,13 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 	seen := map[int]bool{}
 	for i := range 3 {
 		first := readyLauncher(t, s, l.ID)
-		cmd, tr, err := s.Command(l.ID, sh(`echo $$; cat /proc/self/cgroup; id -u; pwd`))
+		// Seen from the host (the lease's own view is its cgroup namespace's root): the
+		// process the command will run as is in the launcher's child cgroup already.
+		inCgroup, err := os.ReadFile("/proc/" + strconv.Itoa(first.proc.Pid) + "/cgroup")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd, tr, err := s.Command(l.ID, sh(`echo $$; id -u; pwd`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,8 +69,8 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 			t.Errorf("command %d ran as pid %s, want the launcher's %d (used once)", i, out[0], first.proc.Pid)
 		}
 		seen[first.proc.Pid] = true
-		if got := tr.(*tree).child; got != first.child || !strings.Contains(r.stdout, "/"+first.child+"\n") {
-			t.Errorf("command %d in child cgroup %s (%q), want the launcher's %s", i, got, r.stdout, first.child)
+		if got := tr.(*tree).child; got != first.child || !strings.Contains(string(inCgroup), "/"+first.child+"\n") {
+			t.Errorf("command %d in child cgroup %s (%q), want the launcher's %s", i, got, inCgroup, first.child)
 		}
 		if uid := out[len(out)-2]; uid != strconv.Itoa(l.UID) || out[len(out)-1] != Workspace {
 			t.Errorf("command %d: uid %s in %s, want %d in %s", i, uid, out[len(out)-1], l.UID, Workspace)
