@@ -47,6 +47,7 @@ type proc struct {
 	stderr       *tailBuffer
 	exited       chan struct{} // closed once the process has been reaped
 	landlock     int           // Landlock ABI the worker confined itself with, 0 none
+	idleSince    time.Time     // when it last became idle; the queue's lock guards it
 	once         sync.Once
 }
 

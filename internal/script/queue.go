@@ -20,6 +20,9 @@ var ErrBusy = errors.New("script: every worker is busy")
 // worker while others wait.
 type queue struct {
 	maxPerLease int
+	// demand wakes a parked slot (Runner.keepSlot): a caller came that no idle worker
+	// could take.
+	demand chan struct{}
 
 	mu      sync.Mutex
 	idle    []*proc
@@ -35,8 +38,8 @@ type waiter struct {
 	got    chan *proc // receives the worker once; buffered
 }
 
-func newQueue(maxPerLease int) *queue {
-	return &queue{maxPerLease: maxPerLease, waiting: map[string][]*waiter{}, running: map[string]int{}}
+func newQueue(maxPerLease, workers int) *queue {
+	return &queue{maxPerLease: maxPerLease, demand: make(chan struct{}, workers), waiting: map[string][]*waiter{}, running: map[string]int{}}
 }
 
 // get returns a worker for caller, waiting up to wait for one; ErrBusy when none came.
@@ -49,6 +52,12 @@ func (q *queue) get(ctx, closing context.Context, caller string, capped bool, wa
 	}
 	q.nWait++
 	q.dispatchLocked()
+	if len(w.got) == 0 {
+		select { // a parked slot starts a worker; one signal per caller left waiting
+		case q.demand <- struct{}{}:
+		default:
+		}
+	}
 	q.mu.Unlock()
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
@@ -68,7 +77,7 @@ func (q *queue) get(ctx, closing context.Context, caller string, capped bool, wa
 	select {
 	case p := <-w.got: // handed over as we gave up: pass it on
 		q.running[caller]--
-		q.idle = append(q.idle, p)
+		q.idleLocked(p)
 		q.dispatchLocked()
 	default:
 		q.dropLocked(w)
@@ -84,7 +93,7 @@ func (q *queue) put(caller string, p *proc) {
 		delete(q.running, caller)
 	}
 	if p != nil {
-		q.idle = append(q.idle, p)
+		q.idleLocked(p)
 	}
 	q.dispatchLocked()
 }
@@ -93,8 +102,14 @@ func (q *queue) put(caller string, p *proc) {
 func (q *queue) offer(p *proc) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.idle = append(q.idle, p)
+	q.idleLocked(p)
 	q.dispatchLocked()
+}
+
+// idleLocked adds p to the idle workers, noting since when it is idle.
+func (q *queue) idleLocked(p *proc) {
+	p.idleSince = time.Now()
+	q.idle = append(q.idle, p)
 }
 
 // dispatchLocked hands idle workers to waiters in turn: each pass over the ring gives at
@@ -150,6 +165,26 @@ func (q *queue) remove(p *proc) {
 	if i := slices.Index(q.idle, p); i >= 0 {
 		q.idle = slices.Delete(q.idle, i, i+1)
 	}
+}
+
+// retire takes p out of the idle workers if it has been idle since before cutoff, and
+// says whether it did: a worker in use, or used since, stays.
+func (q *queue) retire(p *proc, cutoff time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := slices.Index(q.idle, p)
+	if i < 0 || p.idleSince.After(cutoff) {
+		return false
+	}
+	q.idle = slices.Delete(q.idle, i, i+1)
+	return true
+}
+
+// waiters reports whether any caller waits for a worker.
+func (q *queue) waiters() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.nWait > 0
 }
 
 // counts reports idle workers and waiting callers (for tests).

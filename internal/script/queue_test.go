@@ -204,3 +204,41 @@ func TestQueueWaitIsBounded(t *testing.T) {
 	r.cfg.QueueWait = wait // the replacement worker may take longer to start
 	expectRecovered(t, r)
 }
+
+// Only the first worker is kept while the runner is quiet: the others start when callers
+// need them and are retired once idle for WorkerIdle.
+func TestWorkersBeyondTheFirstOnDemand(t *testing.T) {
+	r := newRunner(t, func(c *Config) { c.Workers = 3; c.WorkerIdle = 200 * time.Millisecond })
+	expectRecovered(t, r)
+	live := func() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.live) }
+	if n := live(); n != 1 {
+		t.Fatalf("%d workers while quiet, want 1", n)
+	}
+	// Three scripts at once: two more workers start for them.
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := r.Run(context.Background(), Request{Source: `function transform(x) { const end = Date.now() + 1500; while (Date.now() < end) {} return x + 1 }`, Input: []byte("1"), Timeout: 20 * time.Second})
+			if err != nil || string(res.Result) != "2" {
+				t.Errorf("script: %s, %v", res.Result, err)
+			}
+		}()
+	}
+	waitFor(t, "three workers", func() bool { return live() == 3 })
+	wg.Wait()
+	waitFor(t, "the extra workers retired", func() bool { return live() == 1 })
+	expectRecovered(t, r) // the first one still serves
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a state, not waiting for time to pass
+	}
+}

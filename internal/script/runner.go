@@ -64,7 +64,7 @@ func New(ctx context.Context, cfg Config) (*Runner, error) {
 	} else {
 		r.log.Warn("script workers bounded by RLIMIT_DATA only: no cgroup")
 	}
-	r.q = newQueue(cfg.MaxPerLease)
+	r.q = newQueue(cfg.MaxPerLease, cfg.Workers)
 	r.live = map[*proc]struct{}{}
 	r.warm = make(chan struct{})
 	r.ctx, r.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -103,6 +103,7 @@ func (c *Config) fill() error {
 	def(&c.DefaultTimeout, DefaultTimeout)
 	def(&c.MaxTimeout, DefaultMaxTimeout)
 	def(&c.QueueWait, c.MaxTimeout+5*time.Second)
+	def(&c.WorkerIdle, DefaultWorkerIdle)
 	defInt := func(v *int, d int) {
 		if *v <= 0 {
 			*v = d
@@ -218,7 +219,10 @@ func (r *Runner) removeDirs() {
 	}
 }
 
-// keepSlot keeps one worker alive: start it, offer it, and replace it once retired.
+// keepSlot keeps one worker of the pool. Slot 0's is always there, so that a script
+// never waits for a worker to start (~0.3 s) when the daemon is quiet. The others are
+// made on demand (a caller no idle worker could take) and retired after
+// Config.WorkerIdle without a script: each holds ~70 MiB, which an idle daemon need not.
 func (r *Runner) keepSlot(slot int) {
 	defer r.wg.Done()
 	if slot > 0 {
@@ -230,6 +234,13 @@ func (r *Runner) keepSlot(slot int) {
 	}
 	backoff := 100 * time.Millisecond
 	for first := true; ; first = false {
+		if slot > 0 && !r.q.waiters() {
+			select { // parked: no worker until a caller needs one
+			case <-r.q.demand:
+			case <-r.ctx.Done():
+				return
+			}
+		}
 		start := time.Now()
 		p, err := r.spawnWorker(r.ctx, r.seq.Add(1))
 		if slot == 0 && first {
@@ -259,14 +270,37 @@ func (r *Runner) keepSlot(slot int) {
 			return
 		}
 		r.q.offer(p)
-		select {
-		case <-p.exited:
-		case <-r.ctx.Done():
+		if !r.serve(slot, p) {
 			return
 		}
-		r.q.remove(p) // died while idle: no caller gets it
+	}
+}
+
+// serve waits until slot's worker p is gone: exited (killed after a failed script, or
+// died), or, for a slot other than 0, retired idle. It returns false when the Runner
+// closes.
+func (r *Runner) serve(slot int, p *proc) bool {
+	var idle <-chan time.Time
+	if slot > 0 {
+		t := time.NewTicker(r.cfg.WorkerIdle / 2)
+		defer t.Stop()
+		idle = t.C
+	}
+	for {
+		select {
+		case <-p.exited:
+			r.q.remove(p) // died while idle: no caller gets it
+		case <-idle:
+			if !r.q.retire(p, time.Now().Add(-r.cfg.WorkerIdle)) {
+				continue
+			}
+			r.log.Debug("script worker retired idle", "worker", p.id)
+		case <-r.ctx.Done():
+			return false
+		}
 		r.untrack(p)
 		r.release(p)
+		return true
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 // Defaults and ceilings for Config.
 const (
 	DefaultWorkers            = 2
+	DefaultWorkerIdle         = time.Minute
 	DefaultTimeout            = time.Second
 	DefaultMaxTimeout         = 30 * time.Second
 	DefaultMemoryBytes        = 64 << 20
@@ -52,6 +53,9 @@ const (
 type Config struct {
 	Enabled bool
 	Workers int // pool size, default 2
+	// WorkerIdle is how long a worker beyond the first stays without a script before it
+	// is retired (the first always stays); default DefaultWorkerIdle.
+	WorkerIdle time.Duration
 	// MaxPerLease is how many workers one lease's scripts hold at once (the shared
 	// token's are not capped); default half the pool, at least 1.
 	MaxPerLease int
