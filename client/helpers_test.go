@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 const testToken = "test-shared-token-0123456789abcdefghijkl"
@@ -65,14 +66,7 @@ func dropConnection(t *testing.T, w http.ResponseWriter) {
 	conn.Close()
 }
 
-// eventually polls cond until it holds or a deadline passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testtool.WaitFor(t, what, 5*time.Second, cond)
 }

@@ -207,17 +207,7 @@ func markedProcs(marker string) []string {
 	return found
 }
 
-// waitFor polls cond every few milliseconds until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval
-	}
-}
+var waitFor = testtool.WaitFor
 
 // visibleIn walks a workdir (as root, never following links) and returns every path.
 func visibleIn(t *testing.T, dir string) []string {

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // helperEnv makes the test binary act as a small helper program instead of running
@@ -184,16 +186,9 @@ func groupAlive(pgid int) bool {
 	return false
 }
 
-// waitFor polls cond until it holds or the deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testtool.WaitFor(t, what, 10*time.Second, cond)
 }
 
 // newManager makes a Manager with the test Execer; the test releases "lease" (and any

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // waitQueued polls until n callers wait for a worker.
@@ -234,11 +236,5 @@ func TestWorkersBeyondTheFirstOnDemand(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond) // polling a state, not waiting for time to pass
-	}
+	testtool.WaitFor(t, what, 30*time.Second, cond)
 }
