@@ -449,6 +449,20 @@ func TestEscapedPipeHolderDoesNotHang(t *testing.T) {
 	}
 }
 
+// A client's end of input that comes after the process ended (its stdin pipe closed with
+// the run) is a no-op, as a second CloseStdin is, not an error that would break its stream.
+func TestCloseStdinAfterTheEnd(t *testing.T) {
+	m := newManager(t, Config{})
+	p := start(t, m, StartRequest{Spec: sh("exit 5"), Stdin: true})
+	<-p.Done()
+	if err := p.CloseStdin(); err != nil {
+		t.Fatalf("CloseStdin after the end: %v", err)
+	}
+	if _, err := p.WriteStdin([]byte("late")); !errors.Is(err, ErrStdinClosed) {
+		t.Fatalf("WriteStdin after the end: %v, want ErrStdinClosed", err)
+	}
+}
+
 func TestBackgroundStdin(t *testing.T) {
 	m := newManager(t, Config{})
 	p := start(t, m, StartRequest{Spec: Spec{Argv: []string{"cat"}}, Stdin: true})

@@ -79,7 +79,11 @@ func (r *run) closeStdin() error {
 	}
 	r.in.closed = true
 	if r.pty == nil {
-		return r.stdin.Close()
+		// Already closed by the run's end (wait): the input is over either way.
+		if err := r.stdin.Close(); err != nil && !errors.Is(err, os.ErrClosed) {
+			return err
+		}
+		return nil
 	}
 	eof := byte(4) // ^D
 	if rc, err := r.pty.SyscallConn(); err == nil {
