@@ -222,7 +222,7 @@ func (r *Runner) removeDirs() {
 // keepSlot keeps one worker of the pool. Slot 0's is always there, so that a script
 // never waits for a worker to start (~0.3 s) when the daemon is quiet. The others are
 // made on demand (a caller no idle worker could take) and retired after
-// Config.WorkerIdle without a script: each holds ~70 MiB, which an idle daemon need not.
+// Config.WorkerIdle without a script: each holds ~30 MiB, which an idle daemon need not.
 func (r *Runner) keepSlot(slot int) {
 	defer r.wg.Done()
 	if slot > 0 {
