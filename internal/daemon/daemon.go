@@ -21,6 +21,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/process"
 	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/internal/script"
@@ -325,7 +326,7 @@ func (d *Daemon) openScripts(ctx context.Context) error {
 		Logger:      log.With("component", "script"),
 	}
 	if d.sandbox.Caps().Cgroups != "none" {
-		cell, err := sandbox.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))
+		cell, err := confine.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))
 		if err != nil {
 			return fmt.Errorf("script workers' cgroup: %w", err)
 		}

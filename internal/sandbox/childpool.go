@@ -43,7 +43,7 @@ func (s *Sandbox) returnSpare(le *lease, name string) {
 	}
 	s.mu.Unlock()
 	if !keep {
-		if err := s.cg.removeChild(le.spec.ID, name); err != nil {
+		if err := s.cg.RemoveChild(le.spec.ID, name); err != nil {
 			s.log.Warn("remove spare child cgroup", "lease", le.spec.ID, "cgroup", name, "err", err)
 		}
 	}
@@ -85,7 +85,7 @@ func (s *Sandbox) dropChild(id, child string) error {
 	}
 	s.mu.Unlock()
 	remove := func() error {
-		err := s.cg.removeChild(id, child)
+		err := s.cg.RemoveChild(id, child)
 		if err == nil && le != nil {
 			s.mu.Lock()
 			delete(le.removing, child)
@@ -141,7 +141,7 @@ func (s *Sandbox) Close() error {
 		le.spare = nil
 		s.mu.Unlock()
 		for _, name := range spare {
-			errs = append(errs, s.cg.removeChild(le.spec.ID, name))
+			errs = append(errs, s.cg.RemoveChild(le.spec.ID, name))
 		}
 	}
 	return errors.Join(errs...)

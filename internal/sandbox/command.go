@@ -153,8 +153,8 @@ func (s *Sandbox) prepareHelper(le *lease, cmd *exec.Cmd, cfg *initproc.Config, 
 		}
 	}()
 	if child != "" {
-		cfg.CgroupProcs = s.cg.joinFiles(le.spec.ID, child)
-		if d := s.cg.childDir(le.spec.ID, child); d != "" {
+		cfg.CgroupProcs = s.cg.JoinFiles(le.spec.ID, child)
+		if d := s.cg.ChildDir(le.spec.ID, child); d != "" {
 			// v2: clone3(CLONE_INTO_CGROUP) puts the helper there atomically.
 			fd, err := os.Open(d)
 			if err != nil {
@@ -194,7 +194,7 @@ func (s *Sandbox) startHelper(le *lease, cmd *exec.Cmd, child string, parentFile
 	err := cmd.Start()
 	closeAll(parentFiles)
 	if err != nil && cmd.SysProcAttr.UseCgroupFD {
-		if _, serr := os.Stat(s.cg.childDir(le.spec.ID, child)); serr != nil {
+		if _, serr := os.Stat(s.cg.ChildDir(le.spec.ID, child)); serr != nil {
 			// v2: clone3 could not enter a child cgroup removed under it.
 			return &SetupError{Step: "join cgroup", Msg: err.Error()}
 		}
@@ -237,7 +237,7 @@ func (s *Sandbox) newChild(le *lease) (string, error) {
 		le.next++
 		name := "p" + strconv.Itoa(le.next)
 		s.mu.Unlock()
-		err := s.cg.newChild(le.spec.ID, name)
+		err := s.cg.NewChild(le.spec.ID, name)
 		if errors.Is(err, os.ErrExist) {
 			continue
 		}

@@ -11,11 +11,8 @@
 // cmd/sidecar-init/sidecar-init.c, or its Go twin), else the daemon itself run as
 // `sidecar __sandbox-init` (package initproc); all read one config format (initproc.Encode).
 //
-// Cgroups are driven through their files (package cgroupfs, shared with the script
-// workers), not containerd/cgroups' managers: a lease process joins its cgroup in the
-// helper or by clone3, never through a manager, and the daemon writes a few limits and
-// reads a few counters; the module's v1 package would also pull in protobuf and
-// runtime-spec. Landlock is package landlock, shared the same way.
+// Cgroups are package confine's (the engine, shared with the script workers): a lease is a
+// cell there, named by its id. Landlock is package landlock, shared the same way.
 package sandbox
 
 import "errors"

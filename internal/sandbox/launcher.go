@@ -248,7 +248,7 @@ func (s *Sandbox) takeLauncher(le *lease) *launcher {
 	}
 	ready, err := awaitReady(l.sock, time.Until(deadline))
 	switch {
-	case ready && l.child != "" && s.cg.childOOMKills(le.spec.ID, l.child) > 0:
+	case ready && l.child != "" && s.cg.ChildOOMKills(le.spec.ID, l.child) > 0:
 		// The kernel OOM-killed a process in its cgroup (made while the lease was at its
 		// memory limit): a command must start where only its own processes can have
 		// been killed (Tree.OOMKilled).

@@ -250,7 +250,7 @@ func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
 	}
 	_, _ = start.Write([]byte("\n"))
 	_ = hog.Wait() // killed by the lease's memory limit
-	if n := s.cg.childOOMKills(l.ID, victim.child); n == 0 {
+	if n := s.cg.ChildOOMKills(l.ID, victim.child); n == 0 {
 		t.Fatalf("the hog ended (%v) without an OOM kill in the launcher's cgroup", hog.ProcessState)
 	}
 	cmd, tr, err := s.Command(l.ID, sh(`echo $$`))

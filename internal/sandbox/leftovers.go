@@ -170,7 +170,7 @@ func (s *Sandbox) pruneLease(le *lease) map[string][]int {
 	id := le.spec.ID
 	held := map[string][]int{}
 	for _, name := range names {
-		pids, err := s.cg.childPids(id, name)
+		pids, err := s.cg.ChildPids(id, name)
 		if err != nil || len(pids) > 0 {
 			held[name] = pids
 			continue
@@ -184,15 +184,15 @@ func (s *Sandbox) pruneLease(le *lease) map[string][]int {
 		if !live {
 			continue
 		}
-		oom := s.cg.childOOMKills(id, name)
-		if err := s.cg.removeChild(id, name); err != nil {
+		oom := s.cg.ChildOOMKills(id, name)
+		if err := s.cg.RemoveChild(id, name); err != nil {
 			s.log.Debug("emptied leftover cgroup not removable yet", "lease", id, "cgroup", name, "err", err)
 			held[name] = nil
 			continue
 		}
 		s.mu.Lock()
 		delete(le.leftovers, name)
-		if s.cg.version() == "v1" {
+		if s.cg.Version() == "v1" {
 			le.oomKills += oom // v1 counts OOM kills per cgroup: the lease's tally keeps them
 		}
 		s.mu.Unlock()
@@ -203,7 +203,7 @@ func (s *Sandbox) pruneLease(le *lease) map[string][]int {
 // keepLeftovers records child as holding leftovers when it still has processes, and
 // reports whether it did. A lease torn down meanwhile keeps nothing.
 func (s *Sandbox) keepLeftovers(id, child string) bool {
-	pids, err := s.cg.childPids(id, child)
+	pids, err := s.cg.ChildPids(id, child)
 	if err != nil || len(pids) == 0 {
 		return false
 	}

@@ -58,7 +58,7 @@ func TestLeftoversStayListedAndSignalled(t *testing.T) {
 	if !alive(pid) {
 		t.Fatalf("leftover %d died with its command", pid)
 	}
-	if pids, _ := s.cg.childPids(l.ID, child); !slices.Contains(pids, pid) {
+	if pids, _ := s.cg.ChildPids(l.ID, child); !slices.Contains(pids, pid) {
 		t.Fatalf("leftover %d not in its command's cgroup %s: %v", pid, child, pids)
 	}
 	listed, n, err := s.Leftovers(l.ID)

@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
-
 	"bufio"
 	"context"
 	"os"
@@ -13,6 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -255,7 +256,7 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { removeCgroupParent(parent) })
+	t.Cleanup(func() { confine.RemoveEmptyParent(parent) })
 	kept := newTestLease(t, old, nil)
 	orphan := newTestLease(t, old, nil)
 	cmd, tr, err := old.Command(orphan.ID, Spec{Argv: []string{"sleep", "100"}})
@@ -275,7 +276,7 @@ func TestSweepRemovesOrphans(t *testing.T) {
 		// The launcher made for the orphan's next command, once in its cgroup (on v1 it
 		// joins it itself).
 		waitFor(t, "the launcher in its cgroup", func() bool {
-			pids, _ := old.cg.childPids(orphan.ID, l.child)
+			pids, _ := old.cg.ChildPids(orphan.ID, l.child)
 			return slices.Contains(pids, l.proc.Pid)
 		})
 		want = append(want, l.proc.Pid)

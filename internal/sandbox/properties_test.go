@@ -149,7 +149,7 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 		msg    string
 	}{
 		{"cgroup removed", Spec{Argv: []string{"true"}}, func(tr *tree) {
-			if err := s.cg.removeChild(l.ID, tr.child); err != nil {
+			if err := s.cg.RemoveChild(l.ID, tr.child); err != nil {
 				t.Fatal(err)
 			}
 		}, "join cgroup", ""},

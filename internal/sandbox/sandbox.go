@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/landlock"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/seccomp"
@@ -118,15 +119,10 @@ type LeaseNetwork struct {
 }
 
 // Usage is a lease's resource use so far.
-type Usage struct {
-	MemoryBytes int64
-	CPUSeconds  float64
-	Pids        int64
-	OOMKills    int64
-}
+type Usage = confine.Usage
 
 const (
-	DefaultCgroupParent = "sidecar"
+	DefaultCgroupParent = confine.DefaultParent
 	HelperArg           = "__sandbox-init"
 	helperBinaryName    = "sidecar-init"
 )
@@ -138,9 +134,9 @@ type Sandbox struct {
 	caps    Caps
 	log     *slog.Logger
 	helper  string
-	cg      cgroupDriver // nil without cgroups
-	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
-	ptyRoot string       // where leases' devpts instances are mounted; "" for the host's PTYs
+	cg      confine.Cgroups // nil without cgroups
+	hostMNS string          // the daemon's mount namespace, which the helper must not mount in
+	ptyRoot string          // where leases' devpts instances are mounted; "" for the host's PTYs
 	maxPTYs int
 	// userRoot holds each lease's passwd and group ("": none); users is what they say.
 	userRoot string
@@ -211,7 +207,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if cfg.Seccomp != SeccompStrict && cfg.Seccomp != SeccompOff {
 		return nil, fmt.Errorf("%w: seccomp %q (want strict or off)", ErrInvalid, cfg.Seccomp)
 	}
-	if !validCgroupParent(cfg.CgroupParent) {
+	if !confine.ValidParent(cfg.CgroupParent) {
 		return nil, fmt.Errorf("%w: cgroup parent %q", ErrInvalid, cfg.CgroupParent)
 	}
 	if cfg.RequireCgroup != "" && cfg.RequireCgroup != "v1" && cfg.RequireCgroup != "v2" {
@@ -265,12 +261,12 @@ func New(cfg Config) (*Sandbox, error) {
 		// Cgroups and namespaces are set up by root: without it they are not even tried.
 		missing = append(missing, "root (uid switching, cgroups and namespaces need it; not probed without it)")
 	} else {
-		cg, err := newCgroupDriver(cfg.CgroupParent, cfg.Logger)
+		cg, err := confine.OpenCgroups(cfg.CgroupParent, cfg.Logger)
 		switch {
 		case err != nil:
 			missing = append(missing, "cgroups with memory, pids and cpu: "+err.Error())
-		case cfg.RequireCgroup != "" && cg.version() != cfg.RequireCgroup:
-			missing = append(missing, fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", cfg.RequireCgroup, cg.version()))
+		case cfg.RequireCgroup != "" && cg.Version() != cfg.RequireCgroup:
+			missing = append(missing, fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", cfg.RequireCgroup, cg.Version()))
 		}
 		s.cg = cg
 		missing = append(missing, probeNamespaces(helper)...)
@@ -292,7 +288,7 @@ func New(cfg Config) (*Sandbox, error) {
 		return nil, err
 	}
 	if cfg.Owner != "" {
-		if s.owner, err = claimParent(ownerDir, parentKey(s.cg), cfg.Owner, cfg.Logger); err != nil {
+		if s.owner, err = claimParent(ownerDir, s.cg.Key(), cfg.Owner, cfg.Logger); err != nil {
 			return nil, err
 		}
 	}
@@ -328,7 +324,7 @@ func New(cfg Config) (*Sandbox, error) {
 			cfg.Logger.Warn("this host has no /etc/passwd or /etc/group file to bind over: lease uids have no name inside leases")
 		}
 	}
-	s.caps.Cgroups = s.cg.version()
+	s.caps.Cgroups = s.cg.Version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
 	s.caps.NetworkIsolation = true
@@ -373,18 +369,6 @@ func HelperBeside(daemon string) string {
 		return tiny
 	}
 	return daemon
-}
-
-func validCgroupParent(p string) bool {
-	if p == "" || filepath.IsAbs(p) || !filepath.IsLocal(p) {
-		return false
-	}
-	for part := range strings.SplitSeq(p, "/") {
-		if !leaseIDPattern.MatchString(part) {
-			return false
-		}
-	}
-	return true
 }
 
 func validateSpec(l LeaseSpec) error {
@@ -446,7 +430,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	if s.cg != nil {
-		if err := s.cg.provision(l.ID, l); err != nil {
+		if err := s.cg.Provision(l.ID, confine.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids}); err != nil {
 			return fmt.Errorf("sandbox: lease %s cgroup: %w", l.ID, err)
 		}
 	}
@@ -543,10 +527,10 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 		s.dropLauncher(le)
 	}
 	if s.cg != nil {
-		if _, err := s.cg.killLease(ctx, leaseID); err != nil {
+		if _, err := s.cg.KillCell(ctx, leaseID); err != nil {
 			errs = append(errs, err)
 		}
-		if err := s.cg.removeLease(leaseID); err != nil {
+		if err := s.cg.RemoveCell(leaseID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -587,14 +571,14 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	if s.cg == nil {
 		return Usage{}, nil
 	}
-	u, err := s.cg.usage(leaseID, removing)
+	u, err := s.cg.Usage(leaseID, removing)
 	u.OOMKills += removedOOM
 	u.Pids = max(u.Pids-launchers, 0) // the launcher is the daemon's doing, not the lease's
 	return u, err
 }
 
 // Sweep removes lease cgroups the daemon no longer knows, killing their processes,
-// unmounts their image roots, and forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
+// unmounts their image roots, and forgets in-memory leases likewise; named cells (confine.Cell) are not leases and stay. It returns the lease ids removed and the pids killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string
@@ -623,18 +607,18 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 	if s.cg == nil {
 		return forget, nil, errors.Join(errs...)
 	}
-	ids, err := s.cg.leases()
+	ids, err := s.cg.Cells()
 	if err != nil {
 		return forget, nil, err
 	}
 	for _, id := range ids {
-		if known(id) || isCell(id) {
+		if known(id) || confine.IsCell(id) {
 			continue
 		}
-		killed, err := s.cg.killLease(ctx, id)
+		killed, err := s.cg.KillCell(ctx, id)
 		pids = append(pids, killed...)
 		if err == nil {
-			err = s.cg.removeLease(id)
+			err = s.cg.RemoveCell(id)
 		}
 		if err != nil {
 			errs = append(errs, err)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
@@ -167,7 +168,7 @@ func parseSetupError(rest string) *SetupError {
 }
 
 // Kill SIGKILLs the whole tree, setsid'd and double-forked descendants included, and
-// returns once its cgroup is empty (bounded by killDeadline). Without cgroups it kills the
+// returns once its cgroup is empty (bounded by confine.KillDeadline). Without cgroups it kills the
 // process group, which a setsid'd descendant has left.
 func (t *tree) Kill() error {
 	if t.child == "" {
@@ -178,9 +179,9 @@ func (t *tree) Kill() error {
 		// it has. os.Process signals through a pidfd: never a recycled pid.
 		p.Kill()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), killDeadline)
+	ctx, cancel := context.WithTimeout(context.Background(), confine.KillDeadline)
 	defer cancel()
-	return t.s.cg.killChild(ctx, t.leaseID, t.child)
+	return t.s.cg.KillChild(ctx, t.leaseID, t.child)
 }
 
 // Signal delivers sig to the command's process group (the leader's pid: Setsid). Once the
@@ -207,7 +208,7 @@ func (t *tree) Signal(sig syscall.Signal) error {
 // OOMKilled reports whether the kernel OOM-killed a process of this command: the child
 // cgroup's own oom_kill count, which only this command's processes can raise.
 func (t *tree) OOMKilled() bool {
-	return t.child != "" && t.s.cg.childOOMKills(t.leaseID, t.child) > 0
+	return t.child != "" && t.s.cg.ChildOOMKills(t.leaseID, t.child) > 0
 }
 
 // Close releases the tree. Processes the command left behind in its child cgroup stay
@@ -224,7 +225,7 @@ func (t *tree) Close() error {
 		}
 		if t.cmd.Process == nil { // never started
 			if t.child != "" {
-				t.closeErr = t.s.cg.removeChild(t.leaseID, t.child)
+				t.closeErr = t.s.cg.RemoveChild(t.leaseID, t.child)
 			}
 			return
 		}
@@ -250,9 +251,9 @@ func (t *tree) Close() error {
 // dropEmptyChild removes an emptied child cgroup, keeping its OOM kills in the lease's
 // tally (v1 counts them per cgroup).
 func (s *Sandbox) dropEmptyChild(id, child string) error {
-	oom := s.cg.childOOMKills(id, child)
+	oom := s.cg.ChildOOMKills(id, child)
 	s.mu.Lock()
-	if le := s.leases[id]; le != nil && s.cg.version() == "v1" {
+	if le := s.leases[id]; le != nil && s.cg.Version() == "v1" {
 		le.oomKills += oom
 		if le.removing == nil {
 			le.removing = map[string]bool{}
