@@ -1,12 +1,10 @@
 package sandbox
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -78,7 +76,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	t := &tree{s: s, leaseID: leaseID, le: le, cmd: cmd, tty: spec.TTY, ended: make(chan struct{}),
 		launch: initproc.Launch{Argv: spec.Argv, Env: env, Dir: dir}}
 	if s.cg != nil {
-		if t.child, err = s.takeChild(le); err != nil {
+		if t.child, err = s.eng.TakeChild(leaseID); err != nil {
 			return nil, nil, fmt.Errorf("sandbox: lease %s: child cgroup: %w", leaseID, err)
 		}
 	}
@@ -228,22 +226,6 @@ func sealedMemfd(name string, b []byte) (*os.File, error) {
 		return nil, fmt.Errorf("memfd: %w", err)
 	}
 	return f, nil
-}
-
-// newChild creates the command's child cgroup, skipping names left by an earlier run.
-func (s *Sandbox) newChild(le *lease) (string, error) {
-	for range 1000 {
-		s.mu.Lock()
-		le.next++
-		name := "p" + strconv.Itoa(le.next)
-		s.mu.Unlock()
-		err := s.cg.NewChild(le.spec.ID, name)
-		if errors.Is(err, os.ErrExist) {
-			continue
-		}
-		return name, err
-	}
-	return "", errors.New("no free child cgroup name")
 }
 
 // landlockPolicy is the lease's filesystem view: its workdir and /tmp read-write, system

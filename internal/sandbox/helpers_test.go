@@ -143,6 +143,9 @@ func (s *Sandbox) settle() {
 	s.mu.Unlock()
 	for _, le := range les {
 		le.jobs.Wait()
+		if s.eng != nil {
+			s.eng.Settle(le.spec.ID)
+		}
 	}
 }
 

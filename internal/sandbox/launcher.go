@@ -177,7 +177,7 @@ func (s *Sandbox) awaitQuiet(le *lease, l *launcher, ended <-chan struct{}) bool
 
 // startLauncher forks the helper as a launcher, in a new child cgroup.
 func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
-	child, err := s.takeChild(le)
+	child, err := s.eng.TakeChild(le.spec.ID)
 	if err != nil {
 		return fmt.Errorf("child cgroup: %w", err)
 	}
@@ -340,7 +340,7 @@ func (s *Sandbox) discardLauncher(le *lease, l *launcher) {
 		}
 	}
 	if l.child != "" {
-		if err := s.dropEmptyChild(le.spec.ID, l.child); err != nil { // its OOM kills stay in the tally
+		if err := s.eng.DropChild(le.spec.ID, l.child); err != nil { // its OOM kills stay in the tally
 			s.log.Warn("remove launcher cgroup", "lease", le.spec.ID, "cgroup", l.child, "err", err)
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -135,6 +134,7 @@ type Sandbox struct {
 	log     *slog.Logger
 	helper  string
 	cg      confine.Cgroups // nil without cgroups
+	eng     *confine.Engine // the cells of the leases and their children; nil without cgroups
 	hostMNS string          // the daemon's mount namespace, which the helper must not mount in
 	ptyRoot string          // where leases' devpts instances are mounted; "" for the host's PTYs
 	maxPTYs int
@@ -159,29 +159,21 @@ type Sandbox struct {
 
 // lease is what the daemon holds for a provisioned lease in this run.
 type lease struct {
-	spec     LeaseSpec
-	netns    *os.File // the lease's network namespace; nil on the host's network
-	resolv   string   // the lease's resolv.conf; "" for the host's
-	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
-	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
-	group    string
-	root     string          // the merged directory of the lease's root overlay; "" for the host's root
-	rootRW   []string        // what Landlock lets the lease write in its root (rootWritable)
-	next     int             // next child cgroup number
-	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
-	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
-	spare    []string        // empty child cgroups made ahead (childpool.go)
-	// leftovers are the child cgroups of finished commands that still held processes
-	// when their Tree closed (leftovers.go).
-	leftovers map[string]bool
-	filling   int // spares being made
+	spec   LeaseSpec
+	netns  *os.File // the lease's network namespace; nil on the host's network
+	resolv string   // the lease's resolv.conf; "" for the host's
+	pts    string   // the lease's devpts instance (mounted); "" for the host's PTYs
+	passwd string   // the lease's /etc/passwd and /etc/group; "" for the host's
+	group  string
+	root   string   // the merged directory of the lease's root overlay; "" for the host's root
+	rootRW []string // what Landlock lets the lease write in its root (rootWritable)
 	// launcher is the helper made ahead for the lease's next command (launcher.go);
 	// launcherFailures counts those that failed in a row.
 	launcher         *launcher
 	launcherFailures int
 	lastCommand      <-chan struct{} // the last command started: closed once it is over
-	// jobs is the background cgroup work on this lease; added to only while the lease is
-	// in Sandbox.leases and the Sandbox is not closed.
+	// jobs is the launcher being made for this lease; added to only while the lease is in
+	// Sandbox.leases and the Sandbox is not closed.
 	jobs sync.WaitGroup
 }
 
@@ -324,6 +316,7 @@ func New(cfg Config) (*Sandbox, error) {
 			cfg.Logger.Warn("this host has no /etc/passwd or /etc/group file to bind over: lease uids have no name inside leases")
 		}
 	}
+	s.eng = confine.NewEngine(s.cg, cfg.Logger)
 	s.caps.Cgroups = s.cg.Version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
@@ -430,7 +423,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	if s.cg != nil {
-		if err := s.cg.Provision(l.ID, confine.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids}); err != nil {
+		if err := s.eng.Open(l.ID, confine.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids}); err != nil {
 			return fmt.Errorf("sandbox: lease %s cgroup: %w", l.ID, err)
 		}
 	}
@@ -523,14 +516,11 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	s.mu.Unlock()
 	var errs []error
 	if le != nil {
-		le.jobs.Wait() // no spare is being made, nor a child removed, under our feet
+		le.jobs.Wait() // no launcher is being made under our feet
 		s.dropLauncher(le)
 	}
-	if s.cg != nil {
-		if _, err := s.cg.KillCell(ctx, leaseID); err != nil {
-			errs = append(errs, err)
-		}
-		if err := s.cg.RemoveCell(leaseID); err != nil {
+	if s.eng != nil {
+		if err := s.eng.Remove(ctx, leaseID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -555,24 +545,18 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
-	var removedOOM, launchers int64
-	var removing map[string]bool
-	if le != nil {
-		removedOOM = le.oomKills
-		removing = maps.Clone(le.removing)
-		if le.launcher.started() {
-			launchers = le.launcher.tasks()
-		}
+	var launchers int64
+	if le != nil && le.launcher.started() {
+		launchers = le.launcher.tasks()
 	}
 	s.mu.Unlock()
 	if le == nil {
 		return Usage{}, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
 	}
-	if s.cg == nil {
+	if s.eng == nil {
 		return Usage{}, nil
 	}
-	u, err := s.cg.Usage(leaseID, removing)
-	u.OOMKills += removedOOM
+	u, err := s.eng.Usage(leaseID)
 	u.Pids = max(u.Pids-launchers, 0) // the launcher is the daemon's doing, not the lease's
 	return u, err
 }
@@ -604,30 +588,50 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 			forget = append(forget, id)
 		}
 	}
-	if s.cg == nil {
+	if s.eng == nil {
 		return forget, nil, errors.Join(errs...)
 	}
-	ids, err := s.cg.Cells()
-	if err != nil {
-		return forget, nil, err
-	}
-	for _, id := range ids {
-		if known(id) || confine.IsCell(id) {
-			continue
-		}
-		killed, err := s.cg.KillCell(ctx, id)
-		pids = append(pids, killed...)
-		if err == nil {
-			err = s.cg.RemoveCell(id)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	removed, pids, err := s.eng.Sweep(ctx, known)
+	errs = append(errs, err)
+	for _, id := range removed {
 		if !seen[id] {
 			forget = append(forget, id)
 		}
-		s.log.InfoContext(ctx, "swept orphan lease cgroup", "lease", id, "killed", len(killed))
 	}
 	return forget, pids, errors.Join(errs...)
+}
+
+// Close waits for the background work, drops the leases' launchers, removes their spare
+// child cgroups and unmounts their PTY instances; the leases themselves stay, for a
+// restarted daemon to adopt (Provision mounts their instances again). Call it at
+// shutdown, after the last command has finished; later commands still work but start the
+// plain way, keep no spares and use the host's PTYs.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	if owner := s.owner; owner != nil {
+		leasesLeft := len(s.leases) > 0
+		defer owner.Close(leasesLeft) // the cgroup parent is free again once the work below is done
+		s.owner = nil
+	}
+	les := make([]*lease, 0, len(s.leases))
+	var pts []string
+	for _, le := range s.leases {
+		les = append(les, le)
+		pts = append(pts, le.pts)
+		le.pts = ""
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, dir := range pts {
+		errs = append(errs, removePTS(dir))
+	}
+	if s.eng == nil {
+		return errors.Join(errs...)
+	}
+	for _, le := range les {
+		le.jobs.Wait()
+		s.dropLauncher(le)
+	}
+	return errors.Join(append(errs, s.eng.Close())...)
 }

@@ -130,7 +130,7 @@ func (t *tree) startLaunched(l *launcher) error {
 	t.parentFiles = nil
 	t.report.Close()
 	if t.child != "" {
-		t.s.returnSpare(t.le, t.child) // never entered
+		t.s.eng.ReturnSpare(t.leaseID, t.child) // never entered
 	}
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
@@ -233,8 +233,8 @@ func (t *tree) Close() error {
 			t.closeErr = t.Kill()
 			return
 		}
-		defer t.s.pruneLeftoversOf(t.leaseID) // the lease's earlier ones that emptied meanwhile
-		if t.started && t.s.keepLeftovers(t.leaseID, t.child) {
+		defer t.s.eng.PruneLeftovers(t.leaseID) // the lease's earlier ones that emptied meanwhile
+		if t.started && t.s.eng.KeepLeftovers(t.leaseID, t.child) {
 			return
 		}
 		// Never started, or empty: nothing will be left. Kill is a
@@ -243,23 +243,7 @@ func (t *tree) Close() error {
 			t.closeErr = err
 			return
 		}
-		t.closeErr = t.s.dropEmptyChild(t.leaseID, t.child)
+		t.closeErr = t.s.eng.DropChild(t.leaseID, t.child)
 	})
 	return t.closeErr
-}
-
-// dropEmptyChild removes an emptied child cgroup, keeping its OOM kills in the lease's
-// tally (v1 counts them per cgroup).
-func (s *Sandbox) dropEmptyChild(id, child string) error {
-	oom := s.cg.ChildOOMKills(id, child)
-	s.mu.Lock()
-	if le := s.leases[id]; le != nil && s.cg.Version() == "v1" {
-		le.oomKills += oom
-		if le.removing == nil {
-			le.removing = map[string]bool{}
-		}
-		le.removing[child] = true // Usage must not count it twice meanwhile
-	}
-	s.mu.Unlock()
-	return s.dropChild(id, child)
 }

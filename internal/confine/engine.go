@@ -1,0 +1,195 @@
+package confine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"strconv"
+	"sync"
+)
+
+// Engine keeps the cells under the daemon's cgroup parent and the child cgroups of their
+// process trees: spares made ahead, finished ones removed behind, the ones that still
+// hold leftovers, and the OOM kills of those removed. It is safe for concurrent use.
+type Engine struct {
+	cg  Cgroups
+	log *slog.Logger
+
+	mu     sync.Mutex
+	cells  map[string]*cell
+	closed bool // Close was called: no more background work
+}
+
+// cell is what the engine holds for one cell in this run.
+type cell struct {
+	id       string
+	next     int             // next child cgroup number
+	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
+	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
+	spare    []string        // empty child cgroups made ahead
+	filling  int             // spares being made
+	// leftovers are the child cgroups of finished trees that still held processes when
+	// they were closed.
+	leftovers map[string]bool
+	// jobs is the background cgroup work on this cell; added to only while the cell is in
+	// Engine.cells and the Engine is not closed.
+	jobs sync.WaitGroup
+}
+
+// NewEngine is an engine on the cgroup parent cg.
+func NewEngine(cg Cgroups, log *slog.Logger) *Engine {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Engine{cg: cg, log: log, cells: map[string]*cell{}}
+}
+
+// Cgroups is the parent the engine's cells are under.
+func (e *Engine) Cgroups() Cgroups { return e.cg }
+
+// Open makes the cell id with limits, or adopts the one an earlier run left (setting its
+// limits again), and starts keeping spare children for it. Opening an open cell sets its
+// limits.
+func (e *Engine) Open(id string, l Limits) error {
+	if err := e.cg.Provision(id, l); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cells[id] == nil {
+		e.cells[id] = &cell{id: id}
+	}
+	return nil
+}
+
+// Remove kills every process in the cell and removes its cgroups, once its background
+// work is done. Removing a cell this run never opened, or one already removed, is not an
+// error.
+func (e *Engine) Remove(ctx context.Context, id string) error {
+	e.mu.Lock()
+	c := e.cells[id]
+	delete(e.cells, id)
+	e.mu.Unlock()
+	if c != nil {
+		c.jobs.Wait() // no spare is being made, nor a child removed, under our feet
+	}
+	if _, err := e.cg.KillCell(ctx, id); err != nil {
+		return err
+	}
+	return e.cg.RemoveCell(id)
+}
+
+// Sweep kills and removes the cgroups under the parent of cells that known does not
+// know, but for named cells (IsCell). It returns the ids removed and the pids killed.
+func (e *Engine) Sweep(ctx context.Context, known func(id string) bool) (removed []string, pids []int, err error) {
+	ids, err := e.cg.Cells()
+	if err != nil {
+		return nil, nil, err
+	}
+	var errs []error
+	for _, id := range ids {
+		if known(id) || IsCell(id) {
+			continue
+		}
+		killed, err := e.cg.KillCell(ctx, id)
+		pids = append(pids, killed...)
+		if err == nil {
+			err = e.cg.RemoveCell(id)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, id)
+		e.log.InfoContext(ctx, "swept orphan cell cgroup", "cell", id, "killed", len(killed))
+	}
+	return removed, pids, errors.Join(errs...)
+}
+
+// Usage reports the cell's resource use, the OOM kills of its removed children included.
+func (e *Engine) Usage(id string) (Usage, error) {
+	e.mu.Lock()
+	var removedOOM int64
+	var removing map[string]bool
+	if c := e.cells[id]; c != nil {
+		removedOOM = c.oomKills
+		removing = maps.Clone(c.removing)
+	}
+	e.mu.Unlock()
+	u, err := e.cg.Usage(id, removing)
+	u.OOMKills += removedOOM
+	return u, err
+}
+
+// Settle waits for the cell's background cgroup work (tests).
+func (e *Engine) Settle(id string) {
+	e.mu.Lock()
+	c := e.cells[id]
+	e.mu.Unlock()
+	if c != nil {
+		c.jobs.Wait()
+	}
+}
+
+// Close waits for the background cgroup work and removes the cells' spare children; the
+// cells themselves stay, for a restarted daemon to adopt. Later trees still get children,
+// made on the spot.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	e.closed = true
+	cells := slicesOf(e.cells)
+	e.mu.Unlock()
+	var errs []error
+	for _, c := range cells {
+		c.jobs.Wait()
+		e.mu.Lock()
+		spare := c.spare
+		c.spare = nil
+		e.mu.Unlock()
+		for _, name := range spare {
+			errs = append(errs, e.cg.RemoveChild(c.id, name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func slicesOf(m map[string]*cell) []*cell {
+	out := make([]*cell, 0, len(m))
+	for _, c := range m {
+		out = append(out, c)
+	}
+	return out
+}
+
+// live returns the cell id while it is open and the engine not closed; e.mu is held.
+func (e *Engine) live(id string) *cell {
+	if e.closed {
+		return nil
+	}
+	return e.cells[id]
+}
+
+// newChild creates a child cgroup of cell id, skipping names left by an earlier run.
+func (e *Engine) newChild(id string) (string, error) {
+	e.mu.Lock()
+	c := e.cells[id]
+	e.mu.Unlock()
+	if c == nil {
+		return "", fmt.Errorf("cell %s is not open", id)
+	}
+	for range 1000 {
+		e.mu.Lock()
+		c.next++
+		name := "p" + strconv.Itoa(c.next)
+		e.mu.Unlock()
+		err := e.cg.NewChild(id, name)
+		if errors.Is(err, os.ErrExist) {
+			continue
+		}
+		return name, err
+	}
+	return "", errors.New("no free child cgroup name")
+}
