@@ -14,34 +14,25 @@
 // a sweep of orphan cells leaves it alone (IsCell).
 //
 //	cg, _ := confine.OpenCgroups(parent, log) // the parent, on this host's cgroup version
-//	e := confine.NewEngine(cg, log)
-//	e.Open(id, confine.Limits{…})             // a cell, made or adopted
-//	child, _ := e.TakeChild(id)               // a fresh child cgroup, made ahead
-//	cg.ChildDir(id, child) / cg.JoinFiles(…)  // where the helper enters it
-//	e.ReturnSpare(id, child)                  // never entered: a spare again
-//	e.KeepLeftovers(id, child) || e.DropChild(id, child) // a closed tree's child
-//	e.LeftoverPids(id); e.PruneLeftovers(id)
-//	e.Usage(id); e.Remove(ctx, id); e.Sweep(ctx, known); e.Close()
+//	e := confine.NewEngine(confine.EngineConfig{Cgroups: cg, Helper: …, HelperArg: …})
+//	e.Open(id, confine.Limits{…})                // a cell, made or adopted
+//	e.SetTemplate(id, func() confine.Start {…})  // what its launchers are made with
+//	cmd, tree, _ := e.Command(id, confine.Start{Config: cfg, Dir: …, NetNS: …, TTY: …})
+//	tree.Start(); cmd.Wait(); tree.Close()       // launched when a launcher is ready, else plain
+//	e.Usage(id); e.LeftoverPids(id); e.PruneLeftovers(id)
+//	e.Remove(ctx, id); e.Sweep(ctx, known); e.Close()
 //
 //	cell, _ := confine.NewCell(parent, "scripts", log) // a named cell for the daemon's own helpers
 //	cell.NewChild(w, limit); cell.Join(w, pid); cell.OOMKills(w); cell.RemoveChild(ctx, w)
 //
-// The engine's next part is the start itself, which package sandbox still holds: the
-// launchers (a helper started ahead for a cell's next tree) with their timing, and the
-// choice between a launched and a plain start. Its interface here:
-//
-//	type Start struct {
-//		Config initproc.Config // everything but the cgroup, which the engine adds
-//		Dir    string          // where the helper starts, on the host
-//		NetNS  *os.File        // the network namespace to enter, nil for the host's
-//		NewNS  bool            // a mount namespace per process
-//		TTY    bool
-//	}
-//	e.Command(id string, s Start) (*exec.Cmd, Tree, error) // launched when a launcher is ready, else plain
-//	e.Template(id string, base func() Start)                // what a launcher is made with, ahead
-//
-// and sandbox keeps only Command's policy half: the view, the environment and the argv
-// check.
+// A Start is the policy's whole say: the helper's initproc.Config (uid, mounts, Landlock,
+// seccomp, rlimits, argv, environment), where the helper starts on the host, the network
+// namespace to enter and whether it gets a mount namespace. The engine adds the cgroup
+// and chooses how to start: every tree gets a fresh child cgroup of its cell (made ahead,
+// children.go), and goes to the cell's launcher when one is ready (launcher.go, with the
+// timing that decides when launchers are made), else starts the helper the plain way
+// (start.go). A closed tree's child that still holds processes stays as the cell's
+// leftovers (leftovers.go); the OOM kills of removed children stay in the cell's tally.
 //
 // Cgroups are driven through their files (package cgroupfs), not containerd/cgroups'
 // managers: a confined process joins its cgroup in the helper or by clone3, never through

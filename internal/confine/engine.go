@@ -11,12 +11,17 @@ import (
 	"sync"
 )
 
-// Engine keeps the cells under the daemon's cgroup parent and the child cgroups of their
-// process trees: spares made ahead, finished ones removed behind, the ones that still
-// hold leftovers, and the OOM kills of those removed. It is safe for concurrent use.
+// Engine starts confined process trees (Command) and keeps the cells under the daemon's
+// cgroup parent: the child cgroups of their trees (spares made ahead, finished ones
+// removed behind, the ones that still hold leftovers, the OOM kills of those removed) and
+// their launchers. It is safe for concurrent use.
 type Engine struct {
-	cg  Cgroups
-	log *slog.Logger
+	cg        Cgroups // nil: no cgroups, trees are process groups
+	log       *slog.Logger
+	helper    string
+	helperArg string
+	coldStart bool
+	launching chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu     sync.Mutex
 	cells  map[string]*cell
@@ -34,17 +39,37 @@ type cell struct {
 	// leftovers are the child cgroups of finished trees that still held processes when
 	// they were closed.
 	leftovers map[string]bool
+	// template is what the cell's launchers are made with (SetTemplate); nil: none.
+	template func() Start
+	// launcher is the helper made ahead for the cell's next command (launcher.go);
+	// launcherFailures counts those that failed in a row.
+	launcher         *launcher
+	launcherFailures int
+	lastCommand      <-chan struct{} // the last command started: closed once it is over
 	// jobs is the background cgroup work on this cell; added to only while the cell is in
 	// Engine.cells and the Engine is not closed.
 	jobs sync.WaitGroup
 }
 
-// NewEngine is an engine on the cgroup parent cg.
-func NewEngine(cg Cgroups, log *slog.Logger) *Engine {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// EngineConfig configures an Engine.
+type EngineConfig struct {
+	Cgroups Cgroups // the parent of the cells; nil: none (trees are process groups)
+	// Helper is the binary every confined process starts through, run as
+	// `Helper HelperArg` (package initproc, or cmd/sidecar-init).
+	Helper, HelperArg string
+	// ColdStart makes every command start the plain way, without launchers: for
+	// benchmarks that compare the two.
+	ColdStart bool
+	Logger    *slog.Logger
+}
+
+// NewEngine is an engine as cfg says.
+func NewEngine(cfg EngineConfig) *Engine {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Engine{cg: cg, log: log, cells: map[string]*cell{}}
+	return &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
+		coldStart: cfg.ColdStart, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}}
 }
 
 // Cgroups is the parent the engine's cells are under.
@@ -74,7 +99,8 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	delete(e.cells, id)
 	e.mu.Unlock()
 	if c != nil {
-		c.jobs.Wait() // no spare is being made, nor a child removed, under our feet
+		c.jobs.Wait() // no spare or launcher is being made, nor a child removed, under our feet
+		e.dropLauncher(c)
 	}
 	if _, err := e.cg.KillCell(ctx, id); err != nil {
 		return err
@@ -109,18 +135,23 @@ func (e *Engine) Sweep(ctx context.Context, known func(id string) bool) (removed
 	return removed, pids, errors.Join(errs...)
 }
 
-// Usage reports the cell's resource use, the OOM kills of its removed children included.
+// Usage reports the cell's resource use, the OOM kills of its removed children included
+// and its launcher's pids left out: the launcher is the engine's doing, not the cell's.
 func (e *Engine) Usage(id string) (Usage, error) {
 	e.mu.Lock()
-	var removedOOM int64
+	var removedOOM, launchers int64
 	var removing map[string]bool
 	if c := e.cells[id]; c != nil {
 		removedOOM = c.oomKills
 		removing = maps.Clone(c.removing)
+		if c.launcher.started() {
+			launchers = c.launcher.tasks()
+		}
 	}
 	e.mu.Unlock()
 	u, err := e.cg.Usage(id, removing)
 	u.OOMKills += removedOOM
+	u.Pids = max(u.Pids-launchers, 0)
 	return u, err
 }
 
@@ -134,9 +165,9 @@ func (e *Engine) Settle(id string) {
 	}
 }
 
-// Close waits for the background cgroup work and removes the cells' spare children; the
-// cells themselves stay, for a restarted daemon to adopt. Later trees still get children,
-// made on the spot.
+// Close waits for the background work, drops the cells' launchers and removes their spare
+// children; the cells themselves stay, for a restarted daemon to adopt. Later trees
+// still start, the plain way, in children made on the spot.
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	e.closed = true
@@ -145,6 +176,7 @@ func (e *Engine) Close() error {
 	var errs []error
 	for _, c := range cells {
 		c.jobs.Wait()
+		e.dropLauncher(c)
 		e.mu.Lock()
 		spare := c.spare
 		c.spare = nil

@@ -24,7 +24,7 @@ func newTestEngine(t *testing.T, id string) *Engine {
 	if err != nil {
 		t.Skip(err)
 	}
-	e := NewEngine(cg, nil)
+	e := NewEngine(EngineConfig{Cgroups: cg})
 	if err := e.Open(id, Limits{Pids: 64}); err != nil {
 		t.Fatal(err)
 	}

@@ -142,10 +142,7 @@ func (s *Sandbox) settle() {
 	les := slices.Collect(maps.Values(s.leases))
 	s.mu.Unlock()
 	for _, le := range les {
-		le.jobs.Wait()
-		if s.eng != nil {
-			s.eng.Settle(le.spec.ID)
-		}
+		s.eng.Settle(le.spec.ID)
 	}
 }
 
@@ -287,6 +284,9 @@ func runTTY(t *testing.T, s *Sandbox, leaseID string, cmd *exec.Cmd, tr Tree) st
 	cmd.Wait()
 	return out.String()
 }
+
+// treeCgroup is the child cgroup of a tree Command returned.
+func treeCgroup(tr Tree) string { return tr.(interface{ Cgroup() string }).Cgroup() }
 
 // v1Controllers are the hierarchies a lease process joins on cgroup v1.
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}

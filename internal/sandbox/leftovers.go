@@ -76,7 +76,7 @@ func (s *Sandbox) leftoverPids(leaseID string) ([]int, error) {
 	if le == nil {
 		return nil, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
 	}
-	if s.eng == nil {
+	if s.cg == nil {
 		return nil, nil
 	}
 	return s.eng.LeftoverPids(leaseID), nil
@@ -126,7 +126,7 @@ func (s *Sandbox) SignalLeftover(leaseID string, pid int, sig syscall.Signal) er
 // PruneLeftovers removes the emptied leftover cgroups of every lease. The daemon calls it
 // from its periodic reaper, so a long lease does not pile up empty cgroups.
 func (s *Sandbox) PruneLeftovers() {
-	if s.eng != nil {
+	if s.cg != nil {
 		s.eng.PruneLeftovers("")
 	}
 }

@@ -25,7 +25,7 @@ func startLeftover(t *testing.T, s *Sandbox, leaseID, script string) (int, strin
 	if err != nil {
 		t.Fatalf("output %q", out)
 	}
-	return pid, tr.(*tree).child
+	return pid, treeCgroup(tr)
 }
 
 // runToEnd starts script through its Tree, as package process does, and waits for it.

@@ -48,7 +48,7 @@ var LeaseRlimits = []initproc.Rlimit{
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
-	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (cgroupv2paths.go)
+	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (package confine)
 	Isolation    string // "strict" (default): New fails listing every missing base layer (root, cgroups, namespaces); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
 	Seccomp      string // "strict" (default): every lease process runs under package seccomp's filter; "off": none, loudly
@@ -67,7 +67,7 @@ type Config struct {
 	// (owner.go) and fails with ErrParentOwned while another running daemon holds it.
 	// "" claims nothing (tests that run many sandboxes on one parent).
 	Owner string
-	// ColdStart makes every command start the plain way, without launchers (launcher.go):
+	// ColdStart makes every command start the plain way, without launchers (package confine):
 	// for benchmarks that compare the two.
 	ColdStart bool
 	// LeasePath are directories appended to DefaultPath in lease processes' PATH
@@ -134,7 +134,7 @@ type Sandbox struct {
 	log     *slog.Logger
 	helper  string
 	cg      confine.Cgroups // nil without cgroups
-	eng     *confine.Engine // the cells of the leases and their children; nil without cgroups
+	eng     *confine.Engine // starts every lease process; a lease is a cell there
 	hostMNS string          // the daemon's mount namespace, which the helper must not mount in
 	ptyRoot string          // where leases' devpts instances are mounted; "" for the host's PTYs
 	maxPTYs int
@@ -148,13 +148,10 @@ type Sandbox struct {
 	path        string // $PATH of lease processes: DefaultPath and Config.LeasePath
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
-	owner       *ownerLock    // the lock on the cgroup parent (owner.go), nil without Config.Owner
-	coldStart   bool          // Config.ColdStart
-	launching   chan struct{} // a slot per launcher being made (launchersAtOnce)
+	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
 
 	mu     sync.Mutex
 	leases map[string]*lease
-	closed bool // Close was called: no more background work
 }
 
 // lease is what the daemon holds for a provisioned lease in this run.
@@ -167,14 +164,6 @@ type lease struct {
 	group  string
 	root   string   // the merged directory of the lease's root overlay; "" for the host's root
 	rootRW []string // what Landlock lets the lease write in its root (rootWritable)
-	// launcher is the helper made ahead for the lease's next command (launcher.go);
-	// launcherFailures counts those that failed in a row.
-	launcher         *launcher
-	launcherFailures int
-	lastCommand      <-chan struct{} // the last command started: closed once it is over
-	// jobs is the launcher being made for this lease; added to only while the lease is in
-	// Sandbox.leases and the Sandbox is not closed.
-	jobs sync.WaitGroup
 }
 
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
@@ -219,8 +208,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, coldStart: cfg.ColdStart, rootSources: rootSources(cfg.CgroupParent),
-		launching: make(chan struct{}, launchersAtOnce)}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {
@@ -246,6 +234,7 @@ func New(cfg Config) (*Sandbox, error) {
 		cfg.Logger.Warn("sandbox isolation is OFF: lease processes run as the daemon's user with no cgroup, no private /tmp and best-effort Landlock",
 			"isolation", IsolationNone, "landlock_abi", s.caps.LandlockABI)
 		s.caps.Layers = s.caps.layers()
+		s.eng = confine.NewEngine(confine.EngineConfig{Helper: helper, HelperArg: HelperArg, Logger: cfg.Logger})
 		return s, nil
 	}
 
@@ -316,7 +305,7 @@ func New(cfg Config) (*Sandbox, error) {
 			cfg.Logger.Warn("this host has no /etc/passwd or /etc/group file to bind over: lease uids have no name inside leases")
 		}
 	}
-	s.eng = confine.NewEngine(s.cg, cfg.Logger)
+	s.eng = confine.NewEngine(confine.EngineConfig{Cgroups: s.cg, Helper: helper, HelperArg: HelperArg, ColdStart: cfg.ColdStart, Logger: cfg.Logger})
 	s.caps.Cgroups = s.cg.Version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
@@ -447,7 +436,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "netns", l.Network != nil)
-	s.refillLauncher(le, nil) // the first command's
+	s.eng.SetTemplate(l.ID, func() confine.Start { return s.start(le) }) // what its launchers are made with
 	return nil
 }
 
@@ -516,10 +505,8 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	s.mu.Unlock()
 	var errs []error
 	if le != nil {
-		le.jobs.Wait() // no launcher is being made under our feet
-		s.dropLauncher(le)
 	}
-	if s.eng != nil {
+	if s.cg != nil {
 		if err := s.eng.Remove(ctx, leaseID); err != nil {
 			errs = append(errs, err)
 		}
@@ -545,20 +532,14 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
-	var launchers int64
-	if le != nil && le.launcher.started() {
-		launchers = le.launcher.tasks()
-	}
 	s.mu.Unlock()
 	if le == nil {
 		return Usage{}, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
 	}
-	if s.eng == nil {
+	if s.cg == nil {
 		return Usage{}, nil
 	}
-	u, err := s.eng.Usage(leaseID)
-	u.Pids = max(u.Pids-launchers, 0) // the launcher is the daemon's doing, not the lease's
-	return u, err
+	return s.eng.Usage(leaseID)
 }
 
 // Sweep removes lease cgroups the daemon no longer knows, killing their processes,
@@ -588,7 +569,7 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 			forget = append(forget, id)
 		}
 	}
-	if s.eng == nil {
+	if s.cg == nil {
 		return forget, nil, errors.Join(errs...)
 	}
 	removed, pids, err := s.eng.Sweep(ctx, known)
@@ -608,16 +589,13 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 // plain way, keep no spares and use the host's PTYs.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
-	s.closed = true
 	if owner := s.owner; owner != nil {
 		leasesLeft := len(s.leases) > 0
 		defer owner.Close(leasesLeft) // the cgroup parent is free again once the work below is done
 		s.owner = nil
 	}
-	les := make([]*lease, 0, len(s.leases))
 	var pts []string
 	for _, le := range s.leases {
-		les = append(les, le)
 		pts = append(pts, le.pts)
 		le.pts = ""
 	}
@@ -625,13 +603,6 @@ func (s *Sandbox) Close() error {
 	var errs []error
 	for _, dir := range pts {
 		errs = append(errs, removePTS(dir))
-	}
-	if s.eng == nil {
-		return errors.Join(errs...)
-	}
-	for _, le := range les {
-		le.jobs.Wait()
-		s.dropLauncher(le)
 	}
 	return errors.Join(append(errs, s.eng.Close())...)
 }
