@@ -35,10 +35,10 @@ func TestMain(m *testing.M) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	if os.Geteuid() == 0 {
-		if err := BecomeSubreaper(); err != nil {
+		if err := confine.BecomeSubreaper(); err != nil {
 			panic(err)
 		}
-		go RunReaper(ctx, slog.New(slog.DiscardHandler))
+		go confine.RunReaper(ctx, slog.New(slog.DiscardHandler))
 	}
 	cleanup := buildHelpers()
 	code := m.Run()
