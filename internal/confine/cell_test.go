@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
 // A cell is a cgroup beside the leases' under the parent, made by the same driver: its
@@ -87,7 +89,14 @@ func TestCellUnderTheParent(t *testing.T) {
 
 const testCgroupParent = "sidecar-test"
 
+// testHelperArg makes the test binary the helper (package initproc), as the daemon's
+// binary is with its own argument.
+const testHelperArg = "__confine-test-init"
+
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == testHelperArg {
+		initproc.Main()
+	}
 	code := m.Run()
 	RemoveEmptyParent(testCgroupParent) // empty by now
 	os.Exit(code)
