@@ -132,7 +132,6 @@ var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 type Sandbox struct {
 	caps    Caps
 	log     *slog.Logger
-	helper  string
 	cg      confine.Cgroups // nil without cgroups
 	eng     *confine.Engine // starts every lease process; a lease is a cell there
 	hostMNS string          // the daemon's mount namespace, which the helper must not mount in
@@ -208,7 +207,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
+	s := &Sandbox{log: cfg.Logger, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {
