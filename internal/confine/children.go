@@ -13,9 +13,9 @@ package confine
 // memory cgroup, whose kernel state grows with the number of CPUs, for every live cell.
 const spareChildren = 1
 
-// TakeChild returns an empty child cgroup of cell id for a new tree, a spare when there
+// takeChild returns an empty child cgroup of cell id for a new tree, a spare when there
 // is one, and tops the spares up in the background.
-func (e *Engine) TakeChild(id string) (string, error) {
+func (e *Engine) takeChild(id string) (string, error) {
 	e.mu.Lock()
 	var name string
 	if c := e.cells[id]; c != nil {
@@ -31,10 +31,10 @@ func (e *Engine) TakeChild(id string) (string, error) {
 	return e.newChild(id)
 }
 
-// ReturnSpare puts an empty, never entered child cgroup among the cell's spares (one just
+// returnSpare puts an empty, never entered child cgroup among the cell's spares (one just
 // made, or one taken for a tree that went elsewhere), or removes it if the cell is being
 // removed (Remove waits for the job that made it before it removes the cell).
-func (e *Engine) ReturnSpare(id, name string) {
+func (e *Engine) returnSpare(id, name string) {
 	e.mu.Lock()
 	c := e.live(id)
 	if c != nil {
@@ -70,13 +70,13 @@ func (e *Engine) makeSpare(c *cell) {
 		e.log.Warn("spare child cgroup", "cell", c.id, "err", err)
 		return
 	}
-	e.ReturnSpare(c.id, name)
+	e.returnSpare(c.id, name)
 }
 
-// DropChild removes a finished tree's child cgroup, which has been emptied, keeping its
+// dropChild removes a finished tree's child cgroup, which has been emptied, keeping its
 // OOM kills in the cell's tally (v1 counts them per cgroup): in the background while the
 // cell is live, else at once.
-func (e *Engine) DropChild(id, child string) error {
+func (e *Engine) dropChild(id, child string) error {
 	oom := e.cg.ChildOOMKills(id, child)
 	e.mu.Lock()
 	c := e.cells[id]

@@ -72,9 +72,6 @@ func NewEngine(cfg EngineConfig) *Engine {
 		coldStart: cfg.ColdStart, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}}
 }
 
-// Cgroups is the parent the engine's cells are under.
-func (e *Engine) Cgroups() Cgroups { return e.cg }
-
 // Open makes the cell id with limits, or adopts the one an earlier run left (setting its
 // limits again), and starts keeping spare children for it. Opening an open cell sets its
 // limits.

@@ -61,23 +61,23 @@ func join(t *testing.T, e *Engine, id, child string) *exec.Cmd {
 func TestEngineChildren(t *testing.T) {
 	e := newTestEngine(t, "t-engine-children")
 	id := "t-engine-children"
-	first, err := e.TakeChild(id)
+	first, err := e.takeChild(id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Settle(id)
-	second, err := e.TakeChild(id) // the spare made meanwhile
+	second, err := e.takeChild(id) // the spare made meanwhile
 	if err != nil {
 		t.Fatal(err)
 	}
 	if second == first {
 		t.Fatalf("child %s taken twice", first)
 	}
-	e.ReturnSpare(id, second)
-	if again, _ := e.TakeChild(id); again != second {
+	e.returnSpare(id, second)
+	if again, _ := e.takeChild(id); again != second {
 		t.Errorf("took %s, want the returned spare %s", again, second)
 	}
-	if err := e.DropChild(id, first); err != nil {
+	if err := e.dropChild(id, first); err != nil {
 		t.Fatal(err)
 	}
 	e.Settle(id)
@@ -100,15 +100,15 @@ func TestEngineChildren(t *testing.T) {
 func TestEngineLeftovers(t *testing.T) {
 	e := newTestEngine(t, "t-engine-leftovers")
 	id := "t-engine-leftovers"
-	child, err := e.TakeChild(id)
+	child, err := e.takeChild(id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.KeepLeftovers(id, child) {
+	if e.keepLeftovers(id, child) {
 		t.Fatal("an empty child kept as leftovers")
 	}
 	sleeper := join(t, e, id, child)
-	if !e.KeepLeftovers(id, child) {
+	if !e.keepLeftovers(id, child) {
 		t.Fatal("a child with a process not kept")
 	}
 	if pids := e.LeftoverPids(id); !slices.Contains(pids, sleeper.Process.Pid) {

@@ -178,7 +178,7 @@ func (e *Engine) awaitQuiet(c *cell, l *launcher, ended <-chan struct{}) bool {
 
 // startLauncher forks the helper as a launcher, in a new child cgroup.
 func (e *Engine) startLauncher(c *cell, l *launcher) error {
-	child, err := e.TakeChild(c.id)
+	child, err := e.takeChild(c.id)
 	if err != nil {
 		return fmt.Errorf("child cgroup: %w", err)
 	}
@@ -341,7 +341,7 @@ func (e *Engine) discardLauncher(c *cell, l *launcher) {
 		}
 	}
 	if l.child != "" {
-		if err := e.DropChild(c.id, l.child); err != nil { // its OOM kills stay in the tally
+		if err := e.dropChild(c.id, l.child); err != nil { // its OOM kills stay in the tally
 			e.log.Warn("remove launcher cgroup", "cell", c.id, "cgroup", l.child, "err", err)
 		}
 	}

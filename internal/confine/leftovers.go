@@ -6,9 +6,9 @@ package confine
 // memory, cpu and pids limits still bind them; Remove kills them with the rest of the
 // cell. A child cgroup that has emptied is removed by PruneLeftovers.
 
-// KeepLeftovers records child as holding leftovers when it still has processes, and
+// keepLeftovers records child as holding leftovers when it still has processes, and
 // reports whether it did. A cell removed meanwhile keeps nothing.
-func (e *Engine) KeepLeftovers(id, child string) bool {
+func (e *Engine) keepLeftovers(id, child string) bool {
 	pids, err := e.cg.ChildPids(id, child)
 	if err != nil || len(pids) == 0 {
 		return false

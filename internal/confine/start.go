@@ -53,7 +53,7 @@ func (e *Engine) Command(id string, s Start) (*exec.Cmd, Tree, error) {
 		launch: initproc.Launch{Argv: cfg.Argv, Env: cfg.Env, Dir: cfg.Dir}}
 	if c != nil {
 		var err error
-		if t.child, err = e.TakeChild(id); err != nil {
+		if t.child, err = e.takeChild(id); err != nil {
 			return nil, nil, fmt.Errorf("confine: cell %s: child cgroup: %w", id, err)
 		}
 	}

@@ -121,7 +121,7 @@ func (t *tree) startLaunched(l *launcher) error {
 	t.parentFiles = nil
 	t.report.Close()
 	if t.child != "" {
-		t.e.ReturnSpare(t.id, t.child) // never entered
+		t.e.returnSpare(t.id, t.child) // never entered
 	}
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
@@ -225,7 +225,7 @@ func (t *tree) Close() error {
 			return
 		}
 		defer t.e.PruneLeftovers(t.id) // the cell's earlier ones that emptied meanwhile
-		if t.started && t.e.KeepLeftovers(t.id, t.child) {
+		if t.started && t.e.keepLeftovers(t.id, t.child) {
 			return
 		}
 		// Never started, or empty: nothing will be left. Kill is a
@@ -234,7 +234,7 @@ func (t *tree) Close() error {
 			t.closeErr = err
 			return
 		}
-		t.closeErr = t.e.DropChild(t.id, t.child)
+		t.closeErr = t.e.dropChild(t.id, t.child)
 	})
 	return t.closeErr
 }
