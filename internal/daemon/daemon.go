@@ -19,6 +19,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/fsxfer"
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/process"
 	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/internal/script"
@@ -137,7 +138,7 @@ func (d *Daemon) open(ctx context.Context) error {
 	if cfg.Isolation == "none" {
 		log.Warn("ISOLATION IS OFF: lease processes run as the daemon's user, without cgroups, uid separation or Landlock; use only for development", "isolation", "none")
 	}
-	if err := sandbox.BecomeSubreaper(); err != nil {
+	if err := confine.BecomeSubreaper(); err != nil {
 		log.Warn("cannot become a child subreaper: orphaned lease processes will be reparented to init", "err", err)
 	}
 	if d.procs, err = process.New(process.Config{
@@ -247,7 +248,7 @@ func (d *Daemon) openScripts(ctx context.Context) error {
 		Logger:      log.With("component", "script"),
 	}
 	if d.sandbox.Caps().Cgroups != "none" {
-		cell, err := sandbox.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))
+		cell, err := confine.NewCell(cfg.CgroupParent, scriptCell, log.With("component", "sandbox"))
 		if err != nil {
 			return fmt.Errorf("script workers' cgroup: %w", err)
 		}
@@ -364,7 +365,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	go func() { defer d.wg.Done(); d.pruneLeftovers(runCtx, cfg.ReapInterval) }()
 	// Orphaned lease processes are reparented to us (subreaper); reap their zombies so
 	// they never count against a lease's pids limit.
-	go func() { defer d.wg.Done(); sandbox.RunReaper(runCtx, log.With("component", "reaper")) }()
+	go func() { defer d.wg.Done(); confine.RunReaper(runCtx, log.With("component", "reaper")) }()
 	caps := d.sandbox.Caps()
 	log.Info("sidecar serving", "addr", srv.Addr().String(), "version", cfg.Version, "isolation", caps.Isolation,
 		"cgroups", caps.Cgroups, "landlock_abi", caps.LandlockABI, "layers", strings.Join(caps.Layers, ","), "seccomp", caps.Seccomp, "disk_quota", d.disk.Mode())

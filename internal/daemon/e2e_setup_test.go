@@ -18,7 +18,7 @@ import (
 // A helper that cannot join its command's cgroup (the spare child cgroup the next exec
 // takes is removed under the daemon) fails the exec with sandbox_setup_failed naming the
 // step, not with exit 125. On v1 the helper reports it; on v2 the daemon cannot clone
-// into it. The lease's launcher, set up ahead (internal/sandbox/launcher.go), is killed
+// into it. The lease's launcher, set up ahead (internal/confine/launcher.go), is killed
 // first, so that the exec starts the plain way. Run with each helper by the sandbox tests;
 // here, the one deployed.
 func TestExecSetupFailure(t *testing.T) {

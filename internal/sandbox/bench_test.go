@@ -31,7 +31,7 @@ func BenchmarkExec(b *testing.B) {
 			}
 		})
 	}
-	// Commands go to launchers (launcher.go); "-cold" ones start the plain way.
+	// Commands go to launchers (package confine); "-cold" ones start the plain way.
 	cold := helpers[len(helpers)-1]
 	cold.name += "-cold"
 	b.Run(cold.name+"-helper", func(b *testing.B) {

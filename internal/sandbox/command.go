@@ -6,20 +6,37 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"syscall"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
 var errNotFound = exec.ErrNotFound
 
+// Spec is one process to start inside a lease.
+type Spec struct {
+	Argv []string
+	// Env is the request's environment; Command adds the clean base (PATH, HOME, USER,
+	// LOGNAME, SHELL, LANG, TMPDIR; TERM for a TTY only).
+	Env map[string]string
+	// Dir is relative to the lease workdir, or absolute under Workspace ("" is the workdir
+	// itself).
+	Dir string
+	TTY bool
+}
+
+// Tree is everything one command may fork: its own child cgroup (or, without cgroups, its
+// process group). Package process supervises it; fakes in its tests stand in for it.
+type Tree = confine.Tree
+
+// SetupError is a step of the confinement that failed before the target ran (the
+// helper's cgroup join, a mount, the uid drop, Landlock, seccomp...).
+type SetupError = confine.SetupError
+
 // Command prepares spec to run in the lease: the returned command starts the helper, which
 // enters the command's own child cgroup, the lease's namespaces, uid and Landlock policy
-// before it execs argv — or, when the lease has a launcher ready (launcher.go), hands the
-// command to that helper, which did all of it ahead of time. Bad input is ErrInvalid
+// before it execs argv — or, when the lease has a launcher ready (package confine), hands
+// the command to that helper, which did all of it ahead of time. Bad input is ErrInvalid
 // (ErrOutsideWorkdir for Dir), a missing executable wraps exec.ErrNotFound, and nothing is
 // created for either.
 //
@@ -63,32 +80,23 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 		return nil, nil, err
 	}
 
-	cfg := s.helperConfig(le)
-	cfg.Argv, cfg.Env, cfg.Dir = spec.Argv, env, dir
-	cmd := &exec.Cmd{
-		Path: s.helper,
-		Args: []string{s.helper, HelperArg},
-		// The helper runs as root: it gets no environment at all (no LD_PRELOAD, GODEBUG…);
-		// the target's environment travels in the config.
-		Env: []string{},
-		// Where the helper starts, as root, before it enters its namespace's view.
-		Dir:         hostDir,
-		SysProcAttr: s.helperAttr(),
+	st := s.start(le)
+	st.Config.Argv, st.Config.Env, st.Config.Dir = spec.Argv, env, dir
+	st.Dir, st.TTY = hostDir, spec.TTY
+	cmd, t, err := s.eng.Command(leaseID, st)
+	if errors.Is(err, confine.ErrInvalid) {
+		err = fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	t := &tree{s: s, leaseID: leaseID, le: le, cmd: cmd, tty: spec.TTY, ended: make(chan struct{}),
-		launch: initproc.Launch{Argv: spec.Argv, Env: env, Dir: dir}}
-	if s.cg != nil {
-		if t.child, err = s.takeChild(le); err != nil {
-			return nil, nil, fmt.Errorf("sandbox: lease %s: child cgroup: %w", leaseID, err)
-		}
-	}
-	// Ready for cmd.Start too (tests use it): Tree.Start may still give the command to a
-	// launcher instead, and then undoes this.
-	if t.parentFiles, t.report, err = s.prepareHelper(le, cmd, &cfg, t.child, nil); err != nil {
-		t.Close()
-		return nil, nil, err
-	}
-	return cmd, t, nil
+	return cmd, t, err
+}
+
+// start is what every process of the lease starts with: the lease-wide part of the
+// helper's config, its network namespace and, as where the helper starts, its workdir.
+func (s *Sandbox) start(le *lease) confine.Start {
+	s.mu.Lock()
+	netns, workdir := le.netns, le.spec.Workdir
+	s.mu.Unlock()
+	return confine.Start{Config: s.helperConfig(le), Dir: workdir, NetNS: netns, NewNS: s.caps.PrivateTmp}
 }
 
 // helperConfig is the lease-wide part of a helper's config: all but the command and its
@@ -128,122 +136,6 @@ func hostResolvConf() string {
 		return ""
 	}
 	return "/etc/resolv.conf"
-}
-
-func (s *Sandbox) helperAttr() *syscall.SysProcAttr {
-	attr := &syscall.SysProcAttr{Setsid: true}
-	if s.caps.PrivateTmp {
-		attr.Cloneflags = syscall.CLONE_NEWNS
-	}
-	return attr
-}
-
-// prepareHelper completes cmd for the helper with config cfg in child cgroup child ("":
-// none); extra is the launch socket of a launcher (nil otherwise). It returns the daemon's
-// copies of what the helper inherits, to close once it has started, and the read end of
-// its report pipe.
-func (s *Sandbox) prepareHelper(le *lease, cmd *exec.Cmd, cfg *initproc.Config, child string, extra *os.File) (parentFiles []*os.File, report *os.File, err error) {
-	defer func() {
-		if err != nil {
-			closeAll(parentFiles)
-			if report != nil {
-				report.Close()
-			}
-			parentFiles, report = nil, nil
-		}
-	}()
-	if child != "" {
-		cfg.CgroupProcs = s.cg.joinFiles(le.spec.ID, child)
-		if d := s.cg.childDir(le.spec.ID, child); d != "" {
-			// v2: clone3(CLONE_INTO_CGROUP) puts the helper there atomically.
-			fd, err := os.Open(d)
-			if err != nil {
-				return nil, nil, &SetupError{Step: "join cgroup", Msg: err.Error()}
-			}
-			parentFiles = append(parentFiles, fd)
-			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(fd.Fd())
-		}
-	}
-	s.mu.Lock()
-	netns := le.netns
-	s.mu.Unlock()
-	cfg.NetNS = netns != nil
-	b, err := initproc.Encode(cfg)
-	if err != nil {
-		return parentFiles, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	config, err := sealedMemfd("sidecar-init-config", b)
-	if err != nil {
-		return parentFiles, nil, err
-	}
-	parentFiles = append(parentFiles, config)
-	r, w, err := os.Pipe()
-	if err != nil {
-		return parentFiles, nil, err
-	}
-	parentFiles = append(parentFiles, w)
-	cmd.ExtraFiles = []*os.File{config, w, netns} // a nil netns: fd 5 closed
-	if extra != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, extra)
-	}
-	return parentFiles, r, nil
-}
-
-// startHelper starts a prepared helper and closes the daemon's copies of its files.
-func (s *Sandbox) startHelper(le *lease, cmd *exec.Cmd, child string, parentFiles []*os.File) error {
-	err := cmd.Start()
-	closeAll(parentFiles)
-	if err != nil && cmd.SysProcAttr.UseCgroupFD {
-		if _, serr := os.Stat(s.cg.childDir(le.spec.ID, child)); serr != nil {
-			// v2: clone3 could not enter a child cgroup removed under it.
-			return &SetupError{Step: "join cgroup", Msg: err.Error()}
-		}
-	}
-	return err
-}
-
-func closeAll(files []*os.File) {
-	for _, f := range files {
-		f.Close()
-	}
-}
-
-// sealedMemfd is b in a sealed memfd: nothing can change it between here and the helper
-// reading it.
-func sealedMemfd(name string, b []byte) (*os.File, error) {
-	mfd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("memfd: %w", err)
-	}
-	f := os.NewFile(uintptr(mfd), name)
-	_, err = f.Write(b)
-	if err == nil {
-		_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL)
-	}
-	if err == nil {
-		_, err = f.Seek(0, 0)
-	}
-	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("memfd: %w", err)
-	}
-	return f, nil
-}
-
-// newChild creates the command's child cgroup, skipping names left by an earlier run.
-func (s *Sandbox) newChild(le *lease) (string, error) {
-	for range 1000 {
-		s.mu.Lock()
-		le.next++
-		name := "p" + strconv.Itoa(le.next)
-		s.mu.Unlock()
-		err := s.cg.newChild(le.spec.ID, name)
-		if errors.Is(err, os.ErrExist) {
-			continue
-		}
-		return name, err
-	}
-	return "", errors.New("no free child cgroup name")
 }
 
 // landlockPolicy is the lease's filesystem view: its workdir and /tmp read-write, system

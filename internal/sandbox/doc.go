@@ -1,6 +1,9 @@
-// Package sandbox isolates leases on one shared host: a cgroup per lease (v1 or v2) with a
-// child cgroup per command, a uid per lease, a private /tmp and optional network namespace,
-// Landlock, and the one Execer every lease process is started through.
+// Package sandbox is a lease's confinement policy on one shared host: what a lease process
+// sees and may do — a uid per lease, a private /tmp and optional network namespace, its
+// workdir on /workspace, an image root, Landlock rules, resource limits — and the one
+// Execer every lease process is started through. The start itself (a cgroup per lease
+// with a child cgroup per command, launchers, leftovers, OOM counts) is package confine's:
+// a lease is a cell there, named by its id, and each command a Start this package builds.
 //
 // Every lease process starts as the helper, which joins the command's cgroup, mounts the
 // lease's /tmp, its own /etc/passwd and /etc/group and its workdir on /workspace
@@ -11,11 +14,8 @@
 // cmd/sidecar-init/sidecar-init.c, or its Go twin), else the daemon itself run as
 // `sidecar __sandbox-init` (package initproc); all read one config format (initproc.Encode).
 //
-// Cgroups are driven through their files (package cgroupfs, shared with the script
-// workers), not containerd/cgroups' managers: a lease process joins its cgroup in the
-// helper or by clone3, never through a manager, and the daemon writes a few limits and
-// reads a few counters; the module's v1 package would also pull in protobuf and
-// runtime-spec. Landlock is package landlock, shared the same way.
+// Cgroups are package confine's, shared with the script workers; Landlock is package
+// landlock, shared the same way.
 package sandbox
 
 import "errors"

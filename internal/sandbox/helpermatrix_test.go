@@ -80,7 +80,7 @@ func (h testHelper) usable(t testing.TB) string {
 
 // forEachHelper runs test once per helper binary, each as a subtest with its own strict
 // sandbox, so that every isolation property is checked against both; commands go to
-// launchers where they can (launcher.go), and once more with the C helper, cold: every
+// launchers where they can (package confine), and once more with the C helper, cold: every
 // command started the plain way.
 func forEachHelper(t *testing.T, test func(t *testing.T, s *Sandbox)) {
 	for _, h := range testHelpers {

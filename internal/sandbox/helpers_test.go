@@ -14,11 +14,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
+	"time"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
@@ -33,41 +35,26 @@ func TestMain(m *testing.M) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	if os.Geteuid() == 0 {
-		if err := BecomeSubreaper(); err != nil {
+		if err := confine.BecomeSubreaper(); err != nil {
 			panic(err)
 		}
-		go RunReaper(ctx, slog.New(slog.DiscardHandler))
+		go confine.RunReaper(ctx, slog.New(slog.DiscardHandler))
 	}
 	cleanup := buildHelpers()
 	code := m.Run()
 	cleanup()
 	stop()
-	removeCgroupParent(testCgroupParent) // the shared test parent, empty by now
+	confine.RemoveEmptyParent(testCgroupParent) // the shared test parent, empty by now
 	os.Exit(code)
-}
-
-// removeCgroupParent removes an empty lease parent of either cgroup version.
-func removeCgroupParent(parent string) {
-	for _, ctrl := range v1Controllers {
-		syscall.Rmdir(filepath.Join("/sys/fs/cgroup", ctrl, parent))
-	}
-	if self, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-		if _, base, err := v2Paths(string(self), "/sys/fs/cgroup", parent, hostV2Delegated); err == nil {
-			syscall.Rmdir(base)
-		}
-	}
 }
 
 // cgroupDir is the directory of a lease's cgroup (parts: lease id, child) for controller
 // ctrl: one hierarchy per controller on v1, one for all on v2.
 func cgroupDir(s *Sandbox, ctrl string, parts ...string) string {
-	switch c := s.cg.(type) {
-	case *cgroupV1:
-		return filepath.Join(append([]string{c.mounts[ctrl], c.parent}, parts...)...)
-	case *cgroupV2:
-		return c.dir(parts...)
+	if s.cg == nil {
+		panic("sandbox without cgroups")
 	}
-	panic("sandbox without cgroups")
+	return s.cg.Dir(ctrl, parts...)
 }
 
 // cgroupDirs are the directories of a lease's cgroup in every hierarchy.
@@ -155,7 +142,7 @@ func (s *Sandbox) settle() {
 	les := slices.Collect(maps.Values(s.leases))
 	s.mu.Unlock()
 	for _, le := range les {
-		le.jobs.Wait()
+		s.eng.Settle(le.spec.ID)
 	}
 }
 
@@ -296,4 +283,67 @@ func runTTY(t *testing.T, s *Sandbox, leaseID string, cmd *exec.Cmd, tr Tree) st
 	io.Copy(&out, master) // ends with EIO once the command exits
 	cmd.Wait()
 	return out.String()
+}
+
+// treeCgroup is the child cgroup of a tree Command returned.
+func treeCgroup(tr Tree) string { return tr.(interface{ Cgroup() string }).Cgroup() }
+
+// v1Controllers are the hierarchies a lease process joins on cgroup v1.
+var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
+
+// readPids lists cgroup.procs of dir and all its descendants.
+func readPids(dir string) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		for f := range strings.FieldsSeq(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return err
+	})
+	return pids, err
+}
+
+// listDirs lists the directories in dir; none if it does not exist.
+func listDirs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() {
+			names = append(names, e.Name())
+		}
+	}
+	return names, err
+}
+
+// pollUntil calls done every millisecond until it reports true, the timeout passes or
+// ctx ends.
+func pollUntil(ctx context.Context, timeout time.Duration, done func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		ok, err := done()
+		if ok || err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
 }

@@ -7,31 +7,38 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
-	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 )
 
 // readyLauncher waits for the lease's launcher to be ready (its ready byte waiting on the
 // socket, not read) and returns it.
-func readyLauncher(t *testing.T, s *Sandbox, leaseID string) *launcher {
+func readyLauncher(t *testing.T, s *Sandbox, leaseID string) confine.LauncherState {
 	t.Helper()
 	s.settle()
-	s.mu.Lock()
-	l := s.leases[leaseID].launcher
-	s.mu.Unlock()
-	if !l.started() {
-		t.Fatalf("lease %s has no launcher running: %+v", leaseID, l)
+	l, ok := s.eng.Launcher(leaseID)
+	if !ok {
+		t.Fatalf("lease %s has no launcher running", leaseID)
 	}
 	waitFor(t, "the launcher to be ready", func() bool {
-		fds := []unix.PollFd{{Fd: int32(l.sock.Fd()), Events: unix.POLLIN}}
-		n, _ := unix.Poll(fds, 0)
-		return n == 1
+		l, ok = s.eng.Launcher(leaseID)
+		return ok && l.Ready
 	})
 	return l
+}
+
+// cold says whether the subtest runs with ColdStart (forEachHelper's "c-cold").
+func cold(t *testing.T) bool { return strings.HasSuffix(t.Name(), "-cold") }
+
+// noLauncher fails t if the lease has a launcher.
+func noLauncher(t *testing.T, s *Sandbox, leaseID string) {
+	t.Helper()
+	s.settle()
+	if _, ok := s.eng.Launcher(leaseID); ok {
+		t.Fatal("a launcher with ColdStart")
+	}
 }
 
 // A command goes to the launcher made ahead for it: it runs as that process, in that
@@ -40,11 +47,8 @@ func TestLauncherRunsTheNextCommand(t *testing.T) { forEachHelper(t, testLaunche
 
 func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	if s.coldStart {
-		s.settle()
-		if s.leases[l.ID].launcher != nil {
-			t.Fatal("a launcher with ColdStart")
-		}
+	if cold(t) {
+		noLauncher(t, s, l.ID)
 		return
 	}
 	seen := map[int]bool{}
@@ -52,7 +56,7 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 		first := readyLauncher(t, s, l.ID)
 		// Seen from the host (the lease's own view is its cgroup namespace's root): the
 		// process the command will run as is in the launcher's child cgroup already.
-		inCgroup, err := os.ReadFile("/proc/" + strconv.Itoa(first.proc.Pid) + "/cgroup")
+		inCgroup, err := os.ReadFile("/proc/" + strconv.Itoa(first.PID) + "/cgroup")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,12 +69,12 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 		if len(out) < 3 {
 			t.Fatalf("command %d: %+v", i, r)
 		}
-		if pid, _ := strconv.Atoi(out[0]); pid != first.proc.Pid || seen[pid] {
-			t.Errorf("command %d ran as pid %s, want the launcher's %d (used once)", i, out[0], first.proc.Pid)
+		if pid, _ := strconv.Atoi(out[0]); pid != first.PID || seen[pid] {
+			t.Errorf("command %d ran as pid %s, want the launcher's %d (used once)", i, out[0], first.PID)
 		}
-		seen[first.proc.Pid] = true
-		if got := tr.(*tree).child; got != first.child || !strings.Contains(string(inCgroup), "/"+first.child+"\n") {
-			t.Errorf("command %d in child cgroup %s (%q), want the launcher's %s", i, got, inCgroup, first.child)
+		seen[first.PID] = true
+		if got := treeCgroup(tr); got != first.Cgroup || !strings.Contains(string(inCgroup), "/"+first.Cgroup+"\n") {
+			t.Errorf("command %d in child cgroup %s (%q), want the launcher's %s", i, got, inCgroup, first.Cgroup)
 		}
 		if uid := out[len(out)-2]; uid != strconv.Itoa(l.UID) || out[len(out)-1] != Workspace {
 			t.Errorf("command %d: uid %s in %s, want %d in %s", i, uid, out[len(out)-1], l.UID, Workspace)
@@ -87,8 +91,8 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 	if err := s.Teardown(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
-	if alive(last.proc.Pid) {
-		t.Errorf("launcher %d survived Teardown", last.proc.Pid)
+	if alive(last.PID) {
+		t.Errorf("launcher %d survived Teardown", last.PID)
 	}
 }
 
@@ -97,7 +101,7 @@ func TestLauncherTTY(t *testing.T) { forEachHelper(t, testLauncherTTY) }
 
 func testLauncherTTY(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	if !s.coldStart {
+	if !cold(t) {
 		readyLauncher(t, s, l.ID)
 	}
 	cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"/bin/sh", "-c", `tty; echo $TERM; : </dev/tty && echo controlling`}, TTY: true})
@@ -117,108 +121,22 @@ func TestLauncherDeadFallsBack(t *testing.T) {
 	s := newTestSandbox(t)
 	l := newTestLease(t, s, nil)
 	dead := readyLauncher(t, s, l.ID)
-	if err := dead.proc.Kill(); err != nil {
+	if err := syscall.Kill(dead.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the launcher to exit", func() bool { // its end of the socket closed
-		fds := []unix.PollFd{{Fd: int32(dead.sock.Fd()), Events: unix.POLLIN}}
-		unix.Poll(fds, 0)
-		return fds[0].Revents&unix.POLLHUP != 0
+		l, ok := s.eng.Launcher(l.ID)
+		return ok && l.Gone
 	})
-	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) == strconv.Itoa(dead.proc.Pid) || r.exitCode != 0 {
+	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) == strconv.Itoa(dead.PID) || r.exitCode != 0 {
 		t.Fatalf("after the launcher died: %+v", r)
 	}
 	next := readyLauncher(t, s, l.ID)
-	if next == dead {
+	if next.PID == dead.PID {
 		t.Fatal("no new launcher")
 	}
-	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) != strconv.Itoa(next.proc.Pid) {
-		t.Errorf("the next command ran as %q, want the new launcher %d", r.stdout, next.proc.Pid)
-	}
-}
-
-// A launcher waiting for the lease to be quiet waits for a command noted meanwhile (Start
-// notes its command before starting it): it is not made beside that command's plain start.
-func TestAwaitQuietWaitsForANotedCommand(t *testing.T) {
-	s := &Sandbox{}
-	le := &lease{}
-	l := &launcher{made: make(chan struct{}), cancel: make(chan struct{})}
-	quiet := make(chan bool, 1)
-	go func() { quiet <- s.awaitQuiet(le, l, nil) }() // as Provision's refill does
-	running := make(chan struct{})
-	s.noteCommand(le, running) // before or after awaitQuiet looked: the same outcome
-	// Quiet comes at launcherAfterReply without the note, not before the command has run
-	// for launcherWhileRunning with it.
-	select {
-	case <-quiet:
-		t.Fatal("the launcher would be made while the noted command starts")
-	case <-time.After(launcherWhileRunning / 2):
-	}
-	close(running)
-	select {
-	case ok := <-quiet:
-		if !ok {
-			t.Fatal("awaitQuiet gave up without being canceled")
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("awaitQuiet did not return after the command ended")
-	}
-}
-
-// fakeLauncher is a launcher of lease le that says ready when the test writes
-// initproc.LaunchReady to the returned end of its socket; made is left to the test.
-func fakeLauncher(t *testing.T, s *Sandbox, le *lease) (*launcher, *os.File) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &launcher{made: make(chan struct{}), cancel: make(chan struct{}), sock: os.NewFile(uintptr(fds[0]), "launch")}
-	theirs := os.NewFile(uintptr(fds[1]), "launch")
-	t.Cleanup(func() { l.sock.Close(); theirs.Close() })
-	s.leases[le.spec.ID] = le
-	le.launcher = l
-	return l, theirs
-}
-
-// A command takes a launcher that is being forked once it is ready, rather than starting
-// the plain way beside it; one that is not yet forked (waiting for quiet) is left alone.
-func TestTakeLauncherCatchesUpWithOneBeingForked(t *testing.T) {
-	s := &Sandbox{leases: map[string]*lease{}}
-	le := &lease{spec: LeaseSpec{ID: "l"}}
-	l, theirs := fakeLauncher(t, s, le)
-
-	if got := s.takeLauncher(le); got != nil || le.launcher != l {
-		t.Fatalf("a launcher waiting for quiet was taken (%v) or dropped (%v)", got, le.launcher)
-	}
-
-	l.forking.Store(true)
-	go func() {
-		time.Sleep(launcherCatchUp / 5) // it finishes forking, then sets up, then says ready
-		close(l.made)
-		time.Sleep(launcherCatchUp / 5)
-		_, _ = theirs.Write([]byte{initproc.LaunchReady})
-	}()
-	if got := s.takeLauncher(le); got != l {
-		t.Fatalf("took %v, want the launcher that was being forked", got)
-	}
-	if le.launcher != nil {
-		t.Fatal("the taken launcher is still the lease's")
-	}
-}
-
-// A launcher that is made but not ready within launcherCatchUp stays for a later command.
-func TestTakeLauncherLeavesOneNotReady(t *testing.T) {
-	s := &Sandbox{leases: map[string]*lease{}}
-	le := &lease{spec: LeaseSpec{ID: "l"}}
-	l, theirs := fakeLauncher(t, s, le)
-	close(l.made)
-	if got := s.takeLauncher(le); got != nil || le.launcher != l {
-		t.Fatalf("a launcher not ready was taken (%v) or dropped (%v)", got, le.launcher)
-	}
-	_, _ = theirs.Write([]byte{initproc.LaunchReady})
-	if got := s.takeLauncher(le); got != l {
-		t.Fatalf("took %v once it was ready, want it", got)
+	if r := run(t, s, l.ID, sh("echo $$")); strings.TrimSpace(r.stdout) != strconv.Itoa(next.PID) {
+		t.Errorf("the next command ran as %q, want the new launcher %d", r.stdout, next.PID)
 	}
 }
 
@@ -233,11 +151,8 @@ func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
 	// 128 MiB, so that the hog is the lease's largest process when the limit stops it
 	// (the Go helper built with -race holds 36 MiB).
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.MemoryBytes = 128 << 20 })
-	if s.coldStart {
-		s.settle()
-		if s.leases[l.ID].launcher != nil {
-			t.Fatal("a launcher with ColdStart")
-		}
+	if cold(t) {
+		noLauncher(t, s, l.ID)
 		return
 	}
 	victim := readyLauncher(t, s, l.ID)
@@ -249,14 +164,14 @@ func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
 	if err := hog.Start(); err != nil {
 		t.Fatal(err)
 	}
-	procs := filepath.Join(cgroupDir(s, "memory", l.ID, victim.child), "cgroup.procs")
+	procs := filepath.Join(cgroupDir(s, "memory", l.ID, victim.Cgroup), "cgroup.procs")
 	if err := os.WriteFile(procs, []byte(strconv.Itoa(hog.Process.Pid)), 0o644); err != nil {
 		_ = hog.Process.Kill()
 		t.Fatal(err)
 	}
 	_, _ = start.Write([]byte("\n"))
 	_ = hog.Wait() // killed by the lease's memory limit
-	if n := s.cg.childOOMKills(l.ID, victim.child); n == 0 {
+	if n := s.cg.ChildOOMKills(l.ID, victim.Cgroup); n == 0 {
 		t.Fatalf("the hog ended (%v) without an OOM kill in the launcher's cgroup", hog.ProcessState)
 	}
 	cmd, tr, err := s.Command(l.ID, sh(`echo $$`))
@@ -267,11 +182,11 @@ func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
 	if r.oom || r.exitCode != 0 {
 		t.Fatalf("the command after the kill: %+v, want a clean exit", r)
 	}
-	if pid := strings.TrimSpace(r.stdout); pid == strconv.Itoa(victim.proc.Pid) || tr.(*tree).child == victim.child {
-		t.Fatalf("the command ran in the launcher whose cgroup saw the kill (pid %s, cgroup %s)", pid, victim.child)
+	if pid := strings.TrimSpace(r.stdout); pid == strconv.Itoa(victim.PID) || treeCgroup(tr) == victim.Cgroup {
+		t.Fatalf("the command ran in the launcher whose cgroup saw the kill (pid %s, cgroup %s)", pid, victim.Cgroup)
 	}
-	if alive(victim.proc.Pid) {
-		t.Errorf("launcher %d was kept after its cgroup saw an OOM kill", victim.proc.Pid)
+	if alive(victim.PID) {
+		t.Errorf("launcher %d was kept after its cgroup saw an OOM kill", victim.PID)
 	}
 	if u, err := s.Usage(l.ID); err != nil || u.OOMKills != 1 {
 		t.Errorf("Usage = %+v, %v; want the one OOM kill still counted", u, err)

@@ -79,12 +79,7 @@ func (s *Sandbox) leftoverPids(leaseID string) ([]int, error) {
 	if s.cg == nil {
 		return nil, nil
 	}
-	held := s.pruneLease(le)
-	var pids []int
-	for _, p := range held {
-		pids = append(pids, p...)
-	}
-	return pids, nil
+	return s.eng.LeftoverPids(leaseID), nil
 }
 
 // SignalLeftover delivers sig to one leftover process of the lease, and to nothing else:
@@ -131,93 +126,9 @@ func (s *Sandbox) SignalLeftover(leaseID string, pid int, sig syscall.Signal) er
 // PruneLeftovers removes the emptied leftover cgroups of every lease. The daemon calls it
 // from its periodic reaper, so a long lease does not pile up empty cgroups.
 func (s *Sandbox) PruneLeftovers() {
-	if s.cg == nil {
-		return
+	if s.cg != nil {
+		s.eng.PruneLeftovers("")
 	}
-	s.mu.Lock()
-	les := make([]*lease, 0, len(s.leases))
-	for _, le := range s.leases {
-		if len(le.leftovers) > 0 {
-			les = append(les, le)
-		}
-	}
-	s.mu.Unlock()
-	for _, le := range les {
-		s.pruneLease(le)
-	}
-}
-
-// pruneLeftoversOf prunes one lease's emptied leftover cgroups.
-func (s *Sandbox) pruneLeftoversOf(id string) {
-	s.mu.Lock()
-	le := s.leases[id]
-	any := le != nil && len(le.leftovers) > 0
-	s.mu.Unlock()
-	if any {
-		s.pruneLease(le)
-	}
-}
-
-// pruneLease drops the lease's leftover cgroups that have emptied and returns the pids
-// of the others, by child cgroup.
-func (s *Sandbox) pruneLease(le *lease) map[string][]int {
-	s.mu.Lock()
-	names := make([]string, 0, len(le.leftovers))
-	for name := range le.leftovers {
-		names = append(names, name)
-	}
-	s.mu.Unlock()
-	id := le.spec.ID
-	held := map[string][]int{}
-	for _, name := range names {
-		pids, err := s.cg.childPids(id, name)
-		if err != nil || len(pids) > 0 {
-			held[name] = pids
-			continue
-		}
-		// Empty: nothing can enter it again. It is removed here and now, and forgotten only
-		// once removed: a cgroup whose last process is a zombie not yet reaped may still
-		// refuse (v2 counts it populated until then), and the next prune tries again.
-		s.mu.Lock()
-		live := s.leases[id] == le && le.leftovers[name]
-		s.mu.Unlock()
-		if !live {
-			continue
-		}
-		oom := s.cg.childOOMKills(id, name)
-		if err := s.cg.removeChild(id, name); err != nil {
-			s.log.Debug("emptied leftover cgroup not removable yet", "lease", id, "cgroup", name, "err", err)
-			held[name] = nil
-			continue
-		}
-		s.mu.Lock()
-		delete(le.leftovers, name)
-		if s.cg.version() == "v1" {
-			le.oomKills += oom // v1 counts OOM kills per cgroup: the lease's tally keeps them
-		}
-		s.mu.Unlock()
-	}
-	return held
-}
-
-// keepLeftovers records child as holding leftovers when it still has processes, and
-// reports whether it did. A lease torn down meanwhile keeps nothing.
-func (s *Sandbox) keepLeftovers(id, child string) bool {
-	pids, err := s.cg.childPids(id, child)
-	if err != nil || len(pids) == 0 {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	le := s.leases[id]
-	if le == nil {
-		return false
-	}
-	if le.leftovers == nil {
-		le.leftovers = map[string]bool{}
-	}
-	le.leftovers[child] = true
-	return true
 }
 
 // describe reads a leftover's argv, start time and resident memory from /proc; ok is

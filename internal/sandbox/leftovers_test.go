@@ -25,7 +25,7 @@ func startLeftover(t *testing.T, s *Sandbox, leaseID, script string) (int, strin
 	if err != nil {
 		t.Fatalf("output %q", out)
 	}
-	return pid, tr.(*tree).child
+	return pid, treeCgroup(tr)
 }
 
 // runToEnd starts script through its Tree, as package process does, and waits for it.
@@ -58,7 +58,7 @@ func TestLeftoversStayListedAndSignalled(t *testing.T) {
 	if !alive(pid) {
 		t.Fatalf("leftover %d died with its command", pid)
 	}
-	if pids, _ := s.cg.childPids(l.ID, child); !slices.Contains(pids, pid) {
+	if pids, _ := s.cg.ChildPids(l.ID, child); !slices.Contains(pids, pid) {
 		t.Fatalf("leftover %d not in its command's cgroup %s: %v", pid, child, pids)
 	}
 	listed, n, err := s.Leftovers(l.ID)

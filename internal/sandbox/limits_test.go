@@ -1,8 +1,6 @@
 package sandbox
 
 import (
-	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
-
 	"bufio"
 	"context"
 	"os"
@@ -13,6 +11,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -37,7 +38,7 @@ func testForkBombStopsAtPidsLimit(t *testing.T, s *Sandbox) {
 		t.Fatal(err)
 	}
 	// v1 counts refused forks in the forking cgroup: the command's child.
-	events := filepath.Join(cgroupDir(s, "pids", a.ID, tr.(*tree).child), "pids.events")
+	events := filepath.Join(cgroupDir(s, "pids", a.ID, treeCgroup(tr)), "pids.events")
 	waitFor(t, "a fork refused by pids.max", func() bool {
 		n, _ := cgroupfs.ReadKey(events, "max")
 		return n > 0
@@ -97,7 +98,7 @@ func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
 		t.Fatalf("got %q", line)
 	}
-	dir := cgroupDir(s, "freezer", l.ID, tr.(*tree).child)
+	dir := cgroupDir(s, "freezer", l.ID, treeCgroup(tr))
 	pids := waitForSleepers(t, dir, "100.1", "100.2", "100.3", "100.4")
 	if err := tr.Kill(); err != nil {
 		t.Fatalf("Kill: %v", err)
@@ -255,7 +256,7 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { removeCgroupParent(parent) })
+	t.Cleanup(func() { confine.RemoveEmptyParent(parent) })
 	kept := newTestLease(t, old, nil)
 	orphan := newTestLease(t, old, nil)
 	cmd, tr, err := old.Command(orphan.ID, Spec{Argv: []string{"sleep", "100"}})
@@ -271,14 +272,14 @@ func TestSweepRemovesOrphans(t *testing.T) {
 	old.settle() // the orphan's launcher is made: it is one of the pids to sweep
 
 	want := []int{cmd.Process.Pid}
-	if l := old.leases[orphan.ID].launcher; l.started() {
+	if l, ok := old.eng.Launcher(orphan.ID); ok {
 		// The launcher made for the orphan's next command, once in its cgroup (on v1 it
 		// joins it itself).
 		waitFor(t, "the launcher in its cgroup", func() bool {
-			pids, _ := old.cg.childPids(orphan.ID, l.child)
-			return slices.Contains(pids, l.proc.Pid)
+			pids, _ := old.cg.ChildPids(orphan.ID, l.Cgroup)
+			return slices.Contains(pids, l.PID)
 		})
-		want = append(want, l.proc.Pid)
+		want = append(want, l.PID)
 	}
 
 	restarted, err := New(Config{CgroupParent: parent, HelperPath: self})

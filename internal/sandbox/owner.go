@@ -37,19 +37,6 @@ type ownerRecord struct {
 // ErrParentOwned: another running daemon owns the cgroup parent.
 var ErrParentOwned = errors.New("cgroup parent owned by another running daemon")
 
-// parentKey names the cgroup parent of cg host-wide: v1 parents are the same path in
-// every hierarchy; a v2 parent is a directory (under a systemd unit's own cgroup, so two
-// units never collide).
-func parentKey(cg cgroupDriver) string {
-	switch d := cg.(type) {
-	case *cgroupV1:
-		return "v1:" + d.parent
-	case *cgroupV2:
-		return "v2:" + d.base
-	}
-	return fmt.Sprintf("%T", cg)
-}
-
 // ownerLock is a held claim on a cgroup parent.
 type ownerLock struct {
 	f    *os.File

@@ -144,17 +144,17 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 	for _, tc := range []struct {
 		name   string
 		spec   Spec
-		before func(*tree)
+		before func(Tree)
 		step   string // "": no SetupError, exit 126 with msg on stderr
 		msg    string
 	}{
-		{"cgroup removed", Spec{Argv: []string{"true"}}, func(tr *tree) {
-			if err := s.cg.removeChild(l.ID, tr.child); err != nil {
+		{"cgroup removed", Spec{Argv: []string{"true"}}, func(tr Tree) {
+			if err := s.cg.RemoveChild(l.ID, treeCgroup(tr)); err != nil {
 				t.Fatal(err)
 			}
 		}, "join cgroup", ""},
-		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(*tree) { os.Chmod(sub, 0o700) }, "chdir /workspace/sub", "setup: chdir"},
-		{"not executable", Spec{Argv: []string{"./prog"}}, func(*tree) { os.Chmod(exe, 0o644) }, "", "./prog"},
+		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(Tree) { os.Chmod(sub, 0o700) }, "chdir /workspace/sub", "setup: chdir"},
+		{"not executable", Spec{Argv: []string{"./prog"}}, func(Tree) { os.Chmod(exe, 0o644) }, "", "./prog"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.Mkdir(sub, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
@@ -170,7 +170,7 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 			defer tr.Close()
 			var stderr strings.Builder
 			cmd.Stderr = &stderr
-			tc.before(tr.(*tree))
+			tc.before(tr)
 			err = tr.Start()
 			var se *SetupError
 			if tc.step != "" {

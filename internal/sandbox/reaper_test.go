@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -38,4 +39,14 @@ func TestReaperNeverStealsExecChildren(t *testing.T) {
 		u, _ := s.Usage(l.ID)
 		return u.Pids == 0
 	})
+}
+
+// isZombie says whether pid has exited and waits to be reaped.
+func isZombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
+	return i >= 0 && (strings.HasPrefix(string(b)[i+2:], "Z") || strings.HasPrefix(string(b)[i+2:], "X"))
 }

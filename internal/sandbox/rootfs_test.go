@@ -14,6 +14,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
@@ -324,7 +325,7 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 
 	// Another daemon on the host, with a cgroup parent of its own, sweeps only its own.
 	const neighbourParent = testCgroupParent + "-neighbour"
-	t.Cleanup(func() { removeCgroupParent(neighbourParent) })
+	t.Cleanup(func() { confine.RemoveEmptyParent(neighbourParent) })
 	neighbour := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), CgroupParent: neighbourParent})
 	if _, _, err := neighbour.Sweep(ctx, func(string) bool { return false }); err != nil {
 		t.Fatal(err)

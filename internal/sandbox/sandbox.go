@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/landlock"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/seccomp"
@@ -48,7 +48,7 @@ var LeaseRlimits = []initproc.Rlimit{
 
 // Config configures a Sandbox; zero values take the documented defaults.
 type Config struct {
-	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (cgroupv2paths.go)
+	CgroupParent string // default "sidecar": v1 → <hierarchy>/sidecar/<lease>; v2 → <daemon's own delegated cgroup>/sidecar/<lease>, or /sys/fs/cgroup/sidecar/<lease> when started by hand (package confine)
 	Isolation    string // "strict" (default): New fails listing every missing base layer (root, cgroups, namespaces); "none": run without, loudly
 	HelperPath   string // the binary that runs the init helper; default: sidecar-init next to os.Executable() if present, else os.Executable()
 	Seccomp      string // "strict" (default): every lease process runs under package seccomp's filter; "off": none, loudly
@@ -67,7 +67,7 @@ type Config struct {
 	// (owner.go) and fails with ErrParentOwned while another running daemon holds it.
 	// "" claims nothing (tests that run many sandboxes on one parent).
 	Owner string
-	// ColdStart makes every command start the plain way, without launchers (launcher.go):
+	// ColdStart makes every command start the plain way, without launchers (package confine):
 	// for benchmarks that compare the two.
 	ColdStart bool
 	// LeasePath are directories appended to DefaultPath in lease processes' PATH
@@ -118,15 +118,10 @@ type LeaseNetwork struct {
 }
 
 // Usage is a lease's resource use so far.
-type Usage struct {
-	MemoryBytes int64
-	CPUSeconds  float64
-	Pids        int64
-	OOMKills    int64
-}
+type Usage = confine.Usage
 
 const (
-	DefaultCgroupParent = "sidecar"
+	DefaultCgroupParent = confine.DefaultParent
 	HelperArg           = "__sandbox-init"
 	helperBinaryName    = "sidecar-init"
 )
@@ -137,10 +132,10 @@ var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 type Sandbox struct {
 	caps    Caps
 	log     *slog.Logger
-	helper  string
-	cg      cgroupDriver // nil without cgroups
-	hostMNS string       // the daemon's mount namespace, which the helper must not mount in
-	ptyRoot string       // where leases' devpts instances are mounted; "" for the host's PTYs
+	cg      confine.Cgroups // nil without cgroups
+	eng     *confine.Engine // starts every lease process; a lease is a cell there
+	hostMNS string          // the daemon's mount namespace, which the helper must not mount in
+	ptyRoot string          // where leases' devpts instances are mounted; "" for the host's PTYs
 	maxPTYs int
 	// userRoot holds each lease's passwd and group ("": none); users is what they say.
 	userRoot string
@@ -152,41 +147,22 @@ type Sandbox struct {
 	path        string // $PATH of lease processes: DefaultPath and Config.LeasePath
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
-	owner       *ownerLock    // the lock on the cgroup parent (owner.go), nil without Config.Owner
-	coldStart   bool          // Config.ColdStart
-	launching   chan struct{} // a slot per launcher being made (launchersAtOnce)
+	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
 
 	mu     sync.Mutex
 	leases map[string]*lease
-	closed bool // Close was called: no more background work
 }
 
 // lease is what the daemon holds for a provisioned lease in this run.
 type lease struct {
-	spec     LeaseSpec
-	netns    *os.File // the lease's network namespace; nil on the host's network
-	resolv   string   // the lease's resolv.conf; "" for the host's
-	pts      string   // the lease's devpts instance (mounted); "" for the host's PTYs
-	passwd   string   // the lease's /etc/passwd and /etc/group; "" for the host's
-	group    string
-	root     string          // the merged directory of the lease's root overlay; "" for the host's root
-	rootRW   []string        // what Landlock lets the lease write in its root (rootWritable)
-	next     int             // next child cgroup number
-	oomKills int64           // OOM kills of removed child cgroups (v1 counts are per cgroup)
-	removing map[string]bool // child cgroups whose kills are in oomKills, until they are gone
-	spare    []string        // empty child cgroups made ahead (childpool.go)
-	// leftovers are the child cgroups of finished commands that still held processes
-	// when their Tree closed (leftovers.go).
-	leftovers map[string]bool
-	filling   int // spares being made
-	// launcher is the helper made ahead for the lease's next command (launcher.go);
-	// launcherFailures counts those that failed in a row.
-	launcher         *launcher
-	launcherFailures int
-	lastCommand      <-chan struct{} // the last command started: closed once it is over
-	// jobs is the background cgroup work on this lease; added to only while the lease is
-	// in Sandbox.leases and the Sandbox is not closed.
-	jobs sync.WaitGroup
+	spec   LeaseSpec
+	netns  *os.File // the lease's network namespace; nil on the host's network
+	resolv string   // the lease's resolv.conf; "" for the host's
+	pts    string   // the lease's devpts instance (mounted); "" for the host's PTYs
+	passwd string   // the lease's /etc/passwd and /etc/group; "" for the host's
+	group  string
+	root   string   // the merged directory of the lease's root overlay; "" for the host's root
+	rootRW []string // what Landlock lets the lease write in its root (rootWritable)
 }
 
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
@@ -211,7 +187,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if cfg.Seccomp != SeccompStrict && cfg.Seccomp != SeccompOff {
 		return nil, fmt.Errorf("%w: seccomp %q (want strict or off)", ErrInvalid, cfg.Seccomp)
 	}
-	if !validCgroupParent(cfg.CgroupParent) {
+	if !confine.ValidParent(cfg.CgroupParent) {
 		return nil, fmt.Errorf("%w: cgroup parent %q", ErrInvalid, cfg.CgroupParent)
 	}
 	if cfg.RequireCgroup != "" && cfg.RequireCgroup != "v1" && cfg.RequireCgroup != "v2" {
@@ -231,8 +207,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, coldStart: cfg.ColdStart, rootSources: rootSources(cfg.CgroupParent),
-		launching: make(chan struct{}, launchersAtOnce)}
+	s := &Sandbox{log: cfg.Logger, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if cfg.Seccomp == SeccompOff {
@@ -258,6 +233,7 @@ func New(cfg Config) (*Sandbox, error) {
 		cfg.Logger.Warn("sandbox isolation is OFF: lease processes run as the daemon's user with no cgroup, no private /tmp and best-effort Landlock",
 			"isolation", IsolationNone, "landlock_abi", s.caps.LandlockABI)
 		s.caps.Layers = s.caps.layers()
+		s.eng = confine.NewEngine(confine.EngineConfig{Helper: helper, HelperArg: HelperArg, Logger: cfg.Logger})
 		return s, nil
 	}
 
@@ -265,12 +241,12 @@ func New(cfg Config) (*Sandbox, error) {
 		// Cgroups and namespaces are set up by root: without it they are not even tried.
 		missing = append(missing, "root (uid switching, cgroups and namespaces need it; not probed without it)")
 	} else {
-		cg, err := newCgroupDriver(cfg.CgroupParent, cfg.Logger)
+		cg, err := confine.OpenCgroups(cfg.CgroupParent, cfg.Logger)
 		switch {
 		case err != nil:
 			missing = append(missing, "cgroups with memory, pids and cpu: "+err.Error())
-		case cfg.RequireCgroup != "" && cg.version() != cfg.RequireCgroup:
-			missing = append(missing, fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", cfg.RequireCgroup, cg.version()))
+		case cfg.RequireCgroup != "" && cg.Version() != cfg.RequireCgroup:
+			missing = append(missing, fmt.Sprintf("cgroup %s as required (this host's controllers are on cgroup %s)", cfg.RequireCgroup, cg.Version()))
 		}
 		s.cg = cg
 		missing = append(missing, probeNamespaces(helper)...)
@@ -292,7 +268,7 @@ func New(cfg Config) (*Sandbox, error) {
 		return nil, err
 	}
 	if cfg.Owner != "" {
-		if s.owner, err = claimParent(ownerDir, parentKey(s.cg), cfg.Owner, cfg.Logger); err != nil {
+		if s.owner, err = claimParent(ownerDir, s.cg.Key(), cfg.Owner, cfg.Logger); err != nil {
 			return nil, err
 		}
 	}
@@ -328,7 +304,8 @@ func New(cfg Config) (*Sandbox, error) {
 			cfg.Logger.Warn("this host has no /etc/passwd or /etc/group file to bind over: lease uids have no name inside leases")
 		}
 	}
-	s.caps.Cgroups = s.cg.version()
+	s.eng = confine.NewEngine(confine.EngineConfig{Cgroups: s.cg, Helper: helper, HelperArg: HelperArg, ColdStart: cfg.ColdStart, Logger: cfg.Logger})
+	s.caps.Cgroups = s.cg.Version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
 	s.caps.NetworkIsolation = true
@@ -373,18 +350,6 @@ func HelperBeside(daemon string) string {
 		return tiny
 	}
 	return daemon
-}
-
-func validCgroupParent(p string) bool {
-	if p == "" || filepath.IsAbs(p) || !filepath.IsLocal(p) {
-		return false
-	}
-	for part := range strings.SplitSeq(p, "/") {
-		if !leaseIDPattern.MatchString(part) {
-			return false
-		}
-	}
-	return true
 }
 
 func validateSpec(l LeaseSpec) error {
@@ -446,7 +411,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	if s.cg != nil {
-		if err := s.cg.provision(l.ID, l); err != nil {
+		if err := s.eng.Open(l.ID, confine.Limits{MemoryBytes: l.MemoryBytes, CPUMillicores: l.CPUMillicores, Pids: l.Pids}); err != nil {
 			return fmt.Errorf("sandbox: lease %s cgroup: %w", l.ID, err)
 		}
 	}
@@ -470,7 +435,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	s.log.DebugContext(ctx, "lease provisioned", "lease", l.ID, "uid", l.UID, "netns", l.Network != nil)
-	s.refillLauncher(le, nil) // the first command's
+	s.eng.SetTemplate(l.ID, func() confine.Start { return s.start(le) }) // what its launchers are made with
 	return nil
 }
 
@@ -539,14 +504,9 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	s.mu.Unlock()
 	var errs []error
 	if le != nil {
-		le.jobs.Wait() // no spare is being made, nor a child removed, under our feet
-		s.dropLauncher(le)
 	}
 	if s.cg != nil {
-		if _, err := s.cg.killLease(ctx, leaseID); err != nil {
-			errs = append(errs, err)
-		}
-		if err := s.cg.removeLease(leaseID); err != nil {
+		if err := s.eng.Remove(ctx, leaseID); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -571,15 +531,6 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
-	var removedOOM, launchers int64
-	var removing map[string]bool
-	if le != nil {
-		removedOOM = le.oomKills
-		removing = maps.Clone(le.removing)
-		if le.launcher.started() {
-			launchers = le.launcher.tasks()
-		}
-	}
 	s.mu.Unlock()
 	if le == nil {
 		return Usage{}, fmt.Errorf("%w: %s", ErrUnknownLease, leaseID)
@@ -587,14 +538,11 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 	if s.cg == nil {
 		return Usage{}, nil
 	}
-	u, err := s.cg.usage(leaseID, removing)
-	u.OOMKills += removedOOM
-	u.Pids = max(u.Pids-launchers, 0) // the launcher is the daemon's doing, not the lease's
-	return u, err
+	return s.eng.Usage(leaseID)
 }
 
 // Sweep removes lease cgroups the daemon no longer knows, killing their processes,
-// unmounts their image roots, and forgets in-memory leases likewise; cells (cell.go) are not leases and stay. It returns the lease ids removed and the pids killed.
+// unmounts their image roots, and forgets in-memory leases likewise; named cells (confine.Cell) are not leases and stay. It returns the lease ids removed and the pids killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string
@@ -623,27 +571,37 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 	if s.cg == nil {
 		return forget, nil, errors.Join(errs...)
 	}
-	ids, err := s.cg.leases()
-	if err != nil {
-		return forget, nil, err
-	}
-	for _, id := range ids {
-		if known(id) || isCell(id) {
-			continue
-		}
-		killed, err := s.cg.killLease(ctx, id)
-		pids = append(pids, killed...)
-		if err == nil {
-			err = s.cg.removeLease(id)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	removed, pids, err := s.eng.Sweep(ctx, known)
+	errs = append(errs, err)
+	for _, id := range removed {
 		if !seen[id] {
 			forget = append(forget, id)
 		}
-		s.log.InfoContext(ctx, "swept orphan lease cgroup", "lease", id, "killed", len(killed))
 	}
 	return forget, pids, errors.Join(errs...)
+}
+
+// Close waits for the background work, drops the leases' launchers, removes their spare
+// child cgroups and unmounts their PTY instances; the leases themselves stay, for a
+// restarted daemon to adopt (Provision mounts their instances again). Call it at
+// shutdown, after the last command has finished; later commands still work but start the
+// plain way, keep no spares and use the host's PTYs.
+func (s *Sandbox) Close() error {
+	s.mu.Lock()
+	if owner := s.owner; owner != nil {
+		leasesLeft := len(s.leases) > 0
+		defer owner.Close(leasesLeft) // the cgroup parent is free again once the work below is done
+		s.owner = nil
+	}
+	var pts []string
+	for _, le := range s.leases {
+		pts = append(pts, le.pts)
+		le.pts = ""
+	}
+	s.mu.Unlock()
+	var errs []error
+	for _, dir := range pts {
+		errs = append(errs, removePTS(dir))
+	}
+	return errors.Join(append(errs, s.eng.Close())...)
 }

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
@@ -160,7 +161,7 @@ func TestInCgroupFromFirstInstruction(t *testing.T) {
 
 func testInCgroupFromFirstInstruction(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	v2 := s.cg.version() == "v2"
+	v2 := s.cg.Version() == "v2"
 	perProcess := 4 // v1: memory, cpu+cpuacct, pids, freezer; v2: the one line
 	if v2 {
 		perProcess = 1
@@ -278,5 +279,24 @@ func testToolsRun(t *testing.T, s *Sandbox) {
 		if r := run(t, s, l.ID, Spec{Argv: c.argv}); r.exitCode != 0 {
 			t.Errorf("%q: exit %d: %s", c.argv, r.exitCode, r.stderr)
 		}
+	}
+}
+
+// Sweep takes every cgroup under the parent that no known lease has, but a named cell's.
+func TestSweepLeavesCells(t *testing.T) {
+	s := newTestSandbox(t)
+	cell, err := confine.NewCell(testCgroupParent, "sweep-test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cell.Remove(context.Background()) })
+	if err := cell.NewChild("w1", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Sweep(context.Background(), func(string) bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cell.ChildDir("w1")); err != nil {
+		t.Errorf("Sweep took the cell: %v", err)
 	}
 }

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 )
 
 const okScript = `function transform(input) { return input + 1 }`
@@ -255,7 +255,7 @@ func TestKernelKillsWorkerOverItsCgroupLimit(t *testing.T) {
 	// The job below asks for the default memory, as the one before it did, so the runner
 	// leaves the lowered limit as it is; QuickJS's own limit (64 MiB) is above the
 	// headroom left, and the watchdog's (256 MiB) far above.
-	used := cgroupMemory(t, r.cfg.Cell.(*sandbox.Cell).ChildDir(p.cgroup))
+	used := cgroupMemory(t, r.cfg.Cell.(*confine.Cell).ChildDir(p.cgroup))
 	limit := used + 24<<20
 	if err := r.cell.SetChildMemory(p.cgroup, limit); err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func cgroupMemory(t *testing.T, dir string) int64 {
 func TestMemoryOverrunWithoutCgroup(t *testing.T) {
 	r := newRunner(t, func(c *Config) {
 		c.Workers = 1
-		if cell, ok := c.Cell.(*sandbox.Cell); ok {
+		if cell, ok := c.Cell.(*confine.Cell); ok {
 			if err := cell.Remove(context.Background()); err != nil {
 				t.Fatal(err)
 			}

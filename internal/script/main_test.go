@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 )
 
 // workerBin is the test worker binary (testdata/worker), built once by TestMain.
@@ -83,7 +83,7 @@ func newRunner(t testing.TB, mod func(*Config)) *Runner {
 	}
 	if os.Geteuid() == 0 {
 		// As the daemon does: the workers in a cell under the cgroup parent.
-		cell, err := sandbox.NewCell(testCgroupParent, fmt.Sprintf("t%d", cells.Add(1)), nil)
+		cell, err := confine.NewCell(testCgroupParent, fmt.Sprintf("t%d", cells.Add(1)), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -94,7 +94,7 @@ func newRunner(t testing.TB, mod func(*Config)) *Runner {
 	}
 	r, err := New(context.Background(), cfg)
 	if err != nil {
-		if cell, ok := cfg.Cell.(*sandbox.Cell); ok {
+		if cell, ok := cfg.Cell.(*confine.Cell); ok {
 			_ = cell.Remove(context.Background())
 		}
 		t.Fatal(err)

@@ -78,7 +78,7 @@ type Config struct {
 	CacheDir string
 	// Cell bounds the workers' memory with the kernel: each worker runs in a child
 	// cgroup of it limited to its script's budget, and the cell to the pool's. The daemon
-	// passes a sandbox.Cell, a cgroup under its cgroup parent (v1 or v2); the Runner owns
+	// passes a confine.Cell, a cgroup under its cgroup parent (v1 or v2); the Runner owns
 	// it from New on and removes it on Close. nil: RLIMIT_DATA and an RSS watchdog bound
 	// the workers (a daemon that is not root, or runs without isolation).
 	Cell Cell
@@ -90,7 +90,7 @@ type Config struct {
 	Logger  *slog.Logger
 }
 
-// Cell is the cgroup the workers run in: package sandbox's Cell, which the same cgroup
+// Cell is the cgroup the workers run in: package confine's Cell, which the same cgroup
 // code as the leases' makes (v1 or v2). A child is a worker's own cgroup.
 type Cell interface {
 	SetMemory(bytes int64) error

@@ -23,7 +23,7 @@ var staleDir = regexp.MustCompile(`^sidecar-script-(?:root|cache)-(\d+)-\d+$`)
 // "sidecar-script-{root,cache}-<pid>-*" in tmpDir (os.TempDir() when empty) that the
 // Runners of dead daemons left when they were killed before Close. It touches only names
 // whose pid no longer runs, and returns what it removed. (The workers' cgroups are in a
-// cell under the daemon's own cgroup parent, which the next daemon's sandbox.NewCell
+// cell under the daemon's own cgroup parent, which the next daemon's confine.NewCell
 // clears.)
 func CleanupStale(tmpDir string) ([]string, error) {
 	if tmpDir == "" {

@@ -1,4 +1,4 @@
-package sandbox
+package confine
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,28 +18,30 @@ import (
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
-// Launchers take the sandbox's set-up off the exec path. Starting a command the plain way
-// forks the helper, which joins its child cgroup (on v1 a migration that, after a few tens
-// of milliseconds of idle, waits out an RCU grace period: 6-8 ms), mounts the lease's view,
+// Launchers take the confinement's set-up off the exec path. Starting a command the plain
+// way forks the helper, which joins its child cgroup (on v1 a migration that, after a few
+// tens of milliseconds of idle, waits out an RCU grace period: 6-8 ms), mounts the cell's view,
 // drops to its uid and builds its Landlock and seccomp filters, then execs. A launcher is
-// that helper started ahead of time, in the background, for the lease's next command: born
+// that helper started ahead of time, in the background, for the cell's next command: born
 // in a fresh child cgroup of its own, it does every step but the exec and waits on a socket
 // (initproc/launch.go). A command then costs one message and the exec of its target, and
 // still starts in its own new cgroup, namespaces and Landlock domain before its first
 // instruction.
 //
-// Each lease keeps one launcher, made at Provision and again for each command that takes
-// one, once the lease is quiet (awaitQuiet: an agent's commands come with gaps). Made
-// while a short command runs, it would slow that command: on two CPUs the helper's set-up
-// and the command share them. A launcher is a process of the lease (one of its pids, ~100 KiB of its memory; Usage leaves its pid out), running as the lease's uid:
-// `ps` in the lease shows it as sidecar-init. It holds nothing of another command: what a
-// lease command could do to it, it could do to its own next command anyway.
+// Each cell with a template (SetTemplate) keeps one launcher, made when the template is set
+// and again for each command that takes one, once the cell is quiet (awaitQuiet: an
+// agent's commands come with gaps). Made while a short command runs, it would slow that
+// command: on two CPUs the helper's set-up and the command share them. A launcher is a
+// process of the cell (one of its pids, ~100 KiB of its memory; Usage leaves its pid out),
+// running as the cell's uid: `ps` in a lease shows it as sidecar-init. It holds nothing of
+// another command: what a command could do to it, it could do to its own next command
+// anyway.
 
 // launchersAtOnce bounds the launchers being made at once, daemon-wide: a restart adopting
-// a thousand leases makes theirs a few at a time, not a thousand forks in one go.
+// a thousand cells makes theirs a few at a time, not a thousand forks in one go.
 const launchersAtOnce = 4
 
-// launcherAfterReply is how long after a command ends (or a lease is made) its next
+// launcherAfterReply is how long after a command ends (or a cell is made) its next
 // launcher waits: the reply goes out first. Measured on 2 CPUs, an exec after 50 ms of
 // idle: 7.8 ms with the launcher made at once as the command ended, 7.0 ms with this wait,
 // 9.4 ms with it made as the command started.
@@ -54,8 +55,8 @@ const launcherWhileRunning = 20 * time.Millisecond
 // and set up (a few ms when idle) before it starts the plain way.
 const launcherCatchUp = 15 * time.Millisecond
 
-// maxLauncherFailures is how many launchers in a row may fail before a lease stops making
-// them (a lease at its pids limit, say): its commands start the plain way, and each one
+// maxLauncherFailures is how many launchers in a row may fail before a cell stops making
+// them (a cell at its pids limit, say): its commands start the plain way, and each one
 // that does allows one more try.
 const maxLauncherFailures = 3
 
@@ -72,7 +73,7 @@ type launcher struct {
 	cancelOnce sync.Once
 }
 
-// errLauncherCanceled: the lease went before its launcher was made.
+// errLauncherCanceled: the cell went before its launcher was made.
 var errLauncherCanceled = errors.New("launcher no longer needed")
 
 // started says l is running (ready or getting there); false for nil.
@@ -88,7 +89,7 @@ func (l *launcher) started() bool {
 	}
 }
 
-// tasks is how many of the lease's pids the launcher holds: its threads (one for the C
+// tasks is how many of the cell's pids the launcher holds: its threads (one for the C
 // helper, the runtime's few for the Go one).
 func (l *launcher) tasks() int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", l.proc.Pid)) // not reaped: the pid is still its
@@ -100,54 +101,54 @@ func (l *launcher) tasks() int64 {
 	return n
 }
 
-// noteCommand records a command that is about to start as the lease's last (ended closes
+// noteCommand records a command that is about to start as the cell's last (ended closes
 // when it is over), before it starts: a launcher waiting for quiet (awaitQuiet) then
 // waits for this command too instead of being made beside its plain start. Noted after
 // the start, a launcher whose quiet timer ran out meanwhile would be forked beside the
 // plain start, and the two would share the CPUs.
-func (s *Sandbox) noteCommand(le *lease, ended <-chan struct{}) {
-	s.mu.Lock()
-	le.lastCommand = ended
-	s.mu.Unlock()
+func (e *Engine) noteCommand(c *cell, ended <-chan struct{}) {
+	e.mu.Lock()
+	c.lastCommand = ended
+	e.mu.Unlock()
 }
 
-// refillLauncher makes the lease's next launcher in the background if it has none and may
-// have one, once the lease is quiet after the command whose end is ended (nil: none;
-// noteCommand recorded it as the lease's last). A command that comes while it waits for
+// refillLauncher makes the cell's next launcher in the background if it has none and may
+// have one, once the cell is quiet after the command whose end is ended (nil: none;
+// noteCommand recorded it as the cell's last). A command that comes while it waits for
 // quiet starts the plain way; one that comes while it is forked catches up with it
 // (takeLauncher).
-func (s *Sandbox) refillLauncher(le *lease, ended <-chan struct{}) {
-	if s.cg == nil || !s.strict() || s.coldStart {
+func (e *Engine) refillLauncher(c *cell, ended <-chan struct{}) {
+	if c == nil || e.coldStart {
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if le.launcher != nil || le.launcherFailures >= maxLauncherFailures || s.closed || s.leases[le.spec.ID] != le {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c.template == nil || c.launcher != nil || c.launcherFailures >= maxLauncherFailures || e.live(c.id) != c {
 		return
 	}
 	l := &launcher{made: make(chan struct{}), cancel: make(chan struct{})}
-	le.launcher = l
-	le.jobs.Go(func() {
+	c.launcher = l
+	c.jobs.Go(func() {
 		defer close(l.made)
-		if !s.awaitQuiet(le, l, ended) {
+		if !e.awaitQuiet(c, l, ended) {
 			l.err = errLauncherCanceled
 			return
 		}
-		s.launching <- struct{}{}
-		defer func() { <-s.launching }()
+		e.launching <- struct{}{}
+		defer func() { <-e.launching }()
 		l.forking.Store(true)
-		if l.err = s.startLauncher(le, l); l.err != nil {
-			s.launcherFailed(le, l)
+		if l.err = e.startLauncher(c, l); l.err != nil {
+			e.launcherFailed(c, l)
 		}
 	})
 }
 
-// awaitQuiet waits until the lease is quiet enough to make launcher l: ended has closed
+// awaitQuiet waits until the cell is quiet enough to make launcher l: ended has closed
 // (or the command has run for launcherWhileRunning), then launcherAfterReply has passed
 // without another command starting; a command that did start is waited for the same way.
 // Back-to-back commands thus start the plain way without a launcher being made beside
 // them. False if l was canceled meanwhile.
-func (s *Sandbox) awaitQuiet(le *lease, l *launcher, ended <-chan struct{}) bool {
+func (e *Engine) awaitQuiet(c *cell, l *launcher, ended <-chan struct{}) bool {
 	for {
 		if ended != nil {
 			running := time.NewTimer(launcherWhileRunning)
@@ -165,9 +166,9 @@ func (s *Sandbox) awaitQuiet(le *lease, l *launcher, ended <-chan struct{}) bool
 			reply.Stop()
 			return false
 		}
-		s.mu.Lock()
-		latest := le.lastCommand
-		s.mu.Unlock()
+		e.mu.Lock()
+		latest := c.lastCommand
+		e.mu.Unlock()
 		if latest == ended {
 			return true
 		}
@@ -176,8 +177,8 @@ func (s *Sandbox) awaitQuiet(le *lease, l *launcher, ended <-chan struct{}) bool
 }
 
 // startLauncher forks the helper as a launcher, in a new child cgroup.
-func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
-	child, err := s.takeChild(le)
+func (e *Engine) startLauncher(c *cell, l *launcher) error {
+	child, err := e.takeChild(c.id)
 	if err != nil {
 		return fmt.Errorf("child cgroup: %w", err)
 	}
@@ -189,35 +190,35 @@ func (s *Sandbox) startLauncher(le *lease, l *launcher) error {
 	l.sock = os.NewFile(uintptr(fds[0]), "launch")
 	theirs := os.NewFile(uintptr(fds[1]), "launch")
 	defer theirs.Close()
-	cfg := s.helperConfig(le)
-	cfg.Await = true
-	cmd := &exec.Cmd{
-		Path: s.helper, Args: []string{s.helper, HelperArg}, Env: []string{},
-		Dir: le.spec.Workdir, SysProcAttr: s.helperAttr(),
-	}
-	parentFiles, report, err := s.prepareHelper(le, cmd, &cfg, child, theirs)
+	e.mu.Lock()
+	template := c.template
+	e.mu.Unlock()
+	st := template()
+	st.Config.Await = true
+	cmd := e.helperCmd(st)
+	parentFiles, report, err := e.prepareHelper(c.id, cmd, st, child, theirs)
 	if err != nil {
 		return err
 	}
 	l.report = report
-	if err := s.startHelper(le, cmd, child, parentFiles); err != nil {
+	if err := e.startHelper(c.id, cmd, child, parentFiles); err != nil {
 		return err
 	}
 	l.proc = cmd.Process
 	return nil
 }
 
-// takeLauncher returns the lease's launcher once it is ready, else nil: a command never
+// takeLauncher returns the cell's launcher once it is ready, else nil: a command never
 // waits for a launcher that has not been forked yet (one waiting for quiet, or behind
 // launchersAtOnce: that wait would cost what a plain start costs, or far more while others
 // are made). One already forked is waited for up to launcherCatchUp: a plain start beside
 // it would share the CPUs with it and pay the whole set-up again, where waiting pays only
 // the rest of the launcher's. One not ready by then stays for a later command; a dead one
-// is discarded, and the lease may make a new one.
-func (s *Sandbox) takeLauncher(le *lease) *launcher {
-	s.mu.Lock()
-	l := le.launcher
-	s.mu.Unlock()
+// is discarded, and the cell may make a new one.
+func (e *Engine) takeLauncher(c *cell) *launcher {
+	e.mu.Lock()
+	l := c.launcher
+	e.mu.Unlock()
 	if l == nil {
 		return nil
 	}
@@ -236,43 +237,43 @@ func (s *Sandbox) takeLauncher(le *lease) *launcher {
 			return nil
 		}
 	}
-	s.mu.Lock()
-	if le.launcher != l { // another command took it, or the lease is going
-		s.mu.Unlock()
+	e.mu.Lock()
+	if c.launcher != l { // another command took it, or the cell is going
+		e.mu.Unlock()
 		return nil
 	}
-	le.launcher = nil
-	s.mu.Unlock()
+	c.launcher = nil
+	e.mu.Unlock()
 	if l.err != nil {
 		return nil // counted and cleaned up by launcherFailed
 	}
 	ready, err := awaitReady(l.sock, time.Until(deadline))
 	switch {
-	case ready && l.child != "" && s.cg.childOOMKills(le.spec.ID, l.child) > 0:
-		// The kernel OOM-killed a process in its cgroup (made while the lease was at its
+	case ready && l.child != "" && e.cg.ChildOOMKills(c.id, l.child) > 0:
+		// The kernel OOM-killed a process in its cgroup (made while the cell was at its
 		// memory limit): a command must start where only its own processes can have
 		// been killed (Tree.OOMKilled).
-		s.discardLauncher(le, l)
+		e.discardLauncher(c, l)
 		return nil
 	case ready:
-		s.mu.Lock()
-		le.launcherFailures = 0
-		s.mu.Unlock()
+		e.mu.Lock()
+		c.launcherFailures = 0
+		e.mu.Unlock()
 		return l
-	case err == nil: // still setting up: back in its place, unless the lease is going
-		s.mu.Lock()
-		keep := le.launcher == nil && !s.closed && s.leases[le.spec.ID] == le
+	case err == nil: // still setting up: back in its place, unless the cell is going
+		e.mu.Lock()
+		keep := c.launcher == nil && e.live(c.id) == c
 		if keep {
-			le.launcher = l
+			c.launcher = l
 		}
-		s.mu.Unlock()
+		e.mu.Unlock()
 		if !keep {
-			s.discardLauncher(le, l)
+			e.discardLauncher(c, l)
 		}
 		return nil
 	}
-	s.launcherFailed(le, l)
-	s.discardLauncher(le, l)
+	e.launcherFailed(c, l)
+	e.discardLauncher(c, l)
 	return nil
 }
 
@@ -305,7 +306,7 @@ func awaitReady(sock *os.File, d time.Duration) (bool, error) {
 }
 
 // launcherFailed logs why a launcher could not be made or exited early, and counts it.
-func (s *Sandbox) launcherFailed(le *lease, l *launcher) {
+func (e *Engine) launcherFailed(c *cell, l *launcher) {
 	msg := ""
 	if l.err != nil {
 		msg = l.err.Error()
@@ -313,23 +314,23 @@ func (s *Sandbox) launcherFailed(le *lease, l *launcher) {
 		b, _ := io.ReadAll(io.LimitReader(l.report, 4096))
 		msg = string(b)
 	}
-	s.mu.Lock()
-	le.launcherFailures++
-	n := le.launcherFailures
-	s.mu.Unlock()
+	e.mu.Lock()
+	c.launcherFailures++
+	n := c.launcherFailures
+	e.mu.Unlock()
 	level := slog.LevelDebug
 	if n == maxLauncherFailures {
 		level = slog.LevelWarn
 	}
-	s.log.Log(context.Background(), level, "launcher failed: commands of this lease start the plain way", "lease", le.spec.ID, "err", msg, "failures", n)
+	e.log.Log(context.Background(), level, "launcher failed: commands of this cell start the plain way", "cell", c.id, "err", msg, "failures", n)
 	if l.err != nil {
-		s.discardLauncher(le, l)
+		e.discardLauncher(c, l)
 	}
 }
 
 // discardLauncher ends a launcher that will not run a command, reaps it and removes its
 // cgroup.
-func (s *Sandbox) discardLauncher(le *lease, l *launcher) {
+func (e *Engine) discardLauncher(c *cell, l *launcher) {
 	if l.proc != nil {
 		_ = l.proc.Kill()
 		_, _ = l.proc.Wait()
@@ -340,23 +341,23 @@ func (s *Sandbox) discardLauncher(le *lease, l *launcher) {
 		}
 	}
 	if l.child != "" {
-		if err := s.dropEmptyChild(le.spec.ID, l.child); err != nil { // its OOM kills stay in the tally
-			s.log.Warn("remove launcher cgroup", "lease", le.spec.ID, "cgroup", l.child, "err", err)
+		if err := e.dropChild(c.id, l.child); err != nil { // its OOM kills stay in the tally
+			e.log.Warn("remove launcher cgroup", "cell", c.id, "cgroup", l.child, "err", err)
 		}
 	}
 }
 
-// dropLauncher discards the lease's launcher, if it has one (Teardown, Close).
-func (s *Sandbox) dropLauncher(le *lease) {
-	s.mu.Lock()
-	l := le.launcher
-	le.launcher = nil
-	s.mu.Unlock()
+// dropLauncher discards the cell's launcher, if it has one (Remove, Close).
+func (e *Engine) dropLauncher(c *cell) {
+	e.mu.Lock()
+	l := c.launcher
+	c.launcher = nil
+	e.mu.Unlock()
 	if l != nil {
 		l.cancelOnce.Do(func() { close(l.cancel) })
 		<-l.made
 		if l.err == nil {
-			s.discardLauncher(le, l)
+			e.discardLauncher(c, l)
 		}
 	}
 }
@@ -395,4 +396,30 @@ func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error 
 	l.sock.Close()
 	l.sock = nil
 	return nil
+}
+
+// LauncherState is what a cell's running launcher is doing, for tests and diagnostics.
+type LauncherState struct {
+	PID    int
+	Cgroup string // its child cgroup
+	Ready  bool   // it has said so and waits for a command
+	Gone   bool   // it exited; the next command that looks discards it
+}
+
+// Launcher describes the cell's launcher; false when it has none running. Call it only
+// while no command starts in the cell: a command may take the launcher meanwhile.
+func (e *Engine) Launcher(id string) (LauncherState, bool) {
+	e.mu.Lock()
+	var l *launcher
+	if c := e.cells[id]; c != nil {
+		l = c.launcher
+	}
+	e.mu.Unlock()
+	if !l.started() {
+		return LauncherState{}, false
+	}
+	fds := []unix.PollFd{{Fd: int32(l.sock.Fd()), Events: unix.POLLIN}}
+	_, _ = unix.Poll(fds, 0)
+	return LauncherState{PID: l.proc.Pid, Cgroup: l.child,
+		Ready: fds[0].Revents&unix.POLLIN != 0, Gone: fds[0].Revents&unix.POLLHUP != 0}, true
 }

@@ -1,4 +1,4 @@
-package sandbox
+package confine
 
 import (
 	"context"
@@ -14,23 +14,11 @@ import (
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
-// Spec is one process to start inside a lease.
-type Spec struct {
-	Argv []string
-	// Env is the request's environment; Command adds the clean base (PATH, HOME, USER,
-	// LOGNAME, SHELL, LANG, TMPDIR; TERM for a TTY only).
-	Env map[string]string
-	// Dir is relative to the lease workdir, or absolute under Workspace ("" is the workdir
-	// itself).
-	Dir string
-	TTY bool
-}
-
 // Tree is everything one command may fork: its own child cgroup (or, without cgroups, its
 // process group). Package process supervises it; fakes in its tests stand in for it.
 type Tree interface {
 	// Start starts the command and returns once it runs the target, or with a *SetupError
-	// when the sandbox could not be set up around it (the helper has then been waited for).
+	// when the confinement could not be set up around it (the helper has then been waited for).
 	Start() error
 	// Kill sends SIGKILL to every process in the tree, including those that called
 	// setsid or double-forked, and returns once the tree is empty (a bounded wait).
@@ -43,7 +31,7 @@ type Tree interface {
 	Close() error
 }
 
-// SetupError is a step of the sandbox that failed before the target ran: the helper's
+// SetupError is a step of the confinement that failed before the target ran: the helper's
 // cgroup join, a mount, the uid drop, Landlock, seccomp... Step names it ("join cgroup").
 // An exec failure (exit 126 or 127) is not one: it is the target's status, as a shell's.
 type SetupError struct {
@@ -56,13 +44,13 @@ func (e *SetupError) Error() string { return "sandbox: setup failed at " + e.Ste
 // tree is one command's process tree: its child cgroup, or its process group without
 // cgroups.
 type tree struct {
-	s       *Sandbox
-	leaseID string
-	le      *lease
-	launch  initproc.Launch // the command
-	tty     bool
-	child   string // child cgroup name (the launcher's once Start gives it one); "" without cgroups
-	cmd     *exec.Cmd
+	e      *Engine
+	id     string          // the cell's
+	c      *cell           // nil without cgroups
+	launch initproc.Launch // the command
+	tty    bool
+	child  string // child cgroup name (the launcher's once Start gives it one); "" without cgroups
+	cmd    *exec.Cmd
 
 	report      *os.File   // read end of the helper's report pipe
 	parentFiles []*os.File // the daemon's copies of what the helper inherits, until it starts
@@ -73,27 +61,29 @@ type tree struct {
 	closeErr  error
 }
 
-// Start hands the command to the lease's launcher when one is ready (launcher.go), else
+// Start hands the command to the cell's launcher when one is ready (launcher.go), else
 // starts a helper for it; then it reads the helper's report pipe, which closes empty when
 // the target is exec'd: no round trip beyond the start itself.
 func (t *tree) Start() error {
 	if t.cmd.Process != nil {
 		return errors.New("sandbox: command already started")
 	}
-	t.s.noteCommand(t.le, t.ended)
-	defer t.s.refillLauncher(t.le, t.ended) // the next command's
-	if files, ok := t.stdio(); ok {
-		if l := t.s.takeLauncher(t.le); l != nil {
+	if t.c != nil {
+		t.e.noteCommand(t.c, t.ended)
+		defer t.e.refillLauncher(t.c, t.ended) // the next command's
+	}
+	if files, ok := t.stdio(); ok && t.c != nil {
+		if l := t.e.takeLauncher(t.c); l != nil {
 			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
 			if err == nil {
 				return t.startLaunched(l)
 			}
 			// It died since it said it was ready: the plain start Command prepared.
-			t.s.log.Debug("launcher gone before its command", "lease", t.leaseID, "err", err)
-			t.s.discardLauncher(t.le, l)
+			t.e.log.Debug("launcher gone before its command", "cell", t.id, "err", err)
+			t.e.discardLauncher(t.c, l)
 		}
 	}
-	err := t.s.startHelper(t.le, t.cmd, t.child, t.parentFiles)
+	err := t.e.startHelper(t.id, t.cmd, t.child, t.parentFiles)
 	t.parentFiles = nil
 	if err != nil {
 		return err
@@ -101,9 +91,11 @@ func (t *tree) Start() error {
 	if err := t.readReport(); err != nil {
 		return err
 	}
-	t.s.mu.Lock()
-	t.le.launcherFailures = min(t.le.launcherFailures, maxLauncherFailures-1) // the lease can fork: one more try
-	t.s.mu.Unlock()
+	if t.c != nil {
+		t.e.mu.Lock()
+		t.c.launcherFailures = min(t.c.launcherFailures, maxLauncherFailures-1) // the cell can fork: one more try
+		t.e.mu.Unlock()
+	}
 	return nil
 }
 
@@ -129,7 +121,7 @@ func (t *tree) startLaunched(l *launcher) error {
 	t.parentFiles = nil
 	t.report.Close()
 	if t.child != "" {
-		t.s.returnSpare(t.le, t.child) // never entered
+		t.e.returnSpare(t.id, t.child) // never entered
 	}
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
@@ -167,7 +159,7 @@ func parseSetupError(rest string) *SetupError {
 }
 
 // Kill SIGKILLs the whole tree, setsid'd and double-forked descendants included, and
-// returns once its cgroup is empty (bounded by killDeadline). Without cgroups it kills the
+// returns once its cgroup is empty (bounded by KillDeadline). Without cgroups it kills the
 // process group, which a setsid'd descendant has left.
 func (t *tree) Kill() error {
 	if t.child == "" {
@@ -178,9 +170,9 @@ func (t *tree) Kill() error {
 		// it has. os.Process signals through a pidfd: never a recycled pid.
 		p.Kill()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), killDeadline)
+	ctx, cancel := context.WithTimeout(context.Background(), KillDeadline)
 	defer cancel()
-	return t.s.cg.killChild(ctx, t.leaseID, t.child)
+	return t.e.cg.KillChild(ctx, t.id, t.child)
 }
 
 // Signal delivers sig to the command's process group (the leader's pid: Setsid). Once the
@@ -207,12 +199,12 @@ func (t *tree) Signal(sig syscall.Signal) error {
 // OOMKilled reports whether the kernel OOM-killed a process of this command: the child
 // cgroup's own oom_kill count, which only this command's processes can raise.
 func (t *tree) OOMKilled() bool {
-	return t.child != "" && t.s.cg.childOOMKills(t.leaseID, t.child) > 0
+	return t.child != "" && t.e.cg.ChildOOMKills(t.id, t.child) > 0
 }
 
 // Close releases the tree. Processes the command left behind in its child cgroup stay
-// there as the lease's leftovers (leftovers.go) until they exit, are signalled, or the
-// lease is torn down; an empty child cgroup is removed (in the background: nothing can
+// there as the cell's leftovers (leftovers.go) until they exit, are signalled, or the
+// cell is removed; an empty child cgroup is removed (in the background: nothing can
 // enter an emptied cgroup). Without cgroups it kills the process group, as nothing could
 // find a leftover again. Kill first for a command whose leftovers must not stay.
 func (t *tree) Close() error {
@@ -224,7 +216,7 @@ func (t *tree) Close() error {
 		}
 		if t.cmd.Process == nil { // never started
 			if t.child != "" {
-				t.closeErr = t.s.cg.removeChild(t.leaseID, t.child)
+				t.closeErr = t.e.cg.RemoveChild(t.id, t.child)
 			}
 			return
 		}
@@ -232,8 +224,8 @@ func (t *tree) Close() error {
 			t.closeErr = t.Kill()
 			return
 		}
-		defer t.s.pruneLeftoversOf(t.leaseID) // the lease's earlier ones that emptied meanwhile
-		if t.started && t.s.keepLeftovers(t.leaseID, t.child) {
+		defer t.e.PruneLeftovers(t.id) // the cell's earlier ones that emptied meanwhile
+		if t.started && t.e.keepLeftovers(t.id, t.child) {
 			return
 		}
 		// Never started, or empty: nothing will be left. Kill is a
@@ -242,23 +234,11 @@ func (t *tree) Close() error {
 			t.closeErr = err
 			return
 		}
-		t.closeErr = t.s.dropEmptyChild(t.leaseID, t.child)
+		t.closeErr = t.e.dropChild(t.id, t.child)
 	})
 	return t.closeErr
 }
 
-// dropEmptyChild removes an emptied child cgroup, keeping its OOM kills in the lease's
-// tally (v1 counts them per cgroup).
-func (s *Sandbox) dropEmptyChild(id, child string) error {
-	oom := s.cg.childOOMKills(id, child)
-	s.mu.Lock()
-	if le := s.leases[id]; le != nil && s.cg.version() == "v1" {
-		le.oomKills += oom
-		if le.removing == nil {
-			le.removing = map[string]bool{}
-		}
-		le.removing[child] = true // Usage must not count it twice meanwhile
-	}
-	s.mu.Unlock()
-	return s.dropChild(id, child)
-}
+// Cgroup is the tree's child cgroup in its cell, "" without cgroups (tests and
+// diagnostics).
+func (t *tree) Cgroup() string { return t.child }

@@ -1,4 +1,4 @@
-package sandbox
+package confine
 
 import (
 	"context"
@@ -15,18 +15,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// BecomeSubreaper makes the daemon the parent of every orphaned lease process (a
+// BecomeSubreaper makes the daemon the parent of every orphaned confined process (a
 // double-forked daemon, a shell's background job), so that RunReaper can reap them and
-// their zombies never pile up against the lease's pids limit.
+// their zombies never pile up against their cell's pids limit.
 func BecomeSubreaper() error {
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("sandbox: become child subreaper: %w", err)
+		return fmt.Errorf("confine: become child subreaper: %w", err)
 	}
 	return nil
 }
 
 // reapInterval is the least time between two reaping passes: a zombie holds one of its
-// lease's pids for at most about that long.
+// cell's pids for at most about that long.
 const reapInterval = 50 * time.Millisecond
 
 // RunReaper reaps orphaned zombie children until ctx ends, on SIGCHLD and every second.
@@ -52,7 +52,7 @@ func RunReaper(ctx context.Context, log *slog.Logger) {
 		if n := ReapOrphans(); n > 0 {
 			log.Debug("reaped orphaned processes", "count", n)
 		}
-		// A pass reads the stat of every child (each lease's launcher is one) and the
+		// A pass reads the stat of every child (each cell's launcher is one) and the
 		// fdinfo of every descriptor: at most one pass per reapInterval, however many
 		// children exit meanwhile (SIGCHLDs coalesce in the channel).
 		select {

@@ -1,4 +1,4 @@
-package sandbox
+package confine
 
 import (
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
@@ -78,9 +78,12 @@ func parseV1Mounts(mountinfo string) map[string]string {
 	return mounts
 }
 
-func (c *cgroupV1) version() string { return "v1" }
+func (c *cgroupV1) Version() string { return "v1" }
 
-func (c *cgroupV1) dir(ctrl string, parts ...string) string {
+// Key: v1 parents are the same path in every hierarchy.
+func (c *cgroupV1) Key() string { return "v1:" + c.parent }
+
+func (c *cgroupV1) Dir(ctrl string, parts ...string) string {
 	return filepath.Join(append([]string{c.mounts[ctrl], c.parent}, parts...)...)
 }
 
@@ -92,30 +95,30 @@ func (c *cgroupV1) dirs(parts ...string) []string {
 	return ds
 }
 
-func (c *cgroupV1) provision(id string, l LeaseSpec) error {
+func (c *cgroupV1) Provision(id string, l Limits) error {
 	for _, d := range c.dirs(id) {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
 	}
-	if err := setMemoryV1(c.dir("memory", id), l.MemoryBytes); err != nil {
+	if err := setMemoryV1(c.Dir("memory", id), l.MemoryBytes); err != nil {
 		return err
 	}
 	quota := "-1"
 	if l.CPUMillicores > 0 {
 		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
 	}
-	if err := cgroupfs.WriteFile(c.dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
+	if err := cgroupfs.WriteFile(c.Dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
 		return err
 	}
-	if err := cgroupfs.WriteFile(c.dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
+	if err := cgroupfs.WriteFile(c.Dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
 		return err
 	}
 	pids := "max"
 	if l.Pids > 0 {
 		pids = strconv.FormatInt(l.Pids, 10)
 	}
-	return cgroupfs.WriteFile(c.dir("pids", id, "pids.max"), pids)
+	return cgroupfs.WriteFile(c.Dir("pids", id, "pids.max"), pids)
 }
 
 // setMemoryV1 sets the memory limit and, where swap accounting exists, the memory+swap
@@ -139,7 +142,7 @@ func setMemoryV1(dir string, n int64) error {
 	return cgroupfs.WriteFile(memsw, v)
 }
 
-func (c *cgroupV1) newChild(id, child string) error {
+func (c *cgroupV1) NewChild(id, child string) error {
 	made := 0
 	for _, d := range c.dirs(id, child) {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -153,13 +156,13 @@ func (c *cgroupV1) newChild(id, child string) error {
 	return nil
 }
 
-func (c *cgroupV1) setMemory(id, child string, bytes int64) error {
-	return setMemoryV1(c.memoryDir(id, child), bytes)
+func (c *cgroupV1) SetMemory(id, child string, bytes int64) error {
+	return setMemoryV1(c.MemoryDir(id, child), bytes)
 }
 
-func (c *cgroupV1) memoryDir(id, child string) string { return c.dir("memory", id, child) }
+func (c *cgroupV1) MemoryDir(id, child string) string { return c.Dir("memory", id, child) }
 
-func (c *cgroupV1) joinFiles(id, child string) []string {
+func (c *cgroupV1) JoinFiles(id, child string) []string {
 	ds := c.dirs(id, child)
 	for i := range ds {
 		ds[i] = filepath.Join(ds[i], "cgroup.procs")
@@ -167,23 +170,23 @@ func (c *cgroupV1) joinFiles(id, child string) []string {
 	return ds
 }
 
-func (c *cgroupV1) childDir(string, string) string { return "" }
+func (c *cgroupV1) ChildDir(string, string) string { return "" }
 
-func (c *cgroupV1) killChild(ctx context.Context, id, child string) error {
-	_, err := killFrozenV1(ctx, c.dir("freezer", id, child))
+func (c *cgroupV1) KillChild(ctx context.Context, id, child string) error {
+	_, err := killFrozenV1(ctx, c.Dir("freezer", id, child))
 	return err
 }
 
-func (c *cgroupV1) childOOMKills(id, child string) int64 {
-	n, _ := cgroupfs.ReadKey(c.dir("memory", id, child, "memory.oom_control"), "oom_kill")
+func (c *cgroupV1) ChildOOMKills(id, child string) int64 {
+	n, _ := cgroupfs.ReadKey(c.Dir("memory", id, child, "memory.oom_control"), "oom_kill")
 	return n
 }
 
-func (c *cgroupV1) childPids(id, child string) ([]int, error) {
-	return readPids(c.dir("freezer", id, child)) // every hierarchy has the same members
+func (c *cgroupV1) ChildPids(id, child string) ([]int, error) {
+	return readPids(c.Dir("freezer", id, child)) // every hierarchy has the same members
 }
 
-func (c *cgroupV1) removeChild(id, child string) error {
+func (c *cgroupV1) RemoveChild(id, child string) error {
 	var errs []error
 	for _, d := range c.dirs(id, child) {
 		errs = append(errs, cgroupfs.RemoveTree(d))
@@ -191,11 +194,11 @@ func (c *cgroupV1) removeChild(id, child string) error {
 	return errors.Join(errs...)
 }
 
-func (c *cgroupV1) killLease(ctx context.Context, id string) ([]int, error) {
-	return killFrozenV1(ctx, c.dir("freezer", id))
+func (c *cgroupV1) KillCell(ctx context.Context, id string) ([]int, error) {
+	return killFrozenV1(ctx, c.Dir("freezer", id))
 }
 
-func (c *cgroupV1) removeLease(id string) error {
+func (c *cgroupV1) RemoveCell(id string) error {
 	var errs []error
 	for _, d := range c.dirs(id) {
 		errs = append(errs, cgroupfs.RemoveTree(d))
@@ -203,24 +206,24 @@ func (c *cgroupV1) removeLease(id string) error {
 	return errors.Join(errs...)
 }
 
-func (c *cgroupV1) usage(id string, counted map[string]bool) (Usage, error) {
+func (c *cgroupV1) Usage(id string, counted map[string]bool) (Usage, error) {
 	var u Usage
 	var err error
-	if u.MemoryBytes, err = cgroupfs.ReadInt(c.dir("memory", id, "memory.usage_in_bytes")); err != nil {
+	if u.MemoryBytes, err = cgroupfs.ReadInt(c.Dir("memory", id, "memory.usage_in_bytes")); err != nil {
 		return u, err
 	}
-	ns, err := cgroupfs.ReadInt(c.dir("cpuacct", id, "cpuacct.usage"))
+	ns, err := cgroupfs.ReadInt(c.Dir("cpuacct", id, "cpuacct.usage"))
 	if err != nil {
 		return u, err
 	}
 	u.CPUSeconds = float64(ns) / 1e9
-	if u.Pids, err = cgroupfs.ReadInt(c.dir("pids", id, "pids.current")); err != nil {
+	if u.Pids, err = cgroupfs.ReadInt(c.Dir("pids", id, "pids.current")); err != nil {
 		return u, err
 	}
 	// v1 counts OOM kills in the victim's own cgroup only (no propagation to parents), so
 	// the lease's count is the sum over its live cgroups; removed children are added by
 	// the caller.
-	root := c.dir("memory", id)
+	root := c.Dir("memory", id)
 	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 		if err != nil && path != root && errors.Is(err, fs.ErrNotExist) {
 			return nil // a command's child cgroup removed (in the background) mid-walk
@@ -238,7 +241,7 @@ func (c *cgroupV1) usage(id string, counted map[string]bool) (Usage, error) {
 	return u, err
 }
 
-func (c *cgroupV1) leases() ([]string, error) {
+func (c *cgroupV1) Cells() ([]string, error) {
 	var ids []string
 	for _, h := range c.hiers {
 		names, err := listDirs(filepath.Join(h, c.parent))
@@ -271,7 +274,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 			return killed, err
 		}
 		// A task stuck in the kernel may keep the cgroup FREEZING; kill what we see anyway.
-		_ = pollUntil(ctx, killDeadline/killRounds, func() (bool, error) {
+		_ = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
 			b, err := os.ReadFile(state)
 			return strings.TrimSpace(string(b)) == "FROZEN", err
 		})
@@ -291,7 +294,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 		if len(pids) == 0 {
 			return killed, nil
 		}
-		err = pollUntil(ctx, killDeadline/killRounds, func() (bool, error) {
+		err = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
 			pids, err := readPids(dir)
 			return len(pids) == 0, err
 		})

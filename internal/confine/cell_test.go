@@ -1,4 +1,4 @@
-package sandbox
+package confine
 
 import (
 	"context"
@@ -10,19 +10,16 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
 // A cell is a cgroup beside the leases' under the parent, made by the same driver: its
 // child holds a process under a memory limit the kernel enforces (the OOM kill is
-// counted), Sweep never takes it for an orphan lease, a new cell of the same name clears
-// what an earlier run left, and Remove leaves nothing.
+// counted), a new cell of the same name clears what an earlier run left, and Remove
+// leaves nothing.
 func TestCellUnderTheParent(t *testing.T) {
-	s := newTestSandbox(t)
-	cell, err := NewCell(testCgroupParent, "cell-test", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cell.Remove(context.Background()) })
+	cell := newTestCell(t, "cell-test")
 	if err := cell.SetMemory(256 << 20); err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +38,7 @@ func TestCellUnderTheParent(t *testing.T) {
 	if err := cell.Join("w1", hog.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range cgroupDirs(s, cellPrefix+"cell-test", "w1") {
+	for _, d := range cgroupDirs(cell.cg, cellPrefix+"cell-test", "w1") {
 		procs, _ := os.ReadFile(d + "/cgroup.procs")
 		if !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(hog.Process.Pid)) {
 			t.Errorf("process %d not in %s", hog.Process.Pid, d)
@@ -60,15 +57,6 @@ func TestCellUnderTheParent(t *testing.T) {
 		t.Errorf("OOM kills %d, want 1", n)
 	}
 
-	if _, _, err := s.Sweep(context.Background(), func(string) bool { return false }); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range cgroupDirs(s, cellPrefix+"cell-test", "w1") {
-		if _, err := os.Stat(d); err != nil {
-			t.Errorf("Sweep took the cell: %v", err)
-		}
-	}
-
 	// A daemon's next run makes the cell afresh, without what the last one left in it.
 	sleeper := exec.Command("sleep", "100")
 	if err := sleeper.Start(); err != nil {
@@ -84,7 +72,7 @@ func TestCellUnderTheParent(t *testing.T) {
 	if err := sleeper.Wait(); err == nil {
 		t.Error("the earlier run's process survived a new cell")
 	}
-	for _, d := range cgroupDirs(s, cellPrefix+"cell-test", "w1") {
+	for _, d := range cgroupDirs(cell.cg, cellPrefix+"cell-test", "w1") {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the earlier run's child %s is still there (%v)", d, err)
 		}
@@ -92,11 +80,55 @@ func TestCellUnderTheParent(t *testing.T) {
 	if err := again.Remove(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range cgroupDirs(s, cellPrefix+"cell-test") {
+	for _, d := range cgroupDirs(cell.cg, cellPrefix+"cell-test") {
 		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left after Remove (%v)", d, err)
 		}
 	}
+}
+
+const testCgroupParent = "sidecar-test"
+
+// testHelperArg makes the test binary the helper (package initproc), as the daemon's
+// binary is with its own argument.
+const testHelperArg = "__confine-test-init"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == testHelperArg {
+		initproc.Main()
+	}
+	code := m.Run()
+	RemoveEmptyParent(testCgroupParent) // empty by now
+	os.Exit(code)
+}
+
+// newTestCell makes the cell name under the test parent, removed at the end of the test;
+// it skips unless the test runs as root on a host with cgroups.
+func newTestCell(t *testing.T, name string) *Cell {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	cell, err := NewCell(testCgroupParent, name, nil)
+	if errors.Is(err, ErrUnsupported) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cell.Remove(context.Background()) })
+	return cell
+}
+
+// cgroupDirs are the directories of the cgroup at parts in every hierarchy.
+func cgroupDirs(cg Cgroups, parts ...string) []string {
+	var dirs []string
+	for _, ctrl := range v1Controllers {
+		if d := cg.Dir(ctrl, parts...); !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
 
 func TestCellNames(t *testing.T) {

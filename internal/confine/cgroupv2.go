@@ -1,4 +1,4 @@
-package sandbox
+package confine
 
 import (
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
@@ -89,13 +89,19 @@ func enableControllers(dir string) error {
 	return cgroupfs.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), strings.Join(want, " "))
 }
 
-func (c *cgroupV2) version() string { return "v2" }
+func (c *cgroupV2) Version() string { return "v2" }
+
+// Key: a v2 parent is a directory (under a systemd unit's own cgroup, so two units never
+// collide).
+func (c *cgroupV2) Key() string { return "v2:" + c.base }
+
+func (c *cgroupV2) Dir(_ string, parts ...string) string { return c.dir(parts...) }
 
 func (c *cgroupV2) dir(parts ...string) string {
 	return filepath.Join(append([]string{c.base}, parts...)...)
 }
 
-func (c *cgroupV2) provision(id string, l LeaseSpec) error {
+func (c *cgroupV2) Provision(id string, l Limits) error {
 	d := c.dir(id)
 	if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return err
@@ -136,39 +142,39 @@ func setMemoryV2(dir string, n int64) error {
 	return nil
 }
 
-func (c *cgroupV2) setMemory(id, child string, bytes int64) error {
+func (c *cgroupV2) SetMemory(id, child string, bytes int64) error {
 	return setMemoryV2(c.dir(id, child), bytes)
 }
 
-func (c *cgroupV2) memoryDir(id, child string) string { return c.dir(id, child) }
+func (c *cgroupV2) MemoryDir(id, child string) string { return c.dir(id, child) }
 
-func (c *cgroupV2) newChild(id, child string) error { return os.Mkdir(c.dir(id, child), 0o755) }
+func (c *cgroupV2) NewChild(id, child string) error { return os.Mkdir(c.dir(id, child), 0o755) }
 
-func (c *cgroupV2) joinFiles(string, string) []string { return nil }
+func (c *cgroupV2) JoinFiles(string, string) []string { return nil }
 
-func (c *cgroupV2) childDir(id, child string) string { return c.dir(id, child) }
+func (c *cgroupV2) ChildDir(id, child string) string { return c.dir(id, child) }
 
-func (c *cgroupV2) killChild(ctx context.Context, id, child string) error {
+func (c *cgroupV2) KillChild(ctx context.Context, id, child string) error {
 	_, err := killV2(ctx, c.dir(id, child))
 	return err
 }
 
-func (c *cgroupV2) childOOMKills(id, child string) int64 {
+func (c *cgroupV2) ChildOOMKills(id, child string) int64 {
 	n, _ := cgroupfs.ReadKey(c.dir(id, child, "memory.events"), "oom_kill")
 	return n
 }
 
-func (c *cgroupV2) childPids(id, child string) ([]int, error) { return readPids(c.dir(id, child)) }
+func (c *cgroupV2) ChildPids(id, child string) ([]int, error) { return readPids(c.dir(id, child)) }
 
-func (c *cgroupV2) removeChild(id, child string) error { return cgroupfs.RemoveTree(c.dir(id, child)) }
+func (c *cgroupV2) RemoveChild(id, child string) error { return cgroupfs.RemoveTree(c.dir(id, child)) }
 
-func (c *cgroupV2) killLease(ctx context.Context, id string) ([]int, error) {
+func (c *cgroupV2) KillCell(ctx context.Context, id string) ([]int, error) {
 	return killV2(ctx, c.dir(id))
 }
 
-func (c *cgroupV2) removeLease(id string) error { return cgroupfs.RemoveTree(c.dir(id)) }
+func (c *cgroupV2) RemoveCell(id string) error { return cgroupfs.RemoveTree(c.dir(id)) }
 
-func (c *cgroupV2) usage(id string, _ map[string]bool) (Usage, error) {
+func (c *cgroupV2) Usage(id string, _ map[string]bool) (Usage, error) {
 	var u Usage
 	var err error
 	if u.MemoryBytes, err = cgroupfs.ReadInt(c.dir(id, "memory.current")); err != nil {
@@ -186,7 +192,7 @@ func (c *cgroupV2) usage(id string, _ map[string]bool) (Usage, error) {
 	return u, err
 }
 
-func (c *cgroupV2) leases() ([]string, error) { return listDirs(c.base) }
+func (c *cgroupV2) Cells() ([]string, error) { return listDirs(c.base) }
 
 // killV2 uses cgroup.kill (Linux 5.14+), which kills the whole subtree atomically, and
 // waits for the cgroup to report itself unpopulated.
@@ -198,7 +204,7 @@ func killV2(ctx context.Context, dir string) ([]int, error) {
 	if err := cgroupfs.WriteFile(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
 		return nil, err
 	}
-	err := pollUntil(ctx, killDeadline, func() (bool, error) {
+	err := pollUntil(ctx, KillDeadline, func() (bool, error) {
 		n, err := cgroupfs.ReadKey(filepath.Join(dir, "cgroup.events"), "populated")
 		return n == 0, err
 	})

@@ -1,0 +1,155 @@
+package confine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
+)
+
+// newTestEngine is an engine on the test parent with the cell id open, removed at the end
+// of the test; it skips unless the test runs as root on a host with cgroups.
+func newTestEngine(t *testing.T, id string) *Engine {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	cg, err := OpenCgroups(testCgroupParent, nil)
+	if err != nil {
+		t.Skip(err)
+	}
+	e := NewEngine(EngineConfig{Cgroups: cg})
+	if err := e.Open(id, Limits{Pids: 64}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.Remove(context.Background(), id); err != nil {
+			t.Error(err)
+		}
+	})
+	return e
+}
+
+// join puts a new `sleep 100` into child of cell id and returns it.
+func join(t *testing.T, e *Engine, id, child string) *exec.Cmd {
+	t.Helper()
+	sleeper := exec.Command("sleep", "100")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	files := e.cg.JoinFiles(id, child)
+	if d := e.cg.ChildDir(id, child); d != "" {
+		files = []string{d + "/cgroup.procs"}
+	}
+	for _, f := range files {
+		if err := cgroupfs.WriteFile(f, strconv.Itoa(sleeper.Process.Pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sleeper
+}
+
+// Children come from spares made ahead, each taken once; a returned spare is taken again;
+// a dropped child goes in the background; Close removes the spares and leaves the cell.
+func TestEngineChildren(t *testing.T) {
+	e := newTestEngine(t, "t-engine-children")
+	id := "t-engine-children"
+	first, err := e.takeChild(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Settle(id)
+	second, err := e.takeChild(id) // the spare made meanwhile
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second == first {
+		t.Fatalf("child %s taken twice", first)
+	}
+	e.returnSpare(id, second)
+	if again, _ := e.takeChild(id); again != second {
+		t.Errorf("took %s, want the returned spare %s", again, second)
+	}
+	if err := e.dropChild(id, first); err != nil {
+		t.Fatal(err)
+	}
+	e.Settle(id)
+	if _, err := os.Stat(e.cg.Dir("memory", id, first)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("dropped child %s still there (%v)", first, err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kids, _ := os.ReadDir(e.cg.Dir("memory", id))
+	for _, k := range kids {
+		if k.IsDir() && k.Name() != second {
+			t.Errorf("child %s left after Close", k.Name())
+		}
+	}
+}
+
+// A closed tree's child that still holds processes is kept as leftovers, listed until it
+// empties, then pruned; Usage counts the cell's processes.
+func TestEngineLeftovers(t *testing.T) {
+	e := newTestEngine(t, "t-engine-leftovers")
+	id := "t-engine-leftovers"
+	child, err := e.takeChild(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.keepLeftovers(id, child) {
+		t.Fatal("an empty child kept as leftovers")
+	}
+	sleeper := join(t, e, id, child)
+	if !e.keepLeftovers(id, child) {
+		t.Fatal("a child with a process not kept")
+	}
+	if pids := e.LeftoverPids(id); !slices.Contains(pids, sleeper.Process.Pid) {
+		t.Fatalf("leftovers %v, want %d", pids, sleeper.Process.Pid)
+	}
+	if u, err := e.Usage(id); err != nil || u.Pids < 1 {
+		t.Errorf("Usage = %+v, %v; want the sleeper counted", u, err)
+	}
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(e.LeftoverPids(id)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	e.PruneLeftovers("")
+	if _, err := os.Stat(e.cg.Dir("memory", id, child)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("emptied leftover child %s not pruned (%v)", child, err)
+	}
+}
+
+// Sweep kills and removes the cells known does not know, but named cells.
+func TestEngineSweep(t *testing.T) {
+	e := newTestEngine(t, "t-engine-sweep")
+	named := newTestCell(t, "sweep-named")
+	orphan := "t-engine-orphan"
+	if err := e.cg.Provision(orphan, Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cg.NewChild(orphan, "p1"); err != nil {
+		t.Fatal(err)
+	}
+	sleeper := join(t, e, orphan, "p1")
+	// Others' cells under the shared test parent are known: only these two are not.
+	removed, pids, err := e.Sweep(context.Background(), func(id string) bool { return id != orphan && id != named.id })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(removed, []string{orphan}) || !slices.Contains(pids, sleeper.Process.Pid) {
+		t.Errorf("Sweep removed %v, killed %v; want %s and %d", removed, pids, orphan, sleeper.Process.Pid)
+	}
+	if _, err := os.Stat(named.ChildDir("")); err != nil {
+		t.Errorf("Sweep took the named cell: %v", err)
+	}
+}

@@ -1,0 +1,175 @@
+package confine
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
+)
+
+// Start is one process tree to start in a cell, as its policy decided it.
+type Start struct {
+	// Config is the helper's config: everything but the cgroup to join and the network
+	// namespace's presence, which the engine fills in.
+	Config initproc.Config
+	Dir    string   // where the helper starts, on the host, before it enters its view
+	NetNS  *os.File // the network namespace the helper enters; nil: the host's
+	NewNS  bool     // the helper unshares a mount namespace of its own
+	TTY    bool
+}
+
+// SetTemplate gives cell id what its launchers are made with (Start.Config without
+// argv, environment and dir; Dir where the helper starts), and starts making the first in
+// the background unless the engine starts everything the plain way. template is called
+// for each launcher, from the goroutine that makes it.
+func (e *Engine) SetTemplate(id string, template func() Start) {
+	e.mu.Lock()
+	c := e.cells[id]
+	if c != nil {
+		c.template = template
+	}
+	e.mu.Unlock()
+	e.refillLauncher(c, nil) // the first command's
+}
+
+// Command prepares s to start in cell id ("" or a cell not open: no cgroup, the tree is
+// its process group): the returned command starts the helper, which enters the tree's own
+// child cgroup and the view s.Config describes before it execs the target — or, when the
+// cell has a launcher ready, Tree.Start hands the command to that helper, which did all of
+// it ahead of time. The caller sets Stdin/Stdout/Stderr (or starts it with creack/pty,
+// which adds Setctty to the SysProcAttr set here), calls Tree.Start, Wait, then
+// Tree.Close.
+func (e *Engine) Command(id string, s Start) (*exec.Cmd, Tree, error) {
+	e.mu.Lock()
+	c := e.cells[id]
+	e.mu.Unlock()
+	cfg := s.Config
+	cmd := e.helperCmd(s)
+	t := &tree{e: e, id: id, c: c, cmd: cmd, tty: s.TTY, ended: make(chan struct{}),
+		launch: initproc.Launch{Argv: cfg.Argv, Env: cfg.Env, Dir: cfg.Dir}}
+	if c != nil {
+		var err error
+		if t.child, err = e.takeChild(id); err != nil {
+			return nil, nil, fmt.Errorf("confine: cell %s: child cgroup: %w", id, err)
+		}
+	}
+	// Ready for cmd.Start too (tests use it): Tree.Start may still give the command to a
+	// launcher instead, and then undoes this.
+	var err error
+	if t.parentFiles, t.report, err = e.prepareHelper(id, cmd, s, t.child, nil); err != nil {
+		t.Close()
+		return nil, nil, err
+	}
+	return cmd, t, nil
+}
+
+// helperCmd is the helper's command for s, its config and files still to add.
+func (e *Engine) helperCmd(s Start) *exec.Cmd {
+	attr := &syscall.SysProcAttr{Setsid: true}
+	if s.NewNS {
+		attr.Cloneflags = syscall.CLONE_NEWNS
+	}
+	return &exec.Cmd{
+		Path: e.helper,
+		Args: []string{e.helper, e.helperArg},
+		// The helper runs as root: it gets no environment at all (no LD_PRELOAD, GODEBUG…);
+		// the target's environment travels in the config.
+		Env:         []string{},
+		Dir:         s.Dir,
+		SysProcAttr: attr,
+	}
+}
+
+// prepareHelper completes cmd for the helper of s in child cgroup child of cell id ("":
+// none); extra is the launch socket of a launcher (nil otherwise). It returns the
+// daemon's copies of what the helper inherits, to close once it has started, and the read
+// end of its report pipe.
+func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, extra *os.File) (parentFiles []*os.File, report *os.File, err error) {
+	defer func() {
+		if err != nil {
+			closeAll(parentFiles)
+			if report != nil {
+				report.Close()
+			}
+			parentFiles, report = nil, nil
+		}
+	}()
+	cfg := s.Config
+	if child != "" {
+		cfg.CgroupProcs = e.cg.JoinFiles(id, child)
+		if d := e.cg.ChildDir(id, child); d != "" {
+			// v2: clone3(CLONE_INTO_CGROUP) puts the helper there atomically.
+			fd, err := os.Open(d)
+			if err != nil {
+				return nil, nil, &SetupError{Step: "join cgroup", Msg: err.Error()}
+			}
+			parentFiles = append(parentFiles, fd)
+			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(fd.Fd())
+		}
+	}
+	cfg.NetNS = s.NetNS != nil
+	b, err := initproc.Encode(&cfg)
+	if err != nil {
+		return parentFiles, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	config, err := sealedMemfd("sidecar-init-config", b)
+	if err != nil {
+		return parentFiles, nil, err
+	}
+	parentFiles = append(parentFiles, config)
+	r, w, err := os.Pipe()
+	if err != nil {
+		return parentFiles, nil, err
+	}
+	parentFiles = append(parentFiles, w)
+	cmd.ExtraFiles = []*os.File{config, w, s.NetNS} // a nil netns: fd 5 closed
+	if extra != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, extra)
+	}
+	return parentFiles, r, nil
+}
+
+// startHelper starts a prepared helper and closes the daemon's copies of its files.
+func (e *Engine) startHelper(id string, cmd *exec.Cmd, child string, parentFiles []*os.File) error {
+	err := cmd.Start()
+	closeAll(parentFiles)
+	if err != nil && cmd.SysProcAttr.UseCgroupFD {
+		if _, serr := os.Stat(e.cg.ChildDir(id, child)); serr != nil {
+			// v2: clone3 could not enter a child cgroup removed under it.
+			return &SetupError{Step: "join cgroup", Msg: err.Error()}
+		}
+	}
+	return err
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// sealedMemfd is b in a sealed memfd: nothing can change it between here and the helper
+// reading it.
+func sealedMemfd(name string, b []byte) (*os.File, error) {
+	mfd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(mfd), name)
+	_, err = f.Write(b)
+	if err == nil {
+		_, err = unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL)
+	}
+	if err == nil {
+		_, err = f.Seek(0, 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("memfd: %w", err)
+	}
+	return f, nil
+}

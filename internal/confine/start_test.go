@@ -1,0 +1,88 @@
+package confine
+
+import (
+	"os"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
+)
+
+// startEngine is an engine whose helper is the test binary, with the cell id open.
+func startEngine(t *testing.T, id string) *Engine {
+	t.Helper()
+	e := newTestEngine(t, id)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.helper, e.helperArg = self, testHelperArg
+	return e
+}
+
+// base is a Start with no policy at all: root, the host's view, no filter.
+func base() Start { return Start{Dir: "/", Config: initproc.Config{}} }
+
+// startWaiting starts `read x` in cell id with its stdin a pipe (which a launcher can
+// take) and returns its tree, its command's pid, and the write end that ends it.
+func startWaiting(t *testing.T, e *Engine, id string) (Tree, int, func()) {
+	t.Helper()
+	st := base()
+	st.Config.Argv, st.Config.Env, st.Config.Dir = []string{"/bin/sh", "-c", "read x"}, []string{"PATH=/usr/bin:/bin"}, "/"
+	cmd, tr, err := e.Command(id, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdin = r
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	return tr, cmd.Process.Pid, func() {
+		w.Close()
+		if _, err := cmd.Process.Wait(); err != nil {
+			t.Error(err)
+		}
+		if err := tr.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// Without a template a tree starts the plain way, in a child cgroup of its own; with one,
+// it goes to the launcher made ahead: that process, in that launcher's child cgroup.
+func TestEngineCommand(t *testing.T) {
+	id := "t-engine-command"
+	e := startEngine(t, id)
+
+	tr, pid, end := startWaiting(t, e, id)
+	child := tr.(interface{ Cgroup() string }).Cgroup()
+	if pids, _ := e.cg.ChildPids(id, child); !slices.Contains(pids, pid) {
+		t.Errorf("plain start: pid %d not in its child cgroup %s (%v)", pid, child, pids)
+	}
+	end()
+
+	e.SetTemplate(id, base)
+	e.Settle(id)
+	l, ok := e.Launcher(id)
+	for deadline := time.Now().Add(10 * time.Second); ok && !l.Ready && !l.Gone && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+		l, ok = e.Launcher(id)
+	}
+	if !ok || l.Gone {
+		t.Fatalf("no launcher ready: %+v, %v", l, ok)
+	}
+	tr, pid, end = startWaiting(t, e, id)
+	defer end()
+	if child := tr.(interface{ Cgroup() string }).Cgroup(); pid != l.PID || child != l.Cgroup {
+		t.Errorf("ran as %d in %s, want the launcher %d in %s", pid, child, l.PID, l.Cgroup)
+	}
+	if pids, _ := e.cg.ChildPids(id, l.Cgroup); !slices.Contains(pids, pid) {
+		t.Errorf("launched: pid %d not in the launcher's cgroup %s (%v)", pid, l.Cgroup, pids)
+	}
+}
