@@ -503,8 +503,6 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	delete(s.leases, leaseID)
 	s.mu.Unlock()
 	var errs []error
-	if le != nil {
-	}
 	if s.cg != nil {
 		if err := s.eng.Remove(ctx, leaseID); err != nil {
 			errs = append(errs, err)
@@ -542,7 +540,9 @@ func (s *Sandbox) Usage(leaseID string) (Usage, error) {
 }
 
 // Sweep removes lease cgroups the daemon no longer knows, killing their processes,
-// unmounts their image roots, and forgets in-memory leases likewise; named cells (confine.Cell) are not leases and stay. It returns the lease ids removed and the pids killed.
+// unmounts their image roots, and forgets in-memory leases likewise; named cells
+// (confine.Cell) are not leases and stay. It returns the lease ids removed and the pids
+// killed.
 func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (cgroups []string, pids []int, err error) {
 	s.mu.Lock()
 	var forget []string
