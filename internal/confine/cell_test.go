@@ -3,6 +3,7 @@ package confine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -87,7 +88,9 @@ func TestCellUnderTheParent(t *testing.T) {
 	}
 }
 
-const testCgroupParent = "sidecar-test"
+// testCgroupParent is this package's own: package sandbox's tests, which may run at the
+// same time, use and remove "sidecar-test".
+var testCgroupParent = fmt.Sprintf("sidecar-test-confine-%d", os.Getpid())
 
 // testHelperArg makes the test binary the helper (package initproc), as the daemon's
 // binary is with its own argument.
