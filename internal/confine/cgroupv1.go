@@ -183,7 +183,7 @@ func (c *cgroupV1) ChildOOMKills(id, child string) int64 {
 }
 
 func (c *cgroupV1) ChildPids(id, child string) ([]int, error) {
-	return readPids(c.Dir("freezer", id, child)) // every hierarchy has the same members
+	return cgroupfs.Pids(c.Dir("freezer", id, child)) // every hierarchy has the same members
 }
 
 func (c *cgroupV1) RemoveChild(id, child string) error {
@@ -244,7 +244,7 @@ func (c *cgroupV1) Usage(id string, counted map[string]bool) (Usage, error) {
 func (c *cgroupV1) Cells() ([]string, error) {
 	var ids []string
 	for _, h := range c.hiers {
-		names, err := listDirs(filepath.Join(h, c.parent))
+		names, err := cgroupfs.Children(filepath.Join(h, c.parent))
 		if err != nil {
 			return nil, err
 		}
@@ -264,7 +264,7 @@ func (c *cgroupV1) Cells() ([]string, error) {
 // that ended cleanly: only a member can fork into it. (A helper still joining is not a
 // member yet; tree.Kill SIGKILLs it first, so it cannot fork once it is.)
 func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
-	if pids, err := readPids(dir); err == nil && len(pids) == 0 {
+	if pids, err := cgroupfs.Pids(dir); err == nil && len(pids) == 0 {
 		return nil, nil // empty, or already gone
 	}
 	state := filepath.Join(dir, "freezer.state")
@@ -278,7 +278,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 			b, err := os.ReadFile(state)
 			return strings.TrimSpace(string(b)) == "FROZEN", err
 		})
-		pids, err := readPids(dir)
+		pids, err := cgroupfs.Pids(dir)
 		if err != nil {
 			cgroupfs.WriteFile(state, "THAWED")
 			return killed, err
@@ -295,7 +295,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 			return killed, nil
 		}
 		err = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
-			pids, err := readPids(dir)
+			pids, err := cgroupfs.Pids(dir)
 			return len(pids) == 0, err
 		})
 		if err == nil {

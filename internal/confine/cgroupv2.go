@@ -164,7 +164,7 @@ func (c *cgroupV2) ChildOOMKills(id, child string) int64 {
 	return n
 }
 
-func (c *cgroupV2) ChildPids(id, child string) ([]int, error) { return readPids(c.dir(id, child)) }
+func (c *cgroupV2) ChildPids(id, child string) ([]int, error) { return cgroupfs.Pids(c.dir(id, child)) }
 
 func (c *cgroupV2) RemoveChild(id, child string) error { return cgroupfs.RemoveTree(c.dir(id, child)) }
 
@@ -192,7 +192,7 @@ func (c *cgroupV2) Usage(id string, _ map[string]bool) (Usage, error) {
 	return u, err
 }
 
-func (c *cgroupV2) Cells() ([]string, error) { return listDirs(c.base) }
+func (c *cgroupV2) Cells() ([]string, error) { return cgroupfs.Children(c.base) }
 
 // killV2 uses cgroup.kill (Linux 5.14+), which kills the whole subtree atomically, and
 // waits for the cgroup to report itself unpopulated.
@@ -200,7 +200,7 @@ func killV2(ctx context.Context, dir string) ([]int, error) {
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
-	pids, _ := readPids(dir)
+	pids, _ := cgroupfs.Pids(dir)
 	if err := cgroupfs.WriteFile(filepath.Join(dir, "cgroup.kill"), "1"); err != nil {
 		return nil, err
 	}

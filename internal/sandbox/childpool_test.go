@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
 )
 
 // children lists the child cgroups of a lease in every hierarchy (several on v1), failing
@@ -15,7 +17,7 @@ func children(t *testing.T, s *Sandbox, leaseID string) []string {
 	var first []string
 	dirs := cgroupDirs(s, leaseID)
 	for i, dir := range dirs {
-		names, err := listDirs(dir)
+		names, err := cgroupfs.Children(dir)
 		if err != nil {
 			t.Fatal(err)
 		}

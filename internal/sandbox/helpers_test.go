@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -290,45 +289,6 @@ func treeCgroup(tr Tree) string { return tr.(interface{ Cgroup() string }).Cgrou
 
 // v1Controllers are the hierarchies a lease process joins on cgroup v1.
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
-
-// readPids lists cgroup.procs of dir and all its descendants.
-func readPids(dir string) ([]int, error) {
-	var pids []int
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if err != nil || !d.IsDir() {
-			return err
-		}
-		b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		for f := range strings.FieldsSeq(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-		return err
-	})
-	return pids, err
-}
-
-// listDirs lists the directories in dir; none if it does not exist.
-func listDirs(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	var names []string
-	for _, e := range entries {
-		if e.IsDir() {
-			names = append(names, e.Name())
-		}
-	}
-	return names, err
-}
 
 // pollUntil calls done every millisecond until it reports true, the timeout passes or
 // ctx ends.

@@ -103,7 +103,7 @@ func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	if err := tr.Kill(); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
-	if left, _ := readPids(dir); len(left) != 0 {
+	if left, _ := cgroupfs.Pids(dir); len(left) != 0 {
 		t.Errorf("after Kill: %v left", left)
 	}
 	if err := cmd.Wait(); err == nil {
@@ -125,7 +125,7 @@ func waitForSleepers(t *testing.T, dir string, durations ...string) []int {
 	var pids []int
 	var seen []string
 	err := pollUntil(context.Background(), 10*time.Second, func() (bool, error) {
-		pids, _ = readPids(dir)
+		pids, _ = cgroupfs.Pids(dir)
 		seen = seen[:0]
 		for _, pid := range pids {
 			b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
