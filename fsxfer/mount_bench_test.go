@@ -93,6 +93,10 @@ func makeLeaseTree(dir string) error {
 	return nil
 }
 
+// The main goroutine keeps the main thread, so inMountNamespace's abandoned thread is never
+// the main one (which the runtime would keep alive in the namespace).
+func init() { runtime.LockOSThread() }
+
 // inMountNamespace runs f on a thread of its own in a private mount namespace, with a
 // tmpfs on scratch (so that disk writeback does not drown what is measured) holding n
 // more bind mounts, all unmounted when f returns. The thread is never unlocked: it exits

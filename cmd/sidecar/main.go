@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"sort"
 	"strings"
 	"syscall"
@@ -34,6 +35,11 @@ func register(name string, c command) { commands[name] = c }
 type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// The main goroutine keeps the main thread: a goroutine that made a namespace on a locked
+// thread and could not switch back ends with its thread, which must never be the main one
+// (the runtime keeps it alive, and /proc/self shows its namespaces).
+func init() { runtime.LockOSThread() }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +23,11 @@ import (
 	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
+
+// The main goroutine keeps the main thread, so a test goroutine that unshares a namespace
+// on a locked thread and ends never wedges the main thread in it: /proc/self shows the
+// main thread's namespaces, which the namespace tests compare against.
+func init() { runtime.LockOSThread() }
 
 // The test binary is its own helper (`<test binary> __sandbox-init`) and, like the
 // daemon, the subreaper of orphaned lease processes.
