@@ -43,18 +43,18 @@ all: build
 # sidecar-init is the small helper every lease process starts through (it joins the
 # cgroup, drops to the lease uid, applies Landlock, then execs); the daemon uses it when
 # it sits next to its own binary, and falls back to `sidecar __sandbox-init` otherwise.
-# It is built from C when a C compiler ($(CC)) and a static libseccomp (Debian:
-# libseccomp-dev; the helper's system-call filter) exist: a static C helper starts as fast
-# as /bin/true, where the Go one pays for the runtime's start on every exec. Without either,
+# It is built from C when a C compiler ($(CC)) and a static C library (Debian: gcc and
+# libc6-dev) exist: a static C helper starts as fast as /bin/true, where the Go one pays
+# for the runtime's start on every exec. Without them,
 # the Go build of the same helper (same config, same filter, same exit codes) is used, with
 # a line saying so, so `make build` works anywhere Go does. A C build that fails is an error.
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/sidecar
-	@if command -v $(firstword $(CC)) >/dev/null 2>&1 && [ "$$($(CC) -print-file-name=libseccomp.a)" != libseccomp.a ]; then \
-		echo "$(CC) -O2 -static -Wall -Wextra -Werror -o $(BINDIR)/sidecar-init cmd/sidecar-init/sidecar-init.c -lseccomp"; \
-		$(CC) -O2 -static -Wall -Wextra -Werror -o $(BINDIR)/sidecar-init cmd/sidecar-init/sidecar-init.c -lseccomp; \
+	@if command -v $(firstword $(CC)) >/dev/null 2>&1 && [ "$$($(CC) -print-file-name=libc.a)" != libc.a ]; then \
+		echo "$(CC) -O2 -static -Wall -Wextra -Werror -o $(BINDIR)/sidecar-init cmd/sidecar-init/sidecar-init.c"; \
+		$(CC) -O2 -static -Wall -Wextra -Werror -o $(BINDIR)/sidecar-init cmd/sidecar-init/sidecar-init.c; \
 	else \
-		echo "no C compiler ($(CC)) or no static libseccomp (libseccomp-dev): building the Go sidecar-init"; \
+		echo "no C compiler ($(CC)) or no static C library (libc6-dev): building the Go sidecar-init"; \
 		CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(BINDIR)/sidecar-init ./cmd/sidecar-init; \
 	fi
 

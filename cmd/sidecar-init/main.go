@@ -7,7 +7,7 @@
 // for the runtime's start on every exec. `make build` installs the C one when a C
 // compiler exists and this one otherwise:
 //
-//	cc -O2 -static -Wall -Wextra -Werror -o bin/sidecar-init cmd/sidecar-init/sidecar-init.c -lseccomp
+//	cc -O2 -static -Wall -Wextra -Werror -o bin/sidecar-init cmd/sidecar-init/sidecar-init.c
 //	CGO_ENABLED=0 go build -o bin/sidecar-init ./cmd/sidecar-init
 package main
 

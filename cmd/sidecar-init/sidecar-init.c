@@ -23,8 +23,8 @@
  * /home and its workdir on /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts
  * goes inside that root, through a descriptor opened without following symlinks, with a /dev
  * tmpfs of its own, and the helper then pivots into it; oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
- * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (libseccomp), then
- * an execvp-like PATH search.
+ * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (the program the
+ * daemon assembled, package seccomp, loaded as it is), then an execvp-like PATH search.
  *
  * A launcher (config key "await", no argv/env/dir) does every step but the last ahead of
  * time, then says "R" on fd 6 and waits there for one message: a byte, 'p' (pipes) or 't'
@@ -37,7 +37,7 @@
  * Security rules: every system call is checked; every length is bounded; untrusted data
  * is only ever a "%s" argument; on any doubt the helper exits 125 with a report.
  *
- * Build: cc -O2 -static -Wall -Wextra -Werror -o sidecar-init sidecar-init.c -lseccomp
+ * Build: cc -O2 -static -Wall -Wextra -Werror -o sidecar-init sidecar-init.c
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -57,11 +57,9 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/filter.h>
 #include <linux/openat2.h>
-
-#ifndef SIDECAR_INIT_PARSE_ONLY
-#include <seccomp.h>
-#endif
+#include <linux/seccomp.h>
 
 enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5, LAUNCH_FD = 6 };
 enum { CONFIG_FULL, CONFIG_LAUNCH }; /* what parse_config accepts */
@@ -172,7 +170,8 @@ struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *home, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
-	int netns, landlock, have_uid, have_gid, seccomp, await;
+	int netns, landlock, have_uid, have_gid, await;
+	struct sock_fprog seccomp; /* .len 0: no filter */
 	long rlimit[NRLIMITS];
 	int have_rlimit[NRLIMITS];
 };
@@ -292,6 +291,28 @@ static long parse_id_once(int *seen, const char *key, const char *v)
 /* parse_config splits buf (len bytes, NUL at buf[len]) into c. Two passes: count the list
  * entries, allocate exactly, then fill; strings stay in buf. mode CONFIG_LAUNCH accepts a
  * launched command: argv, env and dir only. */
+static int hex_digit(char ch) { return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1; }
+
+/* parse_filter decodes the "seccomp" value: lowercase hex of 1 to BPF_MAXINSNS struct
+ * sock_filter in this host's byte order, as initproc's encodeFilter writes it. */
+static void parse_filter(const char *hex, struct sock_fprog *prog)
+{
+	size_t n = strlen(hex), insn = 2 * sizeof(struct sock_filter);
+	if (n == 0 || n % insn != 0 || n / insn > BPF_MAXINSNS)
+		fail(EXIT_SETUP, "config", "bad config: seccomp: not a filter program");
+	unsigned char *b = malloc(n / 2);
+	if (b == NULL)
+		fail(EXIT_SETUP, "config", "out of memory");
+	for (size_t i = 0; i < n / 2; i++) {
+		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+		if (hi < 0 || lo < 0)
+			fail(EXIT_SETUP, "config", "bad config: seccomp: not a filter program");
+		b[i] = (unsigned char)(hi << 4 | lo);
+	}
+	prog->len = (unsigned short)(n / insn);
+	prog->filter = (struct sock_filter *)(void *)b; /* malloc's alignment suits it */
+}
+
 static void parse_config(char *buf, size_t len, struct config *c, int mode)
 {
 	memset(c, 0, sizeof *c);
@@ -367,11 +388,10 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 					fail(EXIT_SETUP, "config", "bad config: await: not 1");
 				c->await = 1;
 			} else if (strcmp(key, "seccomp") == 0) {
-				const char *one;
-				set_once(&one, &seen_seccomp, key, v);
-				if (strcmp(one, "1") != 0)
-					fail(EXIT_SETUP, "config", "bad config: seccomp: not 1");
-				c->seccomp = 1;
+				const char *hex;
+				set_once(&hex, &seen_seccomp, key, v);
+				if (pass == 1)
+					parse_filter(hex, &c->seccomp);
 			} else if (strncmp(key, "rlimit_", 7) == 0) {
 				size_t i = 0;
 				while (i < NRLIMITS && strcmp(key, rlimit_keys[i].key) != 0)
@@ -394,7 +414,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				lists[i]->n = 0;
 			}
 			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->home = c->work_dir = c->root = NULL;
-			c->netns = c->seccomp = c->await = 0;
+			c->netns = c->await = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
 		}
@@ -761,126 +781,13 @@ static void restrict_self(const struct config *c)
 		fail(EXIT_SETUP, "setup", "landlock ruleset close: %s", strerror(errno));
 }
 
-#ifndef SIDECAR_INIT_PARSE_ONLY
-/* The socket families a lease may open, the same as package seccomp's SocketFamilies
- * (TestSocketFamiliesParity); SOCKET_FAMILY_MAX is the largest. */
-static const int socket_families[] = {AF_UNIX, AF_INET, AF_INET6, AF_NETLINK};
-#define SOCKET_FAMILY_MAX AF_NETLINK
-
-/* The seccomp denylist, the same as package seccomp's Denied (TestDenylistParity compares
- * them; see internal/kernel/seccomp for why a denylist and why these calls): refused with
- * EPERM whatever the arguments. Names this architecture lacks are skipped. */
-static const char *const seccomp_denied[] = {
-	"setns", "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "open_tree_attr",
-	"fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
-	"keyctl", "add_key", "request_key",
-	"bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
-	"init_module", "finit_module", "delete_module", "create_module", "get_kernel_syms", "query_module",
-	"iopl", "ioperm", "swapon", "swapoff", "reboot", "acct", "settimeofday", "clock_settime",
-	"quotactl", "quotactl_fd", "lookup_dcookie", "nfsservctl", "vm86", "uselib", "_sysctl", "sysfs",
-	"ustat", "syslog", "vhangup", "sethostname", "setdomainname", "fanotify_init", "open_by_handle_at",
-	"io_uring_setup", "io_uring_enter", "io_uring_register",
-	"lsm_get_self_attr", "lsm_set_self_attr", "lsm_list_modules",
-	"kcmp", "pidfd_getfd", "process_madvise",
-	"get_mempolicy", "set_mempolicy", "set_mempolicy_home_node", "mbind", "migrate_pages", "move_pages",
-};
-
-/* Calls newer than some libseccomp releases: from 424 on, every architecture but alpha,
- * mips and ia64 numbers them alike, so an older libseccomp still gets them right. */
-static const struct {
-	const char *name;
-	int nr;
-} seccomp_new_calls[] = {
-	{"io_uring_setup", 425}, {"io_uring_enter", 426}, {"io_uring_register", 427}, {"open_tree", 428},
-	{"move_mount", 429}, {"fsopen", 430}, {"fsconfig", 431}, {"fsmount", 432}, {"fspick", 433},
-	{"clone3", 435}, {"pidfd_getfd", 438}, {"process_madvise", 440}, {"mount_setattr", 442},
-	{"quotactl_fd", 443}, {"set_mempolicy_home_node", 450}, {"lsm_get_self_attr", 459},
-	{"lsm_set_self_attr", 460}, {"lsm_list_modules", 461}, {"open_tree_attr", 467},
-};
-
-/* As package seccomp: CLONE_NEW* for clone (whose low byte is the exit signal, so no
- * CLONE_NEWTIME), and CLONE_NEWTIME too for unshare. */
-#define SECCOMP_NS_FLAGS 0x7E020000UL
-#define SECCOMP_UNSHARE_FLAGS (SECCOMP_NS_FLAGS | 0x80UL)
-#define LOW32 0xffffffffULL
-
-static int seccomp_nr(const char *name)
+/* install_seccomp loads the daemon's filter on this process, last before exec
+ * (no_new_privs is set already). */
+static void install_seccomp(const struct config *c)
 {
-	int nr = seccomp_syscall_resolve_name(name);
-	if (nr != __NR_SCMP_ERROR)
-		return nr;
-	for (size_t i = 0; i < sizeof seccomp_new_calls / sizeof seccomp_new_calls[0]; i++)
-		if (strcmp(name, seccomp_new_calls[i].name) == 0)
-			return seccomp_new_calls[i].nr;
-	fail(EXIT_SETUP, "setup", "seccomp: libseccomp does not know %s", name);
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &c->seccomp) < 0)
+		fail(EXIT_SETUP, "setup", "seccomp: %s", strerror(errno));
 }
-
-#define SECCOMP_RULE(ctx, action, name, ...)                                                                    \
-	do {                                                                                                    \
-		int rc_ = seccomp_rule_add(ctx, action, seccomp_nr(name), __VA_ARGS__);                         \
-		if (rc_ < 0)                                                                                    \
-			fail(EXIT_SETUP, "setup", "seccomp rule %s: %s", name, strerror(-rc_));                 \
-	} while (0)
-
-/* install_seccomp loads the filter on this process, last before exec: every argument is
- * compared on its low 32 bits only (masked), as the kernel reads them as int. */
-static void install_seccomp(void)
-{
-	scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
-	if (ctx == NULL)
-		fail(EXIT_SETUP, "setup", "seccomp_init failed");
-	/* Only the native architecture is in the filter; anything else (i386 through int 0x80,
-	 * x32 on x86_64) kills the process. */
-	int rc = seccomp_attr_set(ctx, SCMP_FLTATR_ACT_BADARCH, SCMP_ACT_KILL_PROCESS);
-	if (rc < 0)
-		fail(EXIT_SETUP, "setup", "seccomp bad-arch action: %s", strerror(-rc));
-	for (size_t i = 0; i < sizeof seccomp_denied / sizeof seccomp_denied[0]; i++)
-		SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), seccomp_denied[i], 0);
-	/* clone3's flags are in memory a filter cannot read: ENOSYS makes libc use clone. */
-	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(ENOSYS), "clone3", 0);
-	for (unsigned long bit = 1; bit != 0 && bit <= SECCOMP_UNSHARE_FLAGS; bit <<= 1) {
-		if (bit & SECCOMP_NS_FLAGS)
-			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "clone", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
-		if (bit & SECCOMP_UNSHARE_FLAGS)
-			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "unshare", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit, bit));
-	}
-	/* Only the families of socket_families[]: every other value up to the largest of them
-	 * is refused one by one, and any above it (the full argument: high bits set refuse too). */
-	for (unsigned long fam = 0; fam < SOCKET_FAMILY_MAX; fam++) {
-		int allowed = 0;
-		for (size_t i = 0; i < sizeof socket_families / sizeof socket_families[0]; i++)
-			allowed |= socket_families[i] == (int)fam;
-		if (!allowed)
-			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, fam));
-	}
-	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 1, SCMP_A0(SCMP_CMP_GT, SOCKET_FAMILY_MAX));
-	/* No raw or SOCK_PACKET inet sockets, no netfilter netlink. */
-	const int families[] = {AF_INET, AF_INET6}, types[] = {SOCK_RAW, SOCK_PACKET};
-	for (size_t f = 0; f < 2; f++)
-		for (size_t t = 0; t < 2; t++)
-			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 2, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, families[f]),
-				     SCMP_A1(SCMP_CMP_MASKED_EQ, 0xf, types[t]));
-	SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "socket", 2, SCMP_A0(SCMP_CMP_MASKED_EQ, LOW32, AF_NETLINK),
-		     SCMP_A2(SCMP_CMP_MASKED_EQ, LOW32, 12 /* NETLINK_NETFILTER */));
-	/* personality: only 0, 8, 0x20000, 0x20008 and the query 0xffffffff (moby's set). A rule
-	 * compares an argument once, so the complement is spelled bit by bit: bit 31 clear and
-	 * a bit other than 3 or 17 set, or bit 31 set and any lower bit clear. */
-	for (unsigned long b = 0; b < 31; b++) {
-		unsigned long bit = 1UL << b, top = 1UL << 31;
-		if (b != 3 && b != 17)
-			SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "personality", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit | top, bit));
-		SECCOMP_RULE(ctx, SCMP_ACT_ERRNO(EPERM), "personality", 1, SCMP_A0(SCMP_CMP_MASKED_EQ, bit | top, top));
-	}
-	/* no_new_privs is set already. */
-	rc = seccomp_load(ctx);
-	if (rc < 0)
-		fail(EXIT_SETUP, "setup", "seccomp_load: %s", strerror(-rc));
-	seccomp_release(ctx);
-}
-#else
-/* The parse-only test build links no libseccomp and never gets this far. */
-static void install_seccomp(void) { fail(EXIT_SETUP, "setup", "seccomp: parse-only build"); }
-#endif
 
 /* set_rlimits sets each configured limit, soft and hard. */
 static void set_rlimits(const struct config *c)
@@ -931,8 +838,8 @@ static void setup(const struct config *c)
 	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
 		fail(EXIT_SETUP, "setup", "close_range: %s", strerror(errno));
 	/* Last: the filter needs no_new_privs, and nothing above may need a denied call. */
-	if (c->seccomp)
-		install_seccomp();
+	if (c->seccomp.len > 0)
+		install_seccomp(c);
 }
 
 static int exec_code(int err) { return err == ENOENT || err == ENOTDIR ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC; }

@@ -109,7 +109,7 @@ func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 	cfg := initproc.Config{
 		UID: l.UID, GID: l.GID,
 		Landlock: s.landlockPolicy(l, rootRW),
-		Seccomp:  s.caps.Seccomp,
+		Seccomp:  s.filter,
 	}
 	if s.strict() {
 		// Not in isolation none: a daemon that is not root could not raise a hard limit

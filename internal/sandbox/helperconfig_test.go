@@ -15,6 +15,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/landlock"
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/seccomp"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
@@ -26,8 +27,13 @@ var badConfigs = map[string]string{
 	"not NUL-terminated":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000",
 	"key without value":    "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00dir\x00",
 	"unknown key":          "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00colour\x00blue\x00",
-	"seccomp not 1":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00off\x00",
-	"seccomp twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x001\x00seccomp\x001\x00",
+	"seccomp 1":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x001\x00",
+	"seccomp empty":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00\x00",
+	"seccomp uppercase":    "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x000600000000007FFF\x00",
+	"seccomp not hex":      "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x000600000000007fgf\x00",
+	"seccomp half insn":    "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x000600000000007fff06000000\x00",
+	"seccomp twice":        "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x000600000000007fff\x00seccomp\x000600000000007fff\x00",
+	"seccomp too long":     "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00seccomp\x00" + strings.Repeat("0600000000007fff", unix.BPF_MAXINSNS+1) + "\x00",
 	"unknown rlimit":       "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_fsize\x001\x00",
 	"rlimit prefix only":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_\x001\x00",
 	"rlimit twice":         "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00rlimit_core\x000\x00rlimit_core\x000\x00",
@@ -150,6 +156,30 @@ func TestHelpersRefuseBadConfigs(t *testing.T) {
 	}
 }
 
+// Both helpers load the filter program their config carries, as it is: one that refuses
+// uname(2) alone makes uname fail and lets the rest run.
+func TestHelpersLoadTheGivenFilter(t *testing.T) {
+	refuseUname := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}, // the system call number
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: unix.SYS_UNAME},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
+	}
+	for _, h := range testHelpers {
+		t.Run(h.name, func(t *testing.T) {
+			helper := h.usable(t)
+			r := runHelper(t, helper, helperConfig(t, initproc.Config{Argv: []string{"/bin/sh", "-c", "uname || echo refused"}, Seccomp: refuseUname}), true)
+			if r.code != 0 || r.stdout != "refused\n" || !strings.Contains(r.stderr, "not permitted") {
+				t.Errorf("uname under a filter refusing it: %+v; want it refused", r)
+			}
+			r = runHelper(t, helper, helperConfig(t, initproc.Config{Argv: []string{"/bin/uname"}}), true)
+			if r.code != 0 || r.stdout != "Linux\n" {
+				t.Errorf("uname without a filter: %+v", r)
+			}
+		})
+	}
+}
+
 // Both helpers set the configured limits, and refuse to bind a devpts instance, a user
 // database or the workdir outside a private mount namespace (before any mount: this runs
 // in the test's own namespace).
@@ -221,7 +251,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
 		Passwd: "/u/passwd", Group: "/u/group", Resolv: "/u/resolv.conf", Home: "/l/home", WorkDir: "/l/work", Root: "/l/root/merged",
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
-		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: true,
+		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: testFilter(f),
 	})
 	if err != nil {
 		f.Fatal(err)
@@ -284,4 +314,14 @@ func TestHelpersRefuseBelowMinABI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testFilter is the system-call filter the daemon hands every helper.
+func testFilter(t testing.TB) []unix.SockFilter {
+	t.Helper()
+	prog, err := seccomp.Program()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prog
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/landlock"
@@ -132,10 +134,11 @@ var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 type Sandbox struct {
 	caps    Caps
 	log     *slog.Logger
-	cg      confine.Cgroups // nil without cgroups
-	eng     *confine.Engine // starts every lease process; a lease is a cell there
-	hostMNS string          // the daemon's mount namespace, which the helper must not mount in
-	ptyRoot string          // where leases' devpts instances are mounted; "" for the host's PTYs
+	cg      confine.Cgroups   // nil without cgroups
+	eng     *confine.Engine   // starts every lease process; a lease is a cell there
+	hostMNS string            // the daemon's mount namespace, which the helper must not mount in
+	filter  []unix.SockFilter // the system-call filter every lease process loads; nil: none
+	ptyRoot string            // where leases' devpts instances are mounted; "" for the host's PTYs
 	maxPTYs int
 	// userRoot holds each lease's passwd and group ("": none); users is what they say.
 	userRoot string
@@ -210,6 +213,11 @@ func New(cfg Config) (*Sandbox, error) {
 	s := &Sandbox{log: cfg.Logger, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
+	if s.caps.Seccomp {
+		if s.filter, err = seccomp.Program(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Seccomp == SeccompOff {
 		cfg.Logger.Warn("seccomp is OFF: lease processes and script workers may create user namespaces, open raw sockets and reach the rest of the kernel surface the filter denies",
 			"seccomp", SeccompOff)

@@ -2,11 +2,15 @@ package initproc
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // The config on ConfigFD is a flat list of NUL-terminated strings, trivial to parse safely
@@ -18,8 +22,10 @@ import (
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
 // policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
-// landlock_max_abi without "landlock" are an error. "seccomp" and "await" are "1" or absent
-// (with "await" there is no argv, env or dir: a launcher, launch.go); each
+// landlock_max_abi without "landlock" are an error. "seccomp" is the filter program in
+// lowercase hex, each instruction (struct sock_filter: code u16, jt u8, jf u8, k u32) in
+// the host's byte order, 1 to BPF_MAXINSNS of them. "await" is "1" or absent (with it
+// there is no argv, env or dir: a launcher, launch.go); each
 // "rlimit_<name>" (a RlimitResources name) at most once. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
@@ -142,8 +148,11 @@ func Encode(cfg *Config) ([]byte, error) {
 		}
 		putID(keyRlimit+r.Name, r.Value)
 	}
-	if cfg.Seccomp {
-		put(keySeccomp, "1")
+	if len(cfg.Seccomp) > 0 {
+		if len(cfg.Seccomp) > unix.BPF_MAXINSNS {
+			err = fmt.Errorf("%w: a seccomp program of %d instructions", errConfig, len(cfg.Seccomp))
+		}
+		put(keySeccomp, encodeFilter(cfg.Seccomp))
 	}
 	if cfg.Await {
 		put(keyAwait, "1")
@@ -224,10 +233,7 @@ func Decode(b []byte) (*Config, error) {
 			}
 			cfg.NetNS = true
 		case keySeccomp:
-			if v != "1" {
-				err = errors.New("not 1")
-			}
-			cfg.Seccomp = true
+			cfg.Seccomp, err = decodeFilter(v)
 		case keyAwait:
 			if v != "1" {
 				err = errors.New("not 1")
@@ -290,4 +296,35 @@ func parseID(s string) (int, error) {
 		return 0, errors.New("number too large")
 	}
 	return n, nil
+}
+
+// sockFilterSize is the size of one instruction (struct sock_filter) in bytes.
+const sockFilterSize = 8
+
+// encodeFilter is prog in the config's form: lowercase hex of the kernel's layout.
+func encodeFilter(prog []unix.SockFilter) string {
+	b := make([]byte, 0, len(prog)*sockFilterSize)
+	for _, in := range prog {
+		b = binary.NativeEndian.AppendUint16(b, in.Code)
+		b = append(b, in.Jt, in.Jf)
+		b = binary.NativeEndian.AppendUint32(b, in.K)
+	}
+	return hex.EncodeToString(b)
+}
+
+// decodeFilter parses what encodeFilter wrote; uppercase hex is refused, as the C helper
+// refuses it.
+func decodeFilter(v string) ([]unix.SockFilter, error) {
+	n := len(v) / (2 * sockFilterSize)
+	notHex := func(r rune) bool { return (r < '0' || r > '9') && (r < 'a' || r > 'f') }
+	if n == 0 || n > unix.BPF_MAXINSNS || len(v)%(2*sockFilterSize) != 0 || strings.ContainsFunc(v, notHex) {
+		return nil, errors.New("not a filter program")
+	}
+	b, _ := hex.DecodeString(v) // lowercase hex of even length by now
+	prog := make([]unix.SockFilter, n)
+	for i := range prog {
+		in := b[i*sockFilterSize:]
+		prog[i] = unix.SockFilter{Code: binary.NativeEndian.Uint16(in), Jt: in[2], Jf: in[3], K: binary.NativeEndian.Uint32(in[4:])}
+	}
+	return prog, nil
 }

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func fullConfig() *Config {
@@ -15,7 +17,7 @@ func fullConfig() *Config {
 		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true, Root: "/l/root/merged", Home: "/l/home",
 		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []Rlimit{{"nofile", 4096}, {"core", 0}, {"memlock", 65536}, {"msgqueue", 819200}, {"sigpending", 4096}},
-		Seccomp:  true,
+		Seccomp:  []unix.SockFilter{{Code: 0x20, K: 4}, {Code: 0x15, Jt: 1, Jf: 0, K: 0xc000003e}, {Code: 0x6, K: 0x7fff0000}},
 	}
 }
 
@@ -51,6 +53,7 @@ func TestEncodeRefuses(t *testing.T) {
 		"too large":    func(c *Config) { c.Env = append(c.Env, strings.Repeat("x", MaxConfigSize)) },
 		"bad rlimit":   func(c *Config) { c.Rlimits = []Rlimit{{"fsize", 1}} },
 		"huge rlimit":  func(c *Config) { c.Rlimits = []Rlimit{{"nofile", 1 << 31}} },
+		"long filter":  func(c *Config) { c.Seccomp = make([]unix.SockFilter, unix.BPF_MAXINSNS+1) },
 	} {
 		cfg := fullConfig()
 		mod(cfg)

@@ -90,8 +90,9 @@ type Config struct {
 	Landlock *Landlock
 	// Rlimits are set (soft = hard) before the uid drop.
 	Rlimits []Rlimit
-	// Seccomp installs package seccomp's filter, the last step before exec.
-	Seccomp bool
+	// Seccomp is the system-call filter (package seccomp's Program, assembled once by the
+	// daemon), loaded as the last step before exec; nil: none.
+	Seccomp []unix.SockFilter
 	// Await makes the helper a launcher: Argv, Env and Dir are empty; it sets up
 	// everything else, then waits on LaunchFD for the command (launch.go).
 	Await bool

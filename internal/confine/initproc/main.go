@@ -97,8 +97,8 @@ func setup(cfg *Config) error {
 		return fmt.Errorf("close_range: %w", err)
 	}
 	// Last: the filter needs no_new_privs, and nothing above may need a denied call.
-	if cfg.Seccomp {
-		if err := seccomp.Install(); err != nil {
+	if cfg.Seccomp != nil {
+		if err := seccomp.Load(cfg.Seccomp); err != nil {
 			return err
 		}
 	}

@@ -12,9 +12,9 @@
 // call newer than this list is allowed; denied here is what an unprivileged process could
 // otherwise use, or could use once a user namespace handed it capabilities.
 //
-// The C helper (cmd/sidecar-init/sidecar-init.c) installs the same policy with libseccomp;
-// TestDenylistParity keeps the two lists equal, and the sandbox tests run every check
-// against both helpers. Foreign architectures (i386 through int 0x80, x32) kill the
+// The filter is assembled here only: the daemon hands the program to both helpers (the C
+// one, cmd/sidecar-init/sidecar-init.c, included) in their config, and each loads it as
+// it is; the sandbox tests run every check against both helpers. Foreign architectures (i386 through int 0x80, x32) kill the
 // process: a filter keyed on x86_64 numbers would otherwise be bypassed by them.
 package seccomp
 
@@ -22,13 +22,14 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
 // Denied are the system calls refused with EPERM whatever their arguments, by name (the
-// names libseccomp knows them by). Names this architecture lacks are skipped. Left open on
+// kernel's syscall table). Names this architecture lacks are skipped. Left open on
 // purpose, as moby does: ptrace and process_vm_readv/writev (debuggers and strace work;
 // Landlock already confines ptrace to the lease's own processes), adjtimex and
 // clock_adjtime (read-only use; setting the clock needs CAP_SYS_TIME, which nothing here
@@ -88,13 +89,22 @@ const (
 	retKill   = unix.SECCOMP_RET_KILL_PROCESS
 )
 
-// Install confines the calling thread and everything it executes from now on. The caller
-// has set no_new_privs and locked the OS thread (a filter is per thread; the exec that
-// follows from this thread carries it into the target).
+// Install confines the calling thread and everything it executes from now on with
+// Program. The caller has set no_new_privs and locked the OS thread (a filter is per
+// thread; the exec that follows from this thread carries it into the target).
 func Install() error {
 	prog, err := Program()
 	if err != nil {
 		return err
+	}
+	return Load(prog)
+}
+
+// Load installs prog (a Program the daemon compiled and handed to a helper) as Install
+// does.
+func Load(prog []unix.SockFilter) error {
+	if len(prog) == 0 || len(prog) > unix.BPF_MAXINSNS {
+		return fmt.Errorf("seccomp: a program of %d instructions", len(prog))
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	_, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog)))
@@ -115,8 +125,11 @@ func Available() bool {
 
 var errArch = errors.New("seccomp: no filter for this architecture (" + runtime.GOARCH + ")")
 
-// Program is the classic-BPF filter.
-func Program() ([]unix.SockFilter, error) {
+// Program is the classic-BPF filter, assembled once per process: the daemon hands it to
+// every helper, which loads it as it is. Callers must not modify it.
+var Program = sync.OnceValues(assemble)
+
+func assemble() ([]unix.SockFilter, error) {
 	if !archOK {
 		return nil, errArch
 	}
