@@ -139,6 +139,11 @@ func (w *worker) fill() {
 			if f.err != nil {
 				return
 			}
+			if len(w.spares) == cap(w.spares) {
+				// What making them left behind goes back to the kernel while the worker
+				// idles (1.7 MB of its 32 MB resident).
+				debug.FreeOSMemory()
+			}
 		}
 	}
 }
