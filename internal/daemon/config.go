@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/process"
 	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 	"github.com/sidecar-sandbox/sidecar/lease"
@@ -132,6 +133,9 @@ func (c *Config) Check() error {
 	}
 	if c.MinLandlockABI < 0 || c.MinLandlockABI > sandbox.MaxKnownLandlockABI {
 		bad("SIDECAR_MIN_LANDLOCK_ABI", "must be 0 to %d, not %d", sandbox.MaxKnownLandlockABI, c.MinLandlockABI)
+	}
+	if c.CgroupParent != "" && !confine.ValidParent(c.CgroupParent) {
+		bad("SIDECAR_CGROUP_PARENT", "must be a relative cgroup path of names (letters, digits, '_' and '-', starting with a letter or digit), not %q", c.CgroupParent)
 	}
 	if c.RequireCgroup != "" && c.RequireCgroup != "v1" && c.RequireCgroup != "v2" {
 		bad("SIDECAR_REQUIRE_CGROUP", "must be v1, v2 or empty, not %q", c.RequireCgroup)

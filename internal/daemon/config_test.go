@@ -16,6 +16,7 @@ func TestConfigCheckNamesEachVariable(t *testing.T) {
 	c.ListenAddr = "nowhere"
 	c.Isolation, c.Seccomp, c.DiskQuota = "partial", "relaxed", "project"
 	c.DefaultLimits.MemoryBytes = 1 << 20 // below lease.MinMemoryBytes
+	c.CgroupParent, c.RequireCgroup, c.MinLandlockABI = "../host", "v3", 99
 	err := c.Check()
 	var got []string
 	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
@@ -29,7 +30,8 @@ func TestConfigCheckNamesEachVariable(t *testing.T) {
 		got = append(got, ce.Var)
 	}
 	for _, want := range []string{"SIDECAR_AUTH_TOKEN", "SIDECAR_AUTH_TOKEN_PREVIOUS", "SIDECAR_LISTEN_ADDR", "SIDECAR_ISOLATION",
-		"SIDECAR_SECCOMP", "SIDECAR_DISK_QUOTA", "SIDECAR_DEFAULT_LIMITS_MEMORY_BYTES", "SIDECAR_MAX_LEASES"} {
+		"SIDECAR_SECCOMP", "SIDECAR_DISK_QUOTA", "SIDECAR_DEFAULT_LIMITS_MEMORY_BYTES", "SIDECAR_MAX_LEASES",
+		"SIDECAR_CGROUP_PARENT", "SIDECAR_REQUIRE_CGROUP", "SIDECAR_MIN_LANDLOCK_ABI"} {
 		if !slices.Contains(got, want) {
 			t.Errorf("no error names %s: %v", want, err)
 		}
