@@ -82,7 +82,20 @@ func startNetDaemon(t *testing.T) *netDaemon {
 	}
 	exited := make(chan struct{})
 	go func() { _ = serve.Wait(); close(exited) }()
+	d := &netDaemon{bin: bin, work: work, env: map[string]string{}}
 	t.Cleanup(func() {
+		// Leases outlive a stopped daemon (they are adopted at the next start): what the
+		// test's commands acquired and left is released first, cgroups and all.
+		if len(d.env) == 4 {
+			c := d.client(t, "")
+			leases, err := c.List(context.Background())
+			for _, l := range leases {
+				err = errors.Join(err, c.Release(context.Background(), l.ID))
+			}
+			if err != nil {
+				t.Errorf("release the leases the test left: %v", err)
+			}
+		}
 		_ = serve.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-exited:
@@ -97,7 +110,7 @@ func startNetDaemon(t *testing.T) *netDaemon {
 			t.Logf("daemon log:\n%s", stderr.String())
 		}
 	})
-	env := map[string]string{}
+	env := d.env
 	deadline := time.Now().Add(60 * time.Second)
 	for len(env) < 4 {
 		if time.Now().After(deadline) {
@@ -116,7 +129,7 @@ func startNetDaemon(t *testing.T) *netDaemon {
 			}
 		}
 	}
-	return &netDaemon{bin: bin, work: work, env: env}
+	return d
 }
 
 // client is a Go client of the daemon with its shared token, or with token.
