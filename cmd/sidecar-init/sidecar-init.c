@@ -288,9 +288,6 @@ static long parse_id_once(int *seen, const char *key, const char *v)
 	return parse_id(key, v);
 }
 
-/* parse_config splits buf (len bytes, NUL at buf[len]) into c. Two passes: count the list
- * entries, allocate exactly, then fill; strings stay in buf. mode CONFIG_LAUNCH accepts a
- * launched command: argv, env and dir only. */
 static int hex_digit(char ch) { return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1; }
 
 /* parse_filter decodes the "seccomp" value: lowercase hex of 1 to BPF_MAXINSNS struct
@@ -313,6 +310,9 @@ static void parse_filter(const char *hex, struct sock_fprog *prog)
 	prog->filter = (struct sock_filter *)(void *)b; /* malloc's alignment suits it */
 }
 
+/* parse_config splits buf (len bytes, NUL at buf[len]) into c. Two passes: count the list
+ * entries, allocate exactly, then fill; strings stay in buf. mode CONFIG_LAUNCH accepts a
+ * launched command: argv, env and dir only. */
 static void parse_config(char *buf, size_t len, struct config *c, int mode)
 {
 	memset(c, 0, sizeof *c);
