@@ -14,8 +14,9 @@
 //
 // The filter is assembled here only: the daemon hands the program to both helpers (the C
 // one, cmd/sidecar-init/sidecar-init.c, included) in their config, and each loads it as
-// it is; the sandbox tests run every check against both helpers. Foreign architectures (i386 through int 0x80, x32) kill the
-// process: a filter keyed on x86_64 numbers would otherwise be bypassed by them.
+// it is; the sandbox tests run every check against both helpers. Foreign architectures
+// (i386 through int 0x80, x32) kill the process: a filter keyed on x86_64 numbers would
+// otherwise be bypassed by them.
 package seccomp
 
 import (
