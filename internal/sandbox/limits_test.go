@@ -14,13 +14,12 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	if err := pollUntil(context.Background(), 10*time.Second, func() (bool, error) { return cond(), nil }); err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
+	testtool.WaitFor(t, what, 10*time.Second, cond)
 }
 
 // A fork bomb stops at the lease's pids limit, and another lease keeps working.
