@@ -15,6 +15,7 @@
  *   fd 4  report pipe: on failure "<code> <stage>: <message>", then exit <code>
  *   fd 5  the lease's network namespace, when the config says "netns"
  *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below
+ *   fd 7  the lease's user namespace, when the config says "userns"
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
  * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) and hide the host's cgroup
@@ -22,7 +23,7 @@
  * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, its home tree on
  * /home and its workdir on /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts
  * goes inside that root, through a descriptor opened without following symlinks, with a /dev
- * tmpfs of its own, and the helper then pivots into it; oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid, no_new_privs,
+ * tmpfs of its own, and the helper then pivots into it; oom_score_adj 500, resource limits, setgroups(0)/setresgid/setresuid (with "userns": setgroups(0), setns into the lease's user namespace and root there), no_new_privs,
  * Landlock, chdir, close-on-exec on every fd above 2, the seccomp filter (the program the
  * daemon assembled, package seccomp, loaded as it is), then an execvp-like PATH search.
  *
@@ -61,7 +62,7 @@
 #include <linux/openat2.h>
 #include <linux/seccomp.h>
 
-enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5, LAUNCH_FD = 6 };
+enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5, LAUNCH_FD = 6, USERNS_FD = 7 };
 enum { CONFIG_FULL, CONFIG_LAUNCH }; /* what parse_config accepts */
 enum { EXIT_SETUP = 125, EXIT_CANNOT_EXEC = 126, EXIT_NOT_FOUND = 127 };
 enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
@@ -170,7 +171,7 @@ struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *home, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
-	int netns, landlock, have_uid, have_gid, await;
+	int netns, landlock, have_uid, have_gid, await, userns;
 	struct sock_fprog seccomp; /* .len 0: no filter */
 	long rlimit[NRLIMITS];
 	int have_rlimit[NRLIMITS];
@@ -324,7 +325,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 	for (int pass = 0; pass < 2; pass++) {
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
 		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_home = 0, seen_work = 0, seen_root = 0;
-		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0;
+		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0, seen_userns = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
 		while (off < len) {
@@ -387,6 +388,12 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				if (strcmp(one, "1") != 0)
 					fail(EXIT_SETUP, "config", "bad config: await: not 1");
 				c->await = 1;
+			} else if (strcmp(key, "userns") == 0) {
+				const char *one;
+				set_once(&one, &seen_userns, key, v);
+				if (strcmp(one, "1") != 0)
+					fail(EXIT_SETUP, "config", "bad config: userns: not 1");
+				c->userns = 1;
 			} else if (strcmp(key, "seccomp") == 0) {
 				const char *hex;
 				set_once(&hex, &seen_seccomp, key, v);
@@ -414,7 +421,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				lists[i]->n = 0;
 			}
 			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->home = c->work_dir = c->root = NULL;
-			c->netns = c->await = 0;
+			c->netns = c->await = c->userns = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
 		}
@@ -428,6 +435,8 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 			return;
 		if (!seen_uid || !seen_gid)
 			fail(EXIT_SETUP, "config", "bad config: no uid or gid");
+		if (c->userns && (c->uid == 0 || c->gid == 0))
+			fail(EXIT_SETUP, "config", "bad config: userns without a uid and gid to map root onto");
 		if (seen_rules && !seen_ll)
 			fail(EXIT_SETUP, "config", "bad config: landlock rules without a policy");
 		c->landlock = seen_ll;
@@ -801,6 +810,23 @@ static void set_rlimits(const struct config *c)
 	}
 }
 
+/* enter_userns makes the process root in the lease's user namespace (fd 7), whose only ids
+ * map onto the lease's uid and gid: it leaves the host's root behind like a uid drop does,
+ * and root there owns what the lease's uid owns on the host and nothing else. setns needs
+ * root on the host and a single-threaded process; after it, the process has capabilities
+ * in that namespace only. */
+static void enter_userns(void)
+{
+	if (syscall(SYS_setgroups, 0, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "setgroups: %s", strerror(errno));
+	if (syscall(SYS_setns, USERNS_FD, CLONE_NEWUSER) < 0)
+		fail(EXIT_SETUP, "setup", "join user namespace: %s", strerror(errno));
+	if (syscall(SYS_setresgid, 0, 0, 0) < 0)
+		fail(EXIT_SETUP, "setup", "setresgid 0 in the user namespace: %s", strerror(errno));
+	if (syscall(SYS_setresuid, 0, 0, 0) < 0)
+		fail(EXIT_SETUP, "setup", "setresuid 0 in the user namespace: %s", strerror(errno));
+}
+
 /* setup runs the steps in the order that keeps each possible: cgroups, namespaces and
  * mounts need root; then the uid drop, no_new_privs (Landlock needs it), Landlock, and the
  * working directory, entered as the lease's uid under the policy. */
@@ -818,7 +844,9 @@ static void setup(const struct config *c)
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
 	set_rlimits(c);
-	if (c->uid != 0) {
+	if (c->userns) {
+		enter_userns();
+	} else if (c->uid != 0) {
 		/* Raw system calls, like the Go helper: this process has one thread. */
 		if (syscall(SYS_setgroups, 0, NULL) < 0)
 			fail(EXIT_SETUP, "setup", "setgroups: %s", strerror(errno));

@@ -13,11 +13,12 @@ import (
 
 // Start is one process tree to start in a cell, as its policy decided it.
 type Start struct {
-	// Config is the helper's config: everything but the cgroup to join and the network
-	// namespace's presence, which the engine fills in.
+	// Config is the helper's config: everything but the cgroup to join and the presence
+	// of the namespaces below, which the engine fills in.
 	Config initproc.Config
 	Dir    string   // where the helper starts, on the host, before it enters its view
 	NetNS  *os.File // the network namespace the helper enters; nil: the host's
+	UserNS *os.File // the user namespace the helper enters as root; nil: none (it drops to Config.UID)
 	NewNS  bool     // the helper unshares a mount namespace of its own
 	TTY    bool
 }
@@ -111,7 +112,7 @@ func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, 
 			cmd.SysProcAttr.UseCgroupFD, cmd.SysProcAttr.CgroupFD = true, int(fd.Fd())
 		}
 	}
-	cfg.NetNS = s.NetNS != nil
+	cfg.NetNS, cfg.UserNS = s.NetNS != nil, s.UserNS != nil
 	b, err := initproc.Encode(&cfg)
 	if err != nil {
 		return parentFiles, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -126,9 +127,10 @@ func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, 
 		return parentFiles, nil, err
 	}
 	parentFiles = append(parentFiles, w)
-	cmd.ExtraFiles = []*os.File{config, w, s.NetNS} // a nil netns: fd 5 closed
-	if extra != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, extra)
+	// At initproc's descriptor numbers; a nil entry is closed in the helper.
+	cmd.ExtraFiles = []*os.File{config, w, s.NetNS, extra}
+	if s.UserNS != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, s.UserNS)
 	}
 	return parentFiles, r, nil
 }

@@ -64,7 +64,7 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	if l.Network != nil {
 		leaseEnv = append(leaseEnv, l.Network.Env...)
 	}
-	env, err := buildEnv(s.identity(v), s.path, tmp, spec.TTY, leaseEnv, spec.Env)
+	env, err := buildEnv(s.identity(v, l.Root), s.path, tmp, spec.TTY, leaseEnv, spec.Env)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -91,12 +91,13 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 }
 
 // start is what every process of the lease starts with: the lease-wide part of the
-// helper's config, its network namespace and, as where the helper starts, its workdir.
+// helper's config, its network and user namespaces and, as where the helper starts, its
+// workdir.
 func (s *Sandbox) start(le *lease) confine.Start {
 	s.mu.Lock()
-	netns, workdir := le.netns, le.spec.Workdir
+	netns, userns, workdir := le.netns, le.userns, le.spec.Workdir
 	s.mu.Unlock()
-	return confine.Start{Config: s.helperConfig(le), Dir: workdir, NetNS: netns, NewNS: s.caps.PrivateTmp}
+	return confine.Start{Config: s.helperConfig(le), Dir: workdir, NetNS: netns, UserNS: userns, NewNS: s.caps.PrivateTmp}
 }
 
 // helperConfig is the lease-wide part of a helper's config: all but the command and its

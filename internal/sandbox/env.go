@@ -67,10 +67,14 @@ const maxArgEnvBytes = 1 << 20
 type identity struct{ home, user, shell string }
 
 // identity is LeaseUser at home in Workspace with strict isolation (the name its user
-// database gives the lease's uid); with isolation none, the daemon's user, whose uid the
-// process has, at home in the workdir's host path.
-func (s *Sandbox) identity(v view) identity {
+// database gives the lease's uid), root in a lease that runs as root (its home is the
+// lease's all the same: on the lease's disk, out of the image); with isolation none, the
+// daemon's user, whose uid the process has, at home in the workdir's host path.
+func (s *Sandbox) identity(v view, root *LeaseRoot) identity {
 	id := identity{home: v.home, user: LeaseUser, shell: s.shell}
+	if root != nil && root.AsRoot {
+		id.user = "root"
+	}
 	if !s.strict() {
 		id.user = "sidecar"
 		if u, err := user.Current(); err == nil && u.Username != "" {

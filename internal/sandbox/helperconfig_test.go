@@ -45,6 +45,10 @@ var badConfigs = map[string]string{
 	"root twice":           "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00root\x00/r\x00root\x00/r\x00",
 	"home twice":           "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00home\x00/h\x00home\x00/h\x00",
 	"uid twice":            "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x000\x00uid\x001\x00",
+	"userns without uid":   "sidecar-init/1\x00argv\x00true\x00uid\x000\x00gid\x007\x00userns\x001\x00",
+	"userns without gid":   "sidecar-init/1\x00argv\x00true\x00uid\x007\x00gid\x000\x00userns\x001\x00",
+	"userns 0":             "sidecar-init/1\x00argv\x00true\x00uid\x007\x00gid\x007\x00userns\x000\x00",
+	"userns twice":         "sidecar-init/1\x00argv\x00true\x00uid\x007\x00gid\x007\x00userns\x001\x00userns\x001\x00",
 	"dir twice":            "sidecar-init/1\x00argv\x00true\x00dir\x00/\x00dir\x00/\x00uid\x000\x00gid\x000\x00",
 	"no uid":               "sidecar-init/1\x00argv\x00true\x00gid\x000\x00",
 	"no gid":               "sidecar-init/1\x00argv\x00true\x00uid\x000\x00",
@@ -252,7 +256,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
 		Passwd: "/u/passwd", Group: "/u/group", Resolv: "/u/resolv.conf", Home: "/l/home", WorkDir: "/l/work", Root: "/l/root/merged",
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
-		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: testFilter(f),
+		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: testFilter(f), UserNS: true,
 	})
 	if err != nil {
 		f.Fatal(err)

@@ -40,6 +40,9 @@ type LeaseRoot struct {
 	// WorkingDir is the image's working directory. Lease commands still start in
 	// /workspace (the lease contract): it is kept for the caller to show, not used here.
 	WorkingDir string
+	// AsRoot runs the lease's processes as root in a user namespace of the lease's own,
+	// over id-mapped layers (userns.go); false: as the lease's uid.
+	AsRoot bool
 }
 
 // overlayFSName starts the source name of a lease's overlay in mountinfo, which Sweep finds
@@ -101,8 +104,9 @@ func overlayOptions(d rootDirs, layers []string) string {
 
 // mountRoot mounts lease l's overlay unless it is mounted already (Provision again, after a
 // restart in the same mount namespace), makes the mount points the helper needs in it, and
-// returns the merged directory ("" for a lease on the host's root).
-func mountRoot(l LeaseSpec, sources string) (string, error) {
+// returns the merged directory ("" for a lease on the host's root). userns, for a lease
+// that runs as root, id-maps its layers.
+func mountRoot(l LeaseSpec, sources string, userns *os.File) (string, error) {
 	if l.Root == nil {
 		return "", nil
 	}
@@ -121,15 +125,37 @@ func mountRoot(l LeaseSpec, sources string) (string, error) {
 		return "", err
 	}
 	if !mounted {
-		err := unix.Mount(sources+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, l.Root.Layers))
-		if err != nil {
-			return "", fmt.Errorf("sandbox: lease %s: mount its root overlay: %w", l.ID, err)
+		if err := mountOverlay(l, d, sources, userns); err != nil {
+			return "", err
 		}
 	}
 	if err := makeMountPoints(d.merged); err != nil {
 		return "", fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
 	}
 	return d.merged, nil
+}
+
+// mountOverlay mounts lease l's overlay on d.merged, on id-mapped layers when userns is
+// given (whose root owns the writable layer's top then, as an image's root owns its /).
+func mountOverlay(l LeaseSpec, d rootDirs, sources string, userns *os.File) error {
+	layers := l.Root.Layers
+	if userns != nil {
+		if err := os.Lchown(d.upper, l.UID, l.GID); err != nil {
+			return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
+		}
+		var err error
+		if layers, err = mountIDMappedLayers(d, layers, userns); err != nil {
+			return errors.Join(fmt.Errorf("sandbox: lease %s root: %w", l.ID, err), unmountIDMappedLayers(d))
+		}
+	}
+	err := unix.Mount(sources+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, layers))
+	if err != nil {
+		err = fmt.Errorf("sandbox: lease %s: mount its root overlay: %w", l.ID, err)
+	}
+	if userns != nil {
+		err = errors.Join(err, unmountIDMappedLayers(d))
+	}
+	return err
 }
 
 // rootMountPoints are what the helper mounts over in a lease's root: directories, then
@@ -195,6 +221,9 @@ func unmountRoot(l LeaseSpec) error {
 	d := leaseRootDirs(l)
 	if err := unmountOverlay(d.merged); err != nil {
 		return err
+	}
+	if err := unmountIDMappedLayers(d); err != nil {
+		return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
 	}
 	if err := fsxfer.RemoveTree(d.base); err != nil {
 		return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
@@ -287,8 +316,8 @@ func rootWritable(merged string) ([]string, error) {
 
 // provisionRoot mounts lease l's root, if it has one, and lists what Landlock lets it
 // write there.
-func (s *Sandbox) provisionRoot(l LeaseSpec) (merged string, writable []string, err error) {
-	if merged, err = mountRoot(l, s.rootSources); err != nil || merged == "" {
+func (s *Sandbox) provisionRoot(l LeaseSpec, userns *os.File) (merged string, writable []string, err error) {
+	if merged, err = mountRoot(l, s.rootSources, userns); err != nil || merged == "" {
 		return "", nil, err
 	}
 	if writable, err = rootWritable(merged); err != nil {

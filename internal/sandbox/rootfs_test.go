@@ -34,6 +34,12 @@ func newTestImage(t testing.TB) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newTestImageIn(t, dir)
+}
+
+// newTestImageIn is newTestImage in dir, which it removes at the end of the test.
+func newTestImageIn(t testing.TB, dir string) []string {
+	t.Helper()
 	t.Cleanup(func() { os.RemoveAll(dir) }) // no mount point: overlays are under lease dirs
 	lower, upper := filepath.Join(dir, "lower"), filepath.Join(dir, "upper")
 	for _, name := range testImageBinaries {

@@ -89,6 +89,9 @@ type Caps struct {
 	Isolation        string
 	Seccomp          bool     // the system-call filter is on every lease process
 	Layers           []string // the layers in force, Layer* names
+	// RootLeases: a lease on an image may run as root in a user namespace of its own
+	// (LeaseRoot.AsRoot; userns.go): strict isolation with the C helper.
+	RootLeases bool
 }
 
 // LeaseSpec is what Provision needs of a lease.
@@ -137,6 +140,7 @@ type Sandbox struct {
 	log     *slog.Logger
 	cg      confine.Cgroups   // nil without cgroups
 	eng     *confine.Engine   // starts every lease process; a lease is a cell there
+	helper  string            // the helper binary
 	hostMNS string            // the daemon's mount namespace, which the helper must not mount in
 	filter  []unix.SockFilter // the system-call filter every lease process loads; nil: none
 	ptyRoot string            // where leases' devpts instances are mounted; "" for the host's PTYs
@@ -167,6 +171,7 @@ type lease struct {
 	group  string
 	root   string   // the merged directory of the lease's root overlay; "" for the host's root
 	rootRW []string // what Landlock lets the lease write in its root (rootWritable)
+	userns *os.File // the lease's user namespace when it runs as root (userns.go); nil otherwise
 }
 
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
@@ -193,7 +198,7 @@ func New(cfg Config) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{log: cfg.Logger, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
+	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if s.caps.Seccomp {
@@ -300,6 +305,7 @@ func New(cfg Config) (*Sandbox, error) {
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
 	s.caps.NetworkIsolation = true
+	s.caps.RootLeases = rootLeases(helper)
 	s.caps.Layers = s.caps.layers()
 	return s, nil
 }
@@ -385,6 +391,9 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if l.Root != nil && !s.caps.PrivateTmp {
 		return fmt.Errorf("%w: an image root needs strict isolation (a mount namespace per process)", ErrUnsupported)
 	}
+	if l.Root != nil && l.Root.AsRoot && !s.caps.RootLeases {
+		return fmt.Errorf("%w: root in a lease needs strict isolation and the C helper (sidecar-init built from sidecar-init.c: `make build` with a C compiler and a static libc)", ErrUnsupported)
+	}
 	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
 		return fmt.Errorf("%w: workdir %s is under /tmp, which the lease's private /tmp hides", ErrInvalid, l.Workdir)
 	}
@@ -417,11 +426,18 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		}
 	}
 
-	root, rootRW, err := s.provisionRoot(l)
+	userns, made, err := s.leaseUserNS(l)
 	if err != nil {
 		return err
 	}
-	le, err := s.register(l, pts, passwd, group, resolv, root, rootRW)
+	root, rootRW, err := s.provisionRoot(l, userns)
+	if err != nil {
+		if made {
+			userns.Close()
+		}
+		return err
+	}
+	le, err := s.register(l, pts, passwd, group, resolv, root, rootRW, userns)
 	if err != nil {
 		return err
 	}
@@ -431,7 +447,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 }
 
 // register records a provisioned lease, making its network namespace if it needs one.
-func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string, rootRW []string) (*lease, error) {
+func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string, rootRW []string, userns *os.File) (*lease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	le := s.leases[l.ID]
@@ -440,7 +456,7 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string,
 		s.leases[l.ID] = le
 	}
 	le.spec, le.pts, le.passwd, le.group, le.resolv = l, pts, passwd, group, resolv
-	le.root, le.rootRW = root, rootRW
+	le.root, le.rootRW, le.userns = root, rootRW, userns
 	if l.Network != nil && le.netns == nil {
 		ns, err := newNetNS()
 		if err != nil {
@@ -449,6 +465,25 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string,
 		le.netns = ns
 	}
 	return le, nil
+}
+
+// leaseUserNS is the user namespace of lease l if it runs as root: the one it has from an
+// earlier Provision in this run, else a new one (made). nil for any other lease.
+func (s *Sandbox) leaseUserNS(l LeaseSpec) (ns *os.File, made bool, err error) {
+	if l.Root == nil || !l.Root.AsRoot {
+		return nil, false, nil
+	}
+	if l.UID == 0 || l.GID == 0 {
+		return nil, false, fmt.Errorf("%w: lease %s runs as root in a user namespace and needs a uid and gid to map root onto", ErrInvalid, l.ID)
+	}
+	s.mu.Lock()
+	le := s.leases[l.ID]
+	s.mu.Unlock()
+	if le != nil && le.userns != nil {
+		return le.userns, false, nil
+	}
+	ns, err = newLeaseUserNS(s.helper, l.UID, l.GID)
+	return ns, err == nil, err
 }
 
 // NetNS is the lease's network namespace, for the daemon to serve and reach the lease in
@@ -502,6 +537,9 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if le != nil && le.netns != nil {
 		// The namespace goes away with its last process, all killed above.
 		errs = append(errs, le.netns.Close())
+	}
+	if le != nil && le.userns != nil {
+		errs = append(errs, le.userns.Close())
 	}
 	if le != nil {
 		errs = append(errs, removePTS(le.pts), unmountRoot(le.spec))

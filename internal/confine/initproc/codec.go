@@ -57,6 +57,7 @@ const (
 	keyRoot        = "root"
 	keyRlimit      = "rlimit_"
 	keyAwait       = "await"
+	keyUserNS      = "userns"
 )
 
 var errConfig = errors.New("bad config")
@@ -157,6 +158,12 @@ func Encode(cfg *Config) ([]byte, error) {
 	if cfg.Await {
 		put(keyAwait, "1")
 	}
+	if cfg.UserNS {
+		if cfg.UID == 0 || cfg.GID == 0 {
+			err = fmt.Errorf("%w: userns without a uid and gid to map root onto", errConfig)
+		}
+		put(keyUserNS, "1")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -239,6 +246,11 @@ func Decode(b []byte) (*Config, error) {
 				err = errors.New("not 1")
 			}
 			cfg.Await = true
+		case keyUserNS:
+			if v != "1" {
+				err = errors.New("not 1")
+			}
+			cfg.UserNS = true
 		case keyLandlock:
 			ll.MinABI, err = parseID(v)
 		case keyLandlockMax:
@@ -271,6 +283,8 @@ func Decode(b []byte) (*Config, error) {
 		return nil, fmt.Errorf("%w: empty argv", errConfig)
 	case !seen[keyUID] || !seen[keyGID]:
 		return nil, fmt.Errorf("%w: no uid or gid", errConfig)
+	case cfg.UserNS && (cfg.UID == 0 || cfg.GID == 0):
+		return nil, fmt.Errorf("%w: userns without a uid and gid to map root onto", errConfig)
 	case !seen[keyLandlock] && (seen[keyRW] || seen[keyRX] || seen[keyRO] || seen[keyDev] || seen[keyLandlockMax]):
 		return nil, fmt.Errorf("%w: landlock rules without a policy", errConfig)
 	}

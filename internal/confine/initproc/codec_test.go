@@ -18,6 +18,7 @@ func fullConfig() *Config {
 		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []Rlimit{{"nofile", 4096}, {"core", 0}, {"memlock", 65536}, {"msgqueue", 819200}, {"sigpending", 4096}},
 		Seccomp:  []unix.SockFilter{{Code: 0x20, K: 4}, {Code: 0x15, Jt: 1, Jf: 0, K: 0xc000003e}, {Code: 0x6, K: 0x7fff0000}},
+		UserNS:   true,
 	}
 }
 
@@ -50,6 +51,7 @@ func TestEncodeRefuses(t *testing.T) {
 		"NUL in path":  func(c *Config) { c.Landlock.RO = []string{"/etc\x00/x"} },
 		"negative uid": func(c *Config) { c.UID = -1 },
 		"huge gid":     func(c *Config) { c.GID = 1 << 31 },
+		"userns as 0":  func(c *Config) { c.UID = 0 },
 		"too large":    func(c *Config) { c.Env = append(c.Env, strings.Repeat("x", MaxConfigSize)) },
 		"bad rlimit":   func(c *Config) { c.Rlimits = []Rlimit{{"fsize", 1}} },
 		"huge rlimit":  func(c *Config) { c.Rlimits = []Rlimit{{"nofile", 1 << 31}} },

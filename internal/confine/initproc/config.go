@@ -22,6 +22,8 @@ const (
 	NetNSFD = 5
 	// LaunchFD is a launcher's launch socket (Config.Await; launch.go), SOCK_SEQPACKET.
 	LaunchFD = 6
+	// UserNSFD is the lease's user namespace, present when Config.UserNS is set.
+	UserNSFD = 7
 )
 
 // Workspace is where lease processes see their workdir (Config.WorkDir). It must exist on
@@ -93,6 +95,12 @@ type Config struct {
 	// Seccomp is the system-call filter (package seccomp's Program, assembled once by the
 	// daemon), loaded as the last step before exec; nil: none.
 	Seccomp []unix.SockFilter
+	// UserNS says UserNSFD is the lease's user namespace, whose only ids, uid and gid 0,
+	// map onto UID and GID: instead of dropping to UID, the helper enters it as root, who
+	// owns there what the lease's uid owns on the host and nothing else. Needs UID and
+	// GID; only the C helper can (setns into a user namespace takes a single-threaded
+	// process, and a Go program has several threads).
+	UserNS bool
 	// Await makes the helper a launcher: Argv, Env and Dir are empty; it sets up
 	// everything else, then waits on LaunchFD for the command (launch.go).
 	Await bool

@@ -73,6 +73,9 @@ func setup(cfg *Config) error {
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return err
 	}
+	if cfg.UserNS {
+		return ErrUserNSNeedsC
+	}
 	if cfg.UID != 0 {
 		if err := dropPrivileges(cfg.UID, cfg.GID); err != nil {
 			return err
@@ -161,6 +164,10 @@ func privateMounts(cfg *Config) error {
 	}
 	return nil
 }
+
+// ErrUserNSNeedsC refuses Config.UserNS: the kernel lets only a single-threaded process
+// into a user namespace, and a Go program always has several threads.
+var ErrUserNSNeedsC = errors.New("root in a user namespace needs the C helper (sidecar-init built from sidecar-init.c): setns(CLONE_NEWUSER) takes a single-threaded process, and a Go helper has several threads")
 
 // setRlimits sets each limit, soft and hard; rlimits are per process, so the target
 // inherits them across the exec.

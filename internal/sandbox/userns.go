@@ -1,0 +1,130 @@
+package sandbox
+
+import (
+	"debug/buildinfo"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// A lease on an image with LeaseRoot.AsRoot runs as root in a user namespace of its own,
+// so that it can install packages as it would in a container: uid and gid 0 there are
+// the lease's uid and gid on the host, and no other id exists there. Root in it owns what
+// the lease's uid owns on the host (its workdir, home, tmp and writable layer) and, through
+// id-mapped mounts of the image's layers, what the image's root owns, read-only below the
+// writable layer; it owns nothing else. It holds capabilities only in that namespace, which
+// owns no other namespace (the lease's mount, network, pid and cgroup namespaces are the
+// host's user namespace's), and the seccomp filter refuses every namespace, mount, keyring
+// and BPF call as for any lease. docs/operations.md section 8 lists the kernel surface.
+//
+// One namespace per lease: the sandbox holds its descriptor from Provision to Teardown,
+// and every helper of the lease enters it (initproc.Config.UserNS), so that all of the
+// lease's processes share one root.
+
+// rootLeases says whether helper can run a lease as root in a user namespace: only the C
+// helper can (setns into a user namespace takes a single-threaded process; every Go
+// binary carries build information, a C one none).
+func rootLeases(helper string) bool {
+	_, err := buildinfo.ReadFile(helper)
+	return err != nil
+}
+
+// newLeaseUserNS makes a lease's user namespace, mapping 0 onto uid and gid. The daemon
+// cannot make one on a thread of its own (the kernel takes only single-threaded processes
+// into a user namespace), so a child is cloned into it: the helper, which exits at once
+// without its config, as in probeNamespaces. Its namespace stays open through /proc until
+// it is reaped, which Wait does after the descriptor is open (the daemon's reaper leaves
+// children started by os.StartProcess alone).
+func newLeaseUserNS(helper string, uid, gid int) (*os.File, error) {
+	p, err := os.StartProcess(helper, []string{helper, HelperArg}, &os.ProcAttr{Sys: &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}},
+		// Root there may set its groups to the one group it has (su, apt's sandboxing).
+		GidMappingsEnableSetgroups: true,
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: user namespace (a systemd unit's RestrictNamespaces= must allow user): %w", err)
+	}
+	ns, err := os.Open("/proc/" + strconv.Itoa(p.Pid) + "/ns/user")
+	_, _ = p.Wait()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: user namespace: %w", err)
+	}
+	return ns, nil
+}
+
+// lowerDirs are where a root lease's id-mapped layers are mounted while its overlay is.
+func (d rootDirs) lowerDirs() string { return filepath.Join(d.base, "lower") }
+
+// mountIDMappedLayers mounts each layer, id-mapped through userns (the image's uid and gid
+// 0 become the lease's), read-only, on a directory of its own under d.lowerDirs(), and
+// returns those directories in the same order. The overlay keeps private clones of its
+// layers, so unmountIDMappedLayers may detach these as soon as it is mounted.
+func mountIDMappedLayers(d rootDirs, layers []string, userns *os.File) ([]string, error) {
+	if err := unmountIDMappedLayers(d); err != nil { // what a crash in between left
+		return nil, err
+	}
+	if err := os.Mkdir(d.lowerDirs(), 0o700); err != nil {
+		return nil, err
+	}
+	dirs := make([]string, len(layers))
+	for i, layer := range layers {
+		dirs[i] = filepath.Join(d.lowerDirs(), strconv.Itoa(i))
+		if err := os.Mkdir(dirs[i], 0o700); err != nil {
+			return nil, err
+		}
+		if err := mountIDMapped(layer, dirs[i], userns); err != nil {
+			return nil, err
+		}
+	}
+	return dirs, nil
+}
+
+// mountIDMapped binds dir on target, id-mapped through userns, read-only (idmapped mounts:
+// Linux 5.12; as overlayfs layers: 5.19).
+func mountIDMapped(dir, target string, userns *os.File) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("sandbox: layer %s: open_tree: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
+		Userns_fd: uint64(userns.Fd()),
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("sandbox: layer %s: id-mapped mount (the image store's filesystem must support them: ext4, xfs, btrfs; tmpfs from Linux 6.3): %w", dir, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("sandbox: layer %s: move_mount: %w", dir, err)
+	}
+	return nil
+}
+
+// unmountIDMappedLayers detaches and removes the id-mapped layers under d, if any.
+func unmountIDMappedLayers(d rootDirs) error {
+	entries, err := os.ReadDir(d.lowerDirs())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		dir := filepath.Join(d.lowerDirs(), e.Name())
+		if err := unmountOverlay(dir); err != nil {
+			return err
+		}
+		if err := os.Remove(dir); err != nil {
+			return fmt.Errorf("sandbox: %w", err)
+		}
+	}
+	return os.Remove(d.lowerDirs())
+}

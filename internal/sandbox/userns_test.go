@@ -1,0 +1,121 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
+)
+
+// rootImage is the test image (newTestImage) on a small ext4 filesystem of its own (the
+// image store's filesystem must support id-mapped mounts, which tmpfs gets only in Linux
+// 6.3), with the tools the root checks run besides, and a
+// root-owned /usr/local/bin for a lease to install into.
+func rootImage(t *testing.T) []string {
+	t.Helper()
+	testtool.Need(t, "mkfs.ext4", "e2fsprogs", "it makes the image's filesystem")
+	dir, err := os.MkdirTemp("/var/tmp", "sidecar-root-image-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mountSmallDisk(t, dir, 64<<20)
+	layers := newTestImageIn(t, dir)
+	lower := layers[len(layers)-1]
+	for _, name := range []string{"stat", "unshare", "mkdir", "cp", "chown", "chmod", "sleep", "kill"} {
+		host, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copyHostFile(t, host, filepath.Join(lower, "bin", name), 0o755)
+		for _, lib := range testtool.Libraries(t, host) {
+			copyHostFile(t, lib, filepath.Join(lower, lib), 0o755)
+		}
+	}
+	mkdirMode(t, filepath.Join(lower, "usr/local/bin"), 0o755)
+	return layers
+}
+
+// A lease on an image with AsRoot runs as root in a user namespace of its own: it owns the
+// image's files (through id-mapped layers) and its own, installs into the image's
+// directories, in its writable layer only; on the host everything it made is its uid's.
+// It gains nothing over another lease or the host: their files stay out of reach, and
+// namespaces and mounts stay refused.
+func TestLeaseRootAsRoot(t *testing.T) {
+	layers := rootImage(t)
+	root := func(l *LeaseSpec) { l.Root = imageRoot(layers); l.Root.AsRoot = true }
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		if !s.Caps().RootLeases {
+			// The Go helper cannot enter a user namespace: the lease is refused, named why.
+			base, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer os.RemoveAll(base)
+			l := LeaseSpec{ID: "t-root-refused", UID: 300001, GID: 300001, Workdir: filepath.Join(base, "work"), TmpDir: filepath.Join(base, "tmp")}
+			os.Mkdir(l.Workdir, 0o700)
+			os.Mkdir(l.TmpDir, 0o700)
+			root(&l)
+			if err := s.Provision(context.Background(), l); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "C helper") {
+				t.Fatalf("a root lease with the Go helper: %v; want ErrUnsupported naming the C helper", err)
+			}
+			return
+		}
+		l := newTestLease(t, s, root)
+		other := newTestLease(t, s, root)
+		r := run(t, s, l.ID, sh(`id -u; id -g; echo $USER; stat -c '%u %g' /etc/os-release /usr/local/bin /workspace /tmp`))
+		if want := "0\n0\nroot\n0 0\n0 0\n0 0\n0 0\n"; r.exitCode != 0 || r.stdout != want {
+			t.Fatalf("who a root lease is and what it owns: %+v; want %q", r, want)
+		}
+		// An install: into the image's root-owned directories, a file chowned and made
+		// set-uid (which nosuid and no_new_privs leave without effect), an edit of /etc.
+		r = run(t, s, l.ID, sh(`cp /bin/true /usr/local/bin/tool && chown 0:0 /usr/local/bin/tool && chmod 4755 /usr/local/bin/tool && echo ID=edited > /etc/os-release && mkdir /etc/tool.d && /usr/local/bin/tool && cat /etc/os-release`))
+		if r.exitCode != 0 || r.stdout != "ID=edited\n" {
+			t.Fatalf("an install as root: %+v", r)
+		}
+		upper := filepath.Join(leaseRootDirs(l).upper, "usr/local/bin/tool")
+		if st, err := os.Stat(upper); err != nil || int(st.Sys().(*syscall.Stat_t).Uid) != l.UID {
+			t.Errorf("the installed file on the host: %v; want it in the writable layer, owned by uid %d", st, l.UID)
+		}
+		for _, layer := range layers {
+			if _, err := os.Stat(filepath.Join(layer, "usr/local/bin/tool")); !os.IsNotExist(err) {
+				t.Errorf("the install reached layer %s: %v", layer, err)
+			}
+		}
+		if r := run(t, s, other.ID, sh(`cat /etc/os-release; test -e /usr/local/bin/tool && echo installed; true`)); r.stdout != testImageOSRelease {
+			t.Errorf("another root lease on the same image: %+v; want the image's files only", r)
+		}
+		// Other processes (the host's, another lease's) stay out of sight, and namespaces
+		// out of reach.
+		r = run(t, s, other.ID, sh(`sleep 30 >/dev/null 2>&1 & echo $!`))
+		for _, cmd := range []string{
+			"ls /proc/1/root/", "kill -0 " + strings.TrimSpace(r.stdout),
+			"unshare -U true", "unshare -r true", "unshare -m true", "unshare -n true",
+		} {
+			if r := run(t, s, l.ID, sh(cmd)); r.exitCode == 0 {
+				t.Errorf("%s as root in a lease: exit 0 (%+v)", cmd, r)
+			}
+		}
+		r = run(t, s, l.ID, sh(`cat /proc/self/status`))
+		for _, want := range []string{"NoNewPrivs:\t1\n", "Seccomp:\t2\n"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("a root lease process: no %q in its status:\n%s", want, r.stdout)
+			}
+		}
+		base := filepath.Dir(l.Workdir)
+		if err := s.Teardown(context.Background(), l.ID); err != nil {
+			t.Fatal(err)
+		}
+		if ms := mountsUnder(t, base, l.ID); len(ms) > 0 {
+			t.Errorf("mounted after release: %q", ms)
+		}
+		if _, err := os.Stat(filepath.Join(base, "root")); !os.IsNotExist(err) {
+			t.Errorf("the lease's root after release: %v", err)
+		}
+	})
+}
