@@ -338,6 +338,9 @@ type ImageInfo struct {
 	Progress  float64 `json:"progress"` // of a pull, 0 to 1 (by the layers' compressed bytes)
 	InUse     int     `json:"in_use"`   // leases running on it
 	Error     string  `json:"error,omitempty"`
+	// Root: its leases run as root in a user namespace of their own (SIDECAR_ROOT_IMAGES),
+	// and may install packages into it.
+	Root bool `json:"root"`
 }
 
 // ImageList is the body of GET /v1/images.

@@ -43,6 +43,7 @@ type Daemon struct {
 	images  *image.Store
 	// defaultImage is SIDECAR_DEFAULT_IMAGE's image; "": the host's root.
 	defaultImage string
+	rootImages   map[string]bool // SIDECAR_ROOT_IMAGES
 	rt           *Runtime
 	tokens       *lease.Tokens
 	leases       *lease.Manager
@@ -189,7 +190,10 @@ func (d *Daemon) open(ctx context.Context) error {
 	if d.images, d.defaultImage, err = cfg.Images.open(cfg.StateDir, log.With("component", "image")); err != nil {
 		return err
 	}
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images}
+	if d.rootImages = cfg.Images.rootImages(); len(d.rootImages) > 0 && !d.sandbox.Caps().RootLeases {
+		return fmt.Errorf("SIDECAR_ROOT_IMAGES=%s: root in a lease needs strict isolation and the C sandbox helper (sidecar-init built from cmd/sidecar-init/sidecar-init.c: `make build` makes it where a C compiler and a static libc exist); this daemon's helper is a Go program, which cannot enter a user namespace", cfg.Images.Root)
+	}
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images, RootImages: d.rootImages}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))
@@ -349,7 +353,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.network.manager != nil {
 		opts.Network = d.network.manager
 	}
-	opts.Images = imageAPI{store: d.images, defaultImage: d.defaultImage}
+	opts.Images = imageAPI{store: d.images, defaultImage: d.defaultImage, root: d.rootImages}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return listenError(cfg.ListenAddr, err)

@@ -167,6 +167,15 @@ func needRoot(t *testing.T) {
 // startDaemon starts a daemon with its own state dir and TLS pair. mods adjust the config.
 func startDaemon(t testing.TB, mods ...func(*daemon.Config)) *testDaemon {
 	t.Helper()
+	d := newTestDaemon(t, mods...)
+	d.start()
+	t.Cleanup(d.cleanup)
+	return d
+}
+
+// newTestDaemon is startDaemon's daemon, configured and not started.
+func newTestDaemon(t testing.TB, mods ...func(*daemon.Config)) *testDaemon {
+	t.Helper()
 	state := stateDir(t)
 	certFile, keyFile, _, err := certgen.EnsureSelfSigned(filepath.Join(state, "tls"), []string{"127.0.0.1", "localhost"})
 	if err != nil {
@@ -211,10 +220,7 @@ func startDaemon(t testing.TB, mods ...func(*daemon.Config)) *testDaemon {
 	// Lease processes start through the deployed helper chain, not through this test
 	// binary (whose start-up is much heavier than the daemon's).
 	cfg.HelperPath = helperBinary(t)
-	d := &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile, contract: newContractValidator(t)}
-	d.start()
-	t.Cleanup(d.cleanup)
-	return d
+	return &testDaemon{t: t, cfg: cfg, clock: &fakeClock{}, caFile: certFile, keyFile: keyFile, contract: newContractValidator(t)}
 }
 
 // cleanup releases every lease the test left (killing their processes, removing their
@@ -257,6 +263,14 @@ func sanitize(s string) string {
 }
 
 func (d *testDaemon) start() {
+	d.t.Helper()
+	if err := d.tryStart(); err != nil {
+		d.t.Fatalf("start daemon: %v", err)
+	}
+}
+
+// tryStart starts the daemon, or returns why it did not.
+func (d *testDaemon) tryStart() error {
 	t := d.t
 	t.Helper()
 	reloader, err := tlsconfig.NewReloader(d.caFile, d.keyFile, d.cfg.Logger)
@@ -270,11 +284,12 @@ func (d *testDaemon) start() {
 	d.cfg.Now = d.clock.Now
 	dd, err := daemon.Start(context.Background(), d.cfg)
 	if err != nil {
-		t.Fatalf("start daemon: %v", err)
+		return err
 	}
 	d.Daemon = dd
 	d.url = "https://" + dd.Addr().String()
 	d.client = d.newClient(d.cfg.SharedToken)
+	return nil
 }
 
 func (d *testDaemon) stop() {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
@@ -18,6 +20,9 @@ type ImageConfig struct {
 	Images string `env:"SIDECAR_IMAGES"`
 	// Default is the image of an acquire that names none; "" or "host": the host's root.
 	Default string `env:"SIDECAR_DEFAULT_IMAGE"`
+	// Root is SIDECAR_ROOT_IMAGES: "NAME,NAME", images whose leases run as root in a user
+	// namespace of their own (package installs: sandbox/userns.go).
+	Root string `env:"SIDECAR_ROOT_IMAGES"`
 	// StoreBytes bounds what the unpacked layers of all images take on disk; 0 (a Config
 	// built in code): image.DefaultMaxBytes, as the environment's default.
 	StoreBytes int64 `env:"SIDECAR_IMAGE_STORE_BYTES" envDefault:"21474836480"`
@@ -36,6 +41,11 @@ func (c ImageConfig) parse() ([]image.Entry, string, error) {
 	if def == lease.HostImage {
 		def = ""
 	}
+	for name := range c.rootImages() {
+		if !slices.ContainsFunc(entries, func(e image.Entry) bool { return e.Name == name }) {
+			return nil, "", fmt.Errorf("SIDECAR_ROOT_IMAGES: %q is not a name of SIDECAR_IMAGES (the host's root never runs leases as root)", name)
+		}
+	}
 	if def != "" {
 		listed := false
 		for _, e := range entries {
@@ -46,6 +56,17 @@ func (c ImageConfig) parse() ([]image.Entry, string, error) {
 		}
 	}
 	return entries, def, nil
+}
+
+// rootImages are the names SIDECAR_ROOT_IMAGES lists (parse checks them).
+func (c ImageConfig) rootImages() map[string]bool {
+	names := map[string]bool{}
+	for n := range strings.SplitSeq(c.Root, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names[n] = true
+		}
+	}
+	return names
 }
 
 // open opens the image store under the state dir; what it lists is pulled once the
@@ -70,7 +91,8 @@ func (c ImageConfig) open(stateDir string, log *slog.Logger) (*image.Store, stri
 // imageAPI is the store as the HTTP server shows it (sidecar.Images).
 type imageAPI struct {
 	store        *image.Store
-	defaultImage string // "": the host's root
+	defaultImage string          // "": the host's root
+	root         map[string]bool // SIDECAR_ROOT_IMAGES
 }
 
 var _ sidecar.Images = imageAPI{}
@@ -82,7 +104,7 @@ func (a imageAPI) List() apitype.ImageList {
 		out.DefaultImage = lease.HostImage
 	}
 	for _, in := range a.store.List() {
-		out.Images = append(out.Images, apiImage(in))
+		out.Images = append(out.Images, a.apiImage(in))
 	}
 	return out
 }
@@ -92,12 +114,12 @@ func (a imageAPI) Pull(name string) (apitype.ImageInfo, error) {
 		return apitype.ImageInfo{}, err
 	}
 	in, err := a.store.Get(name)
-	return apiImage(in), err
+	return a.apiImage(in), err
 }
 
 func (a imageAPI) Remove(name string) error { return a.store.Remove(name) }
 
-func apiImage(in image.Info) apitype.ImageInfo {
+func (a imageAPI) apiImage(in image.Info) apitype.ImageInfo {
 	return apitype.ImageInfo{Name: in.Name, Ref: in.Ref, Digest: in.Digest, SizeBytes: in.Size, State: in.State,
-		Progress: in.Progress, InUse: in.InUse, Error: in.Error}
+		Progress: in.Progress, InUse: in.InUse, Error: in.Error, Root: a.root[in.Name]}
 }

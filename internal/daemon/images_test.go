@@ -32,6 +32,8 @@ func TestImageConfigErrorsNameTheVariable(t *testing.T) {
 		{ImageConfig{Images: "py=python:3", Default: "node"}, "SIDECAR_DEFAULT_IMAGE"},
 		{ImageConfig{Default: "py"}, "SIDECAR_DEFAULT_IMAGE"},
 		{ImageConfig{StoreBytes: -1}, "SIDECAR_IMAGE_STORE_BYTES"},
+		{ImageConfig{Images: "py=python:3", Root: "py,node"}, "SIDECAR_ROOT_IMAGES"},
+		{ImageConfig{Root: "host"}, "SIDECAR_ROOT_IMAGES"},
 	} {
 		if _, _, err := c.cfg.parse(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %s", c.cfg, err, c.want)

@@ -35,6 +35,10 @@ type Runtime struct {
 	Network *network.Manager
 	// Images is the image store leases with an Image run on.
 	Images *image.Store
+	// RootImages are the images whose leases run as root in a user namespace of their own
+	// (SIDECAR_ROOT_IMAGES), decided at each Provision: a restart with the setting changed
+	// changes it for the leases it restores.
+	RootImages map[string]bool
 
 	mu    sync.Mutex
 	fss   map[string]*fsxfer.FS
@@ -75,7 +79,7 @@ func (rt *Runtime) leaseRoot(id string) *sandbox.LeaseRoot {
 	if r == nil {
 		return nil
 	}
-	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir}
+	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Name]}
 }
 
 // leaseNetwork is how a lease reaches out: through the daemon from a namespace of its own,
