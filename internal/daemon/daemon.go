@@ -190,8 +190,10 @@ func (d *Daemon) open(ctx context.Context) error {
 	if d.images, d.defaultImage, err = cfg.Images.open(cfg.StateDir, log.With("component", "image")); err != nil {
 		return err
 	}
-	if d.rootImages = cfg.Images.rootImages(); len(d.rootImages) > 0 && !d.sandbox.Caps().RootLeases {
-		return fmt.Errorf("SIDECAR_ROOT_IMAGES=%s: root in a lease needs strict isolation and the C sandbox helper (sidecar-init built from cmd/sidecar-init/sidecar-init.c: `make build` makes it where a C compiler and a static libc exist); this daemon's helper is a Go program, which cannot enter a user namespace", cfg.Images.Root)
+	if d.rootImages = cfg.Images.rootImages(); len(d.rootImages) > 0 {
+		if err := d.sandbox.ProbeRootLeases(filepath.Join(cfg.StateDir, "images")); err != nil {
+			return fmt.Errorf("SIDECAR_ROOT_IMAGES=%s: %w", cfg.Images.Root, err)
+		}
 	}
 	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images, RootImages: d.rootImages}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
 )
 
 // A lease on an image with LeaseRoot.AsRoot runs as root in a user namespace of its own,
@@ -90,22 +92,68 @@ func mountIDMappedLayers(d rootDirs, layers []string, userns *os.File) ([]string
 // mountIDMapped binds dir on target, id-mapped through userns, read-only (idmapped mounts:
 // Linux 5.12; as overlayfs layers: 5.19).
 func mountIDMapped(dir, target string, userns *os.File) error {
-	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	fd, err := idMappedTree(dir, userns)
 	if err != nil {
-		return fmt.Errorf("sandbox: layer %s: open_tree: %w", dir, err)
+		return err
 	}
 	defer unix.Close(fd)
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("sandbox: layer %s: move_mount: %w", dir, err)
+	}
+	return nil
+}
+
+// idMappedTree is a detached read-only bind of dir, id-mapped through userns.
+func idMappedTree(dir string, userns *os.File) (int, error) {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("sandbox: layer %s: open_tree: %w", dir, err)
+	}
 	attr := unix.MountAttr{
 		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
 		Userns_fd: uint64(userns.Fd()),
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("sandbox: layer %s: id-mapped mount (the image store's filesystem must support them: ext4, xfs, btrfs; tmpfs from Linux 6.3): %w", dir, err)
+		unix.Close(fd)
+		return -1, fmt.Errorf("sandbox: layer %s: id-mapped mount (the image store's filesystem must take them: ext4, xfs, btrfs; tmpfs from Linux 6.3): %w", dir, err)
 	}
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("sandbox: layer %s: move_mount: %w", dir, err)
+	return fd, nil
+}
+
+// ProbeRootLeases checks that leases may run as root with their layers under dir: the
+// helper can enter a user namespace, this process may make one (a systemd unit's
+// RestrictNamespaces= must allow user), and an overlay mounts on an id-mapped layer of
+// dir's filesystem (Linux 5.19). It leaves nothing behind.
+func (s *Sandbox) ProbeRootLeases(dir string) error {
+	if !s.caps.RootLeases {
+		return fmt.Errorf("%w: root in a lease needs strict isolation and the C sandbox helper (sidecar-init built from cmd/sidecar-init/sidecar-init.c: `make build` makes it where a C compiler and a static libc exist); this daemon's helper is a Go program, which cannot enter a user namespace", ErrUnsupported)
 	}
-	return nil
+	ns, err := newLeaseUserNS(s.helper, 65534, 65534)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	probe, err := os.MkdirTemp(dir, ".root-probe-")
+	if err != nil {
+		return fmt.Errorf("sandbox: %w", err)
+	}
+	d := rootDirs{base: probe, upper: filepath.Join(probe, "upper"), work: filepath.Join(probe, "work"), merged: filepath.Join(probe, "merged")}
+	layer := filepath.Join(probe, "layer")
+	for _, p := range []string{d.upper, d.work, d.merged, layer} {
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return errors.Join(fmt.Errorf("sandbox: %w", err), fsxfer.RemoveTree(probe))
+		}
+	}
+	lowers, err := mountIDMappedLayers(d, []string{layer}, ns)
+	if err == nil {
+		if err = unix.Mount("sidecar-root-probe", d.merged, "overlay", unix.MS_RDONLY, overlayOptions(d, lowers)); err != nil {
+			err = fmt.Errorf("sandbox: an overlay on an id-mapped layer (Linux 5.19): %w", err)
+		}
+	}
+	if uerr := errors.Join(unmountOverlay(d.merged), unmountIDMappedLayers(d)); uerr != nil {
+		return errors.Join(err, uerr) // the probe directory stays: something may be mounted there
+	}
+	return errors.Join(err, fsxfer.RemoveTree(probe))
 }
 
 // unmountIDMappedLayers detaches and removes the id-mapped layers under d, if any.

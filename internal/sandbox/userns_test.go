@@ -119,3 +119,28 @@ func TestLeaseRootAsRoot(t *testing.T) {
 		}
 	})
 }
+
+// ProbeRootLeases passes where root leases work (the C helper; an overlay on an id-mapped
+// layer of the directory's filesystem, ext4 here) and leaves nothing there; with the Go
+// helper it refuses, naming the C helper.
+func TestProbeRootLeases(t *testing.T) {
+	testtool.Need(t, "mkfs.ext4", "e2fsprogs", "it makes the store's filesystem")
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		dir, err := os.MkdirTemp("/var/tmp", "sidecar-probe-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mountSmallDisk(t, dir, 16<<20)
+		os.Remove(filepath.Join(dir, "lost+found"))
+		err = s.ProbeRootLeases(dir)
+		switch {
+		case s.Caps().RootLeases && err != nil:
+			t.Fatalf("ProbeRootLeases: %v", err)
+		case !s.Caps().RootLeases && (!errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "C sandbox helper")):
+			t.Fatalf("ProbeRootLeases with the Go helper: %v; want ErrUnsupported naming the C helper", err)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) > 0 {
+			t.Errorf("the probe left %v", entries)
+		}
+	})
+}
