@@ -115,7 +115,7 @@ func imagesRemove(ctx context.Context, args []string) error {
 // writeImageTable renders GET /v1/images for a terminal.
 func writeImageTable(w io.Writer, list apitype.ImageList) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSTATE\tSIZE\tLEASES\tDIGEST\tREF")
+	fmt.Fprintln(tw, "NAME\tSTATE\tSIZE\tLEASES\tROOT\tDIGEST\tREF")
 	for _, in := range list.Images {
 		state := in.State
 		switch in.State {
@@ -131,7 +131,11 @@ func writeImageTable(w io.Writer, list apitype.ImageList) error {
 		if digest == "" {
 			digest = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", in.Name, state, humanBytes(in.SizeBytes), in.InUse, digest, in.Ref)
+		root := "-" // SIDECAR_ROOT_IMAGES: its leases run as root
+		if in.Root {
+			root = "yes"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", in.Name, state, humanBytes(in.SizeBytes), in.InUse, root, digest, in.Ref)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

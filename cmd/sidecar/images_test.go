@@ -25,7 +25,7 @@ func TestImageTable(t *testing.T) {
 	var buf bytes.Buffer
 	err := writeImageTable(&buf, apitype.ImageList{
 		Images: []apitype.ImageInfo{
-			{Name: "py", Ref: "python:3.12", Digest: "sha256:0123456789abcdef0123", SizeBytes: 3 << 20, State: apitype.ImageReady, InUse: 2},
+			{Name: "py", Ref: "python:3.12", Digest: "sha256:0123456789abcdef0123", SizeBytes: 3 << 20, State: apitype.ImageReady, InUse: 2, Root: true},
 			{Name: "node", Ref: "node:22", State: apitype.ImagePulling, Progress: 0.25},
 			{Name: "bad", Ref: "oci-layout:/nope", State: apitype.ImageFailed, Error: "no such directory"},
 		},
@@ -35,7 +35,7 @@ func TestImageTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"NAME", "py", "ready", "sha256:0123456789ab ", "python:3.12", "pulling 25%", "failed: no such directory", "default: py"} {
+	for _, want := range []string{"NAME", "ROOT", "py", "ready", " yes ", "sha256:0123456789ab ", "python:3.12", "pulling 25%", "failed: no such directory", "default: py"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

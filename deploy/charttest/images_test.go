@@ -18,6 +18,7 @@ func TestChartLeaseImages(t *testing.T) {
 		"default":            "python",
 		"storeBytes":         "53687091200",
 		"registryAuthSecret": "pull-secret",
+		"root":               []any{"python", "node"},
 	}
 	docs, err := render(t, values)
 	if err != nil {
@@ -35,6 +36,7 @@ func TestChartLeaseImages(t *testing.T) {
 		"SIDECAR_DEFAULT_IMAGE":     "python",
 		"SIDECAR_IMAGE_STORE_BYTES": "53687091200",
 		"DOCKER_CONFIG":             "/etc/sidecar/registry",
+		"SIDECAR_ROOT_IMAGES":       "python,node",
 		"SIDECAR_STATE_DIR":         "/var/lib/sidecar", // the store is <state dir>/images
 	} {
 		if env[name] != want {
@@ -67,7 +69,7 @@ func TestChartLeaseImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"SIDECAR_IMAGES", "SIDECAR_DEFAULT_IMAGE", "SIDECAR_IMAGE_STORE_BYTES", "DOCKER_CONFIG"} {
+	for _, name := range []string{"SIDECAR_IMAGES", "SIDECAR_DEFAULT_IMAGE", "SIDECAR_IMAGE_STORE_BYTES", "SIDECAR_ROOT_IMAGES", "DOCKER_CONFIG"} {
 		if strings.Contains(docs["sidecar/templates/statefulset.yaml"], name) {
 			t.Errorf("rendered without images, the StatefulSet sets %s", name)
 		}

@@ -27,7 +27,7 @@ func rootImage(t *testing.T) []string {
 	mountSmallDisk(t, dir, 64<<20)
 	layers := newTestImageIn(t, dir)
 	lower := layers[len(layers)-1]
-	for _, name := range []string{"stat", "unshare", "mkdir", "cp", "chown", "chmod", "sleep", "kill"} {
+	for _, name := range []string{"stat", "unshare", "mkdir", "chown", "chmod", "sleep", "kill", "printf"} {
 		host, err := exec.LookPath(name)
 		if err != nil {
 			t.Fatal(err)
@@ -74,8 +74,8 @@ func TestLeaseRootAsRoot(t *testing.T) {
 		}
 		// An install: into the image's root-owned directories, a file chowned and made
 		// set-uid (which nosuid and no_new_privs leave without effect), an edit of /etc.
-		r = run(t, s, l.ID, sh(`cp /bin/true /usr/local/bin/tool && chown 0:0 /usr/local/bin/tool && chmod 4755 /usr/local/bin/tool && echo ID=edited > /etc/os-release && mkdir /etc/tool.d && /usr/local/bin/tool && cat /etc/os-release`))
-		if r.exitCode != 0 || r.stdout != "ID=edited\n" {
+		r = run(t, s, l.ID, sh(`printf '#!/bin/sh\necho installed\n' > /usr/local/bin/tool && chown 0:0 /usr/local/bin/tool && chmod 4755 /usr/local/bin/tool && echo ID=edited > /etc/os-release && mkdir /etc/tool.d && /usr/local/bin/tool && cat /etc/os-release`))
+		if r.exitCode != 0 || r.stdout != "installed\nID=edited\n" {
 			t.Fatalf("an install as root: %+v", r)
 		}
 		upper := filepath.Join(leaseRootDirs(l).upper, "usr/local/bin/tool")
