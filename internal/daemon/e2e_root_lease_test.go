@@ -86,8 +86,8 @@ func TestRootLeasesInstallPackages(t *testing.T) {
 	}
 	if !cHelper(t) {
 		d := newTestDaemon(t, images(osImage(t, "any")))
+		t.Cleanup(d.cleanup) // the cgroup parent the refused start made
 		if err := d.tryStart(); err == nil || !strings.Contains(err.Error(), "SIDECAR_ROOT_IMAGES") || !strings.Contains(err.Error(), "C sandbox helper") {
-			d.cleanup()
 			t.Fatalf("a root image with the Go helper: start = %v; want a refusal naming SIDECAR_ROOT_IMAGES and the C helper", err)
 		}
 		return
