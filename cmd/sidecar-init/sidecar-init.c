@@ -965,10 +965,28 @@ static void await_launch(struct config *c)
 	(void)close(LAUNCH_FD);
 }
 
-int main(void)
+/* hold_userns is `sidecar-init userns`, no config: it makes a user namespace (which only
+ * a single-threaded process can: the daemon cannot) and holds it for the daemon, which
+ * writes its maps from outside, as root on the host, and opens /proc/<pid>/ns/user. It
+ * says 'R' on stdout once in the namespace, and exits at end of file on stdin. */
+static int hold_userns(void)
+{
+	char b = 'R';
+	if (unshare(CLONE_NEWUSER) < 0)
+		fail(EXIT_SETUP, "userns", "unshare: %s", strerror(errno));
+	if (write(STDOUT_FILENO, &b, 1) != 1)
+		fail(EXIT_SETUP, "userns", "ready: %s", strerror(errno));
+	while (read(STDIN_FILENO, &b, 1) > 0)
+		;
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	size_t len;
 	struct config c;
+	if (argc == 2 && strcmp(argv[1], "userns") == 0)
+		return hold_userns();
 	char *buf = read_config(CONFIG_FD, &len);
 	parse_config(buf, len, &c, CONFIG_FULL);
 #ifdef SIDECAR_INIT_PARSE_ONLY

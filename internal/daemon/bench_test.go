@@ -6,9 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/internal/daemon"
+	"github.com/sidecar-sandbox/sidecar/lease"
 )
 
 // Benchmarks run against the real daemon over real TLS through the real client, next to
@@ -118,4 +122,45 @@ func BenchmarkExecTrue(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkAcquireImage is a lease's whole life through the daemon (acquire, `sh -c true`,
+// release), interleaved in one run on the host's root, on an image, and on the same image
+// as root (SIDECAR_ROOT_IMAGES, C helper), each iteration starting with the next kind.
+// Read the ratios "image/host" and "root/image".
+func BenchmarkAcquireImage(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("images need root")
+	}
+	dir := imageLayout(b, map[string]v1.Image{"img": runnableImage(b, "bench")})
+	d := startDaemon(b, func(c *daemon.Config) {
+		c.Images = daemon.ImageConfig{Images: "img=oci-layout:" + dir + ":img,root=oci-layout:" + dir + ":img", Root: "root", StoreBytes: 256 << 20}
+	})
+	waitImages(b, d.client)
+	ctx := context.Background()
+	kinds := []string{lease.HostImage, "img", "root"}
+	var took [3]time.Duration
+	for iter := 0; b.Loop(); iter++ {
+		for k := range kinds {
+			i := (iter + k) % len(kinds)
+			start := time.Now()
+			l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", iter, "-", i), Image: kinds[i]})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "true"}}); err != nil || r.ExitCode != 0 {
+				b.Fatal(r, err)
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+			took[i] += time.Since(start)
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(took[0])/n, "host-ns/op")
+	b.ReportMetric(float64(took[1])/n, "image-ns/op")
+	b.ReportMetric(float64(took[2])/n, "root-ns/op")
+	b.ReportMetric(float64(took[1])/float64(took[0]), "image/host")
+	b.ReportMetric(float64(took[2])/float64(took[1]), "root/image")
 }

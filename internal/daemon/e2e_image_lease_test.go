@@ -25,7 +25,7 @@ import (
 // runnableImage is an image a lease can run commands in: a base layer of host programs
 // and their libraries, a world-writable /scratch, and a top layer with
 // an /etc/os-release of its own. Its Env sets PATH and IMAGE=id.
-func runnableImage(t *testing.T, id string) v1.Image {
+func runnableImage(t testing.TB, id string) v1.Image {
 	t.Helper()
 	base := map[string]layerFile{"scratch/": {mode: 0o1777}, "tmp/": {mode: 0o1777}}
 	for _, name := range []string{"sh", "cat", "ls", "id", "touch", "test", "pwd"} {
@@ -61,7 +61,7 @@ type layerFile struct {
 	mode int64
 }
 
-func hostFile(t *testing.T, path string) layerFile {
+func hostFile(t testing.TB, path string) layerFile {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -71,7 +71,7 @@ func hostFile(t *testing.T, path string) layerFile {
 }
 
 // layerTar is a tar of files, parents made as directories, in a stable order.
-func layerTar(t *testing.T, files map[string]layerFile) tarball.Opener {
+func layerTar(t testing.TB, files map[string]layerFile) tarball.Opener {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -104,7 +104,7 @@ func layerTar(t *testing.T, files map[string]layerFile) tarball.Opener {
 	return func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
 }
 
-func must0(t *testing.T, err error) {
+func must0(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)

@@ -62,7 +62,7 @@ func osImage(t *testing.T, id string) v1.Image {
 }
 
 // imageLayout writes images into an OCI layout, each tagged with its name.
-func imageLayout(t *testing.T, images map[string]v1.Image) string {
+func imageLayout(t testing.TB, images map[string]v1.Image) string {
 	t.Helper()
 	dir := t.TempDir()
 	p, err := layout.Write(dir, empty.Index)
@@ -78,7 +78,7 @@ func imageLayout(t *testing.T, images map[string]v1.Image) string {
 }
 
 // waitImages polls GET /v1/images until no image is pulling.
-func waitImages(t *testing.T, c *client.Client) map[string]apitype.ImageInfo {
+func waitImages(t testing.TB, c *client.Client) map[string]apitype.ImageInfo {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {

@@ -111,7 +111,7 @@ func localTrue(b *testing.B) {
 	}
 }
 
-func sandboxTrue(b *testing.B, s *Sandbox, leaseID string) {
+func sandboxTrue(b testing.TB, s *Sandbox, leaseID string) {
 	cmd, tr, err := s.Command(leaseID, Spec{Argv: []string{"/bin/true"}})
 	if err != nil {
 		b.Fatal(err)

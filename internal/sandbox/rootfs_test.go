@@ -238,7 +238,7 @@ func TestLeaseRootDiskFull(t *testing.T) {
 
 // mountSmallDisk mounts a fresh ext4 filesystem of size bytes on dir (its contents hidden
 // until the cleanup unmounts it, after the lease's own cleanup).
-func mountSmallDisk(t *testing.T, dir string, size int64) {
+func mountSmallDisk(t testing.TB, dir string, size int64) {
 	t.Helper()
 	img := dir + ".img"
 	f, err := os.Create(img)

@@ -1,14 +1,17 @@
 package sandbox
 
 import (
+	"bytes"
 	"debug/buildinfo"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -38,24 +41,44 @@ func rootLeases(helper string) bool {
 }
 
 // newLeaseUserNS makes a lease's user namespace, mapping 0 onto uid and gid. The daemon
-// cannot make one on a thread of its own (the kernel takes only single-threaded processes
-// into a user namespace), so a child is cloned into it: the helper, which exits at once
-// without its config, as in probeNamespaces. Its namespace stays open through /proc until
-// it is reaped, which Wait does after the descriptor is open (the daemon's reaper leaves
-// children started by os.StartProcess alone).
+// cannot enter one itself (the kernel takes only single-threaded processes into a user
+// namespace), and cloning a child into one costs a full fork of the daemon (no vfork with
+// CLONE_NEWUSER): the C helper makes it instead (`sidecar-init userns`), the daemon writes
+// its maps from outside and opens it, and the helper exits.
 func newLeaseUserNS(helper string, uid, gid int) (*os.File, error) {
-	p, err := os.StartProcess(helper, []string{helper, HelperArg}, &os.ProcAttr{Sys: &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: uid, Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: gid, Size: 1}},
-		// Root there may set its groups to the one group it has (su, apt's sandboxing).
-		GidMappingsEnableSetgroups: true,
-	}})
+	var stderr bytes.Buffer
+	cmd := &exec.Cmd{Path: helper, Args: []string{helper, "userns"}, Env: []string{}, Stderr: &stderr}
+	in, err := cmd.StdinPipe()
 	if err != nil {
-		return nil, fmt.Errorf("sandbox: user namespace (a systemd unit's RestrictNamespaces= must allow user): %w", err)
+		return nil, err
 	}
-	ns, err := os.Open("/proc/" + strconv.Itoa(p.Pid) + "/ns/user")
-	_, _ = p.Wait()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("sandbox: user namespace: %w", err)
+	}
+	ready := make([]byte, 1)
+	if _, err := io.ReadFull(out, ready); err != nil || ready[0] != 'R' {
+		in.Close()
+		_ = cmd.Wait() // stderr is all there once it returns
+		return nil, fmt.Errorf("sandbox: user namespace (a systemd unit's RestrictNamespaces= must allow user): %s", strings.TrimSpace(stderr.String()))
+	}
+	defer func() {
+		in.Close() // the helper exits at end of file
+		_ = cmd.Wait()
+	}()
+	proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+	for _, m := range []struct {
+		file string
+		id   int
+	}{{"uid_map", uid}, {"gid_map", gid}} {
+		if err := os.WriteFile(proc+"/"+m.file, []byte("0 "+strconv.Itoa(m.id)+" 1"), 0); err != nil {
+			return nil, fmt.Errorf("sandbox: user namespace: %w", err)
+		}
+	}
+	ns, err := os.Open(proc + "/ns/user")
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: user namespace: %w", err)
 	}

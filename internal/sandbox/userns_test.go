@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,7 +18,7 @@ import (
 // image store's filesystem must support id-mapped mounts, which tmpfs gets only in Linux
 // 6.3), with the tools the root checks run besides, and a
 // root-owned /usr/local/bin for a lease to install into.
-func rootImage(t *testing.T) []string {
+func rootImage(t testing.TB) []string {
 	t.Helper()
 	testtool.Need(t, "mkfs.ext4", "e2fsprogs", "it makes the image's filesystem")
 	dir, err := os.MkdirTemp("/var/tmp", "sidecar-root-image-")
@@ -71,6 +72,12 @@ func TestLeaseRootAsRoot(t *testing.T) {
 		r := run(t, s, l.ID, sh(`id -u; id -g; echo $USER; stat -c '%u %g' /etc/os-release /usr/local/bin /workspace /tmp`))
 		if want := "0\n0\nroot\n0 0\n0 0\n0 0\n0 0\n"; r.exitCode != 0 || r.stdout != want {
 			t.Fatalf("who a root lease is and what it owns: %+v; want %q", r, want)
+		}
+		if !cold(t) { // a launcher ahead, in the namespace already, takes the next command
+			first := readyLauncher(t, s, l.ID)
+			if r := run(t, s, l.ID, sh(`echo $$; id -u`)); r.stdout != strconv.Itoa(first.PID)+"\n0\n" {
+				t.Errorf("a command of a root lease: %+v; want it run by launcher %d, as root", r, first.PID)
+			}
 		}
 		// An install: into the image's root-owned directories, a file chowned and made
 		// set-uid (which nosuid and no_new_privs leave without effect), an edit of /etc.
