@@ -113,8 +113,17 @@ func TestRootLeasesInstallPackages(t *testing.T) {
 	if r := root2.run(`busybox test -e /usr/bin/hello`); r.ExitCode == 0 {
 		t.Errorf("the package shows in another lease on the same image: %+v", r)
 	}
-	if r := root.run(`busybox unshare -U true || busybox unshare -m true`); r.ExitCode == 0 {
-		t.Errorf("a namespace made as root in a lease: %+v", r)
+	// Root there or not, no namespace, no module, no other lease's processes.
+	for _, l := range []*leaseOnImage{root, plain} {
+		for _, cmd := range []string{"busybox unshare -U true", "busybox unshare -m true", "busybox unshare -n true", "busybox insmod /workspace/hello.deb"} {
+			if r := l.run(cmd); r.ExitCode == 0 {
+				t.Errorf("%s in a lease (uid %d): %+v", cmd, l.uid, r)
+			}
+		}
+	}
+	plain.run(`busybox sleep 30 >/dev/null 2>&1 &`)
+	if got := root.out(`busybox ps -o user | busybox sort -u`); got != "USER\nroot\n" {
+		t.Errorf("the users of the processes a root lease sees: %q; want its own only", got)
 	}
 	if r := plain.run(`busybox dpkg -i /workspace/hello.deb`); r.ExitCode == 0 {
 		t.Errorf("an install in a lease not on a root image: %+v", r)
