@@ -30,6 +30,11 @@ func FuzzUnpack(f *testing.F) {
 	f.Add(seed(tar.Header{Name: "../outside/x", Typeflag: tar.TypeReg, Size: 1}))
 	f.Add(seed(tar.Header{Name: "d/.wh..wh..opq", Typeflag: tar.TypeReg}, tar.Header{Name: "d/.wh.x", Typeflag: tar.TypeReg}))
 	f.Add(seed(tar.Header{Name: "f", Typeflag: tar.TypeReg, Size: 2}, tar.Header{Name: "f", Typeflag: tar.TypeDir, Mode: 0o4777}, tar.Header{Name: "f/g", Typeflag: tar.TypeLink, Linkname: "f"}))
+	// Files in a directory that a later entry replaces (the unpacker keeps a handle on the
+	// directory of consecutive files).
+	f.Add(seed(tar.Header{Name: "a/f", Typeflag: tar.TypeReg, Size: 1}, tar.Header{Name: "a", Typeflag: tar.TypeReg, Size: 1}, tar.Header{Name: "a/g", Typeflag: tar.TypeReg, Size: 1}))
+	f.Add(seed(tar.Header{Name: "a/f", Typeflag: tar.TypeReg, Size: 1}, tar.Header{Name: "a", Typeflag: tar.TypeSymlink, Linkname: "../outside"}, tar.Header{Name: "a/g", Typeflag: tar.TypeReg, Size: 1}))
+	f.Add(seed(tar.Header{Name: "a/b/f", Typeflag: tar.TypeReg, Size: 1}, tar.Header{Name: "a/b", Typeflag: tar.TypeReg, Size: 1}, tar.Header{Name: "a/c", Typeflag: tar.TypeReg, Size: 1}))
 	f.Fuzz(func(t *testing.T, stream []byte) {
 		base := t.TempDir()
 		dir, outside := filepath.Join(base, "layer"), filepath.Join(base, "outside")

@@ -36,7 +36,7 @@ type tfile struct {
 	uid, gid int
 }
 
-func layerTar(t *testing.T, files ...tfile) []byte {
+func layerTar(t testing.TB, files ...tfile) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -82,7 +82,7 @@ func rawTar(t *testing.T, name string, size int64) []byte {
 	return buf.Bytes()
 }
 
-func layerOf(t *testing.T, b []byte) v1.Layer {
+func layerOf(t testing.TB, b []byte) v1.Layer {
 	t.Helper()
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
 	if err != nil {
@@ -91,7 +91,7 @@ func layerOf(t *testing.T, b []byte) v1.Layer {
 	return l
 }
 
-func imageOfLayers(t *testing.T, cfg v1.Config, layers ...[]byte) v1.Image {
+func imageOfLayers(t testing.TB, cfg v1.Config, layers ...[]byte) v1.Image {
 	t.Helper()
 	img := empty.Image
 	for _, b := range layers {
@@ -114,7 +114,7 @@ func imageOfLayers(t *testing.T, cfg v1.Config, layers ...[]byte) v1.Image {
 }
 
 // writeLayout writes images into an OCI layout, tagged.
-func writeLayout(t *testing.T, dir string, tagged map[string]v1.Image) {
+func writeLayout(t testing.TB, dir string, tagged map[string]v1.Image) {
 	t.Helper()
 	p, err := layout.Write(dir, empty.Index)
 	if err != nil {
@@ -128,7 +128,7 @@ func writeLayout(t *testing.T, dir string, tagged map[string]v1.Image) {
 }
 
 // writeOCIArchive writes an OCI layout holding img into a tar file.
-func writeOCIArchive(t *testing.T, file string, img v1.Image) {
+func writeOCIArchive(t testing.TB, file string, img v1.Image) {
 	t.Helper()
 	dir := t.TempDir()
 	writeLayout(t, dir, map[string]v1.Image{"latest": img})
@@ -157,7 +157,7 @@ func writeDockerArchive(t *testing.T, file string, img v1.Image) {
 	}
 }
 
-func openStore(t *testing.T, dir string, max int64, entries ...Entry) *Store {
+func openStore(t testing.TB, dir string, max int64, entries ...Entry) *Store {
 	t.Helper()
 	s, err := Open(Config{Dir: dir, Images: entries, MaxBytes: max})
 	if err != nil {
@@ -168,7 +168,7 @@ func openStore(t *testing.T, dir string, max int64, entries ...Entry) *Store {
 }
 
 // waitPulled waits for name's pull to end and returns its Info.
-func waitPulled(t *testing.T, s *Store, name string) Info {
+func waitPulled(t testing.TB, s *Store, name string) Info {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -186,7 +186,7 @@ func waitPulled(t *testing.T, s *Store, name string) Info {
 	}
 }
 
-func pullReady(t *testing.T, s *Store, name string) Info {
+func pullReady(t testing.TB, s *Store, name string) Info {
 	t.Helper()
 	if err := s.Pull(name); err != nil {
 		t.Fatal(err)
@@ -217,6 +217,7 @@ func baseLayer(t *testing.T) []byte {
 		tfile{name: "etc/", typ: tar.TypeDir},
 		tfile{name: "etc/os-release", body: "ID=base\n"},
 		tfile{name: "etc/gone", body: "whited out above\n"},
+		tfile{name: "etc/owned", body: "owner and mode kept\n", mode: 0o640, uid: 42, gid: 43},
 		tfile{name: "opt/", typ: tar.TypeDir},
 		tfile{name: "opt/old", body: "hidden by the opaque dir above\n"},
 		tfile{name: "bin/", typ: tar.TypeDir},
@@ -309,6 +310,11 @@ func TestPullLayoutAndArchivesShareLayers(t *testing.T) {
 	}
 	if fi, err := os.Stat(filepath.Join(bottom, "tmp")); err != nil || fi.Mode()&os.ModeSticky == 0 {
 		t.Fatalf("tmp: %v %v", fi.Mode(), err)
+	}
+	var owned unix.Stat_t
+	if err := unix.Stat(filepath.Join(bottom, "etc/owned"), &owned); err != nil || owned.Uid != 42 || owned.Gid != 43 ||
+		owned.Mode&0o7777 != 0o640 || owned.Mtim.Sec != 1700000000 {
+		t.Fatalf("etc/owned: %v, %d:%d mode %o mtime %d; want 42:43, 0640, 1700000000", err, owned.Uid, owned.Gid, owned.Mode&0o7777, owned.Mtim.Sec)
 	}
 	if l, err := os.Readlink(filepath.Join(bottom, "bin/sh")); err != nil || l != "/usr/bin/dash" {
 		t.Fatalf("bin/sh: %q %v", l, err)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -43,6 +44,12 @@ type unpacker struct {
 	symlinks map[string]bool
 	files    map[string]bool // regular files: what hard links may name
 	entries  int
+	// fileDir is the directory of the last regular file, opened through the root: the
+	// next file in it is made with one openat, and its attributes set on its descriptor,
+	// where each step through the root walks every component again. Any entry but a
+	// regular file drops it, and so does replacing a directory (which may be it).
+	fileDir     *os.File
+	fileDirPath string
 }
 
 // unpack writes the layer read from r into dir, which must exist and be empty. On an
@@ -54,6 +61,7 @@ func unpack(r io.Reader, dir string, charge func(int64) error) error {
 	}
 	defer root.Close()
 	u := &unpacker{root: root, charge: charge, symlinks: map[string]bool{}, files: map[string]bool{}}
+	defer u.dropFileDir()
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -105,6 +113,12 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 		return err
 	}
 	dir, base := path.Dir(p), path.Base(p)
+	if hdr.Typeflag == tar.TypeReg || hdr.Typeflag == tar.TypeGNUSparse {
+		if !strings.HasPrefix(base, whiteoutPrefix) {
+			return u.file(dir, base, hdr, r)
+		}
+	}
+	u.dropFileDir()
 	if err := u.root.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -120,10 +134,6 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := u.dir(p); err != nil {
-			return err
-		}
-	case tar.TypeReg, tar.TypeGNUSparse:
-		if err := u.file(p, hdr, r); err != nil {
 			return err
 		}
 	case tar.TypeSymlink:
@@ -176,6 +186,7 @@ func (u *unpacker) replace(p string) error {
 		return err
 	}
 	if fi.IsDir() {
+		u.dropFileDir()
 		if err := u.root.RemoveAll(p); err != nil {
 			return err
 		}
@@ -208,34 +219,83 @@ func (u *unpacker) dir(p string) error {
 	return u.root.Mkdir(p, 0o700)
 }
 
-// file writes a regular file, charging its whole size before the first byte: a 10 GiB
-// sparse file past the limit is refused without being written.
-func (u *unpacker) file(p string, hdr *tar.Header, r io.Reader) error {
+// file writes the regular file base in dir, charging its whole size before the first
+// byte: a 10 GiB sparse file past the limit is refused without being written.
+func (u *unpacker) file(dir, base string, hdr *tar.Header, r io.Reader) error {
+	p := path.Join(dir, base)
 	if hdr.Size < 0 {
 		return fmt.Errorf("%w: a negative size", ErrRefused)
 	}
 	if err := u.charge(hdr.Size); err != nil {
 		return err
 	}
-	if err := u.replace(p); err != nil {
-		return err
-	}
-	f, err := u.root.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	d, err := u.openFileDir(dir)
 	if err != nil {
 		return err
 	}
-	n, err := io.Copy(f, io.LimitReader(r, hdr.Size))
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	var st unix.Stat_t
+	switch err := unix.Fstatat(d, base, &st, unix.AT_SYMLINK_NOFOLLOW); {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		if err := u.replace(p); err != nil { // drops the handle
+			return err
+		}
+		if d, err = u.openFileDir(dir); err != nil {
+			return err
+		}
+	case err == nil:
+		if err := unix.Unlinkat(d, base, 0); err != nil {
+			return err
+		}
+		delete(u.symlinks, p)
+		delete(u.files, p)
+	case !errors.Is(err, unix.ENOENT):
+		return err
 	}
+	fd, err := unix.Openat(d, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return &fs.PathError{Op: "create", Path: p, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), p)
+	n, err := io.Copy(f, io.LimitReader(r, hdr.Size))
 	if err == nil && n != hdr.Size {
 		err = fmt.Errorf("%w: the file is cut short (%d of %d bytes)", ErrRefused, n, hdr.Size)
+	}
+	if err == nil {
+		err = fileAttrs(fd, hdr)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
 	if err != nil {
 		return err
 	}
 	u.files[p] = true
 	return nil
+}
+
+// openFileDir is the descriptor of dir (made if missing), opened through the root, and
+// kept as the regular files' directory.
+func (u *unpacker) openFileDir(dir string) (int, error) {
+	if u.fileDir != nil && u.fileDirPath == dir {
+		return int(u.fileDir.Fd()), nil
+	}
+	u.dropFileDir()
+	if err := u.root.MkdirAll(dir, 0o755); err != nil {
+		return -1, err
+	}
+	f, err := u.root.Open(dir)
+	if err != nil {
+		return -1, err
+	}
+	u.fileDir, u.fileDirPath = f, dir
+	return int(f.Fd()), nil
+}
+
+func (u *unpacker) dropFileDir() {
+	if u.fileDir != nil {
+		u.fileDir.Close()
+		u.fileDir, u.fileDirPath = nil, ""
+	}
 }
 
 // link makes a hard link to a regular file this layer made earlier: a hard link cannot
@@ -307,15 +367,39 @@ func (u *unpacker) attrs(p string, hdr *tar.Header) error {
 	if err := u.root.Lchown(p, hdr.Uid, hdr.Gid); err != nil {
 		return err
 	}
-	mode := fs.FileMode(hdr.Mode & 0o777)
-	if hdr.Mode&0o1000 != 0 {
-		mode |= fs.ModeSticky
-	}
-	if err := u.root.Chmod(p, mode); err != nil {
+	if err := u.root.Chmod(p, entryMode(hdr)); err != nil {
 		return err
 	}
 	if !hdr.ModTime.IsZero() {
 		return u.root.Chtimes(p, hdr.ModTime, hdr.ModTime)
 	}
 	return nil
+}
+
+// fileAttrs is attrs on a regular file's descriptor.
+func fileAttrs(fd int, hdr *tar.Header) error {
+	if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
+		return err
+	}
+	if err := unix.Fchmod(fd, uint32(entryMode(hdr)&0o777)|uint32(hdr.Mode&0o1000)); err != nil {
+		return err
+	}
+	if hdr.ModTime.IsZero() {
+		return nil
+	}
+	// futimens(2): utimensat on the descriptor itself (a NULL path).
+	ts := [2]unix.Timespec{unix.NsecToTimespec(hdr.ModTime.UnixNano()), unix.NsecToTimespec(hdr.ModTime.UnixNano())}
+	if _, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts[0])), 0, 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
+}
+
+// entryMode is the permission bits an entry keeps: rwx and the sticky bit.
+func entryMode(hdr *tar.Header) fs.FileMode {
+	mode := fs.FileMode(hdr.Mode & 0o777)
+	if hdr.Mode&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode
 }
