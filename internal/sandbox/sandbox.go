@@ -392,7 +392,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return fmt.Errorf("%w: an image root needs strict isolation (a mount namespace per process)", ErrUnsupported)
 	}
 	if l.Root != nil && l.Root.AsRoot && !s.caps.RootLeases {
-		return fmt.Errorf("%w: root in a lease needs strict isolation and the C helper (sidecar-init built from sidecar-init.c: `make build` with a C compiler and a static libc)", ErrUnsupported)
+		return errRootLeases
 	}
 	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
 		return fmt.Errorf("%w: workdir %s is under /tmp, which the lease's private /tmp hides", ErrInvalid, l.Workdir)

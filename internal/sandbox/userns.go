@@ -32,6 +32,9 @@ import (
 // and every helper of the lease enters it (initproc.Config.UserNS), so that all of the
 // lease's processes share one root.
 
+// errRootLeases refuses a root lease where this sandbox cannot run one.
+var errRootLeases = fmt.Errorf("%w: root in a lease needs strict isolation and the C sandbox helper (sidecar-init built from cmd/sidecar-init/sidecar-init.c: `make build` makes it where a C compiler and a static libc exist); a Go helper cannot enter a user namespace", ErrUnsupported)
+
 // rootLeases says whether helper can run a lease as root in a user namespace: only the C
 // helper can (setns into a user namespace takes a single-threaded process; every Go
 // binary carries build information, a C one none).
@@ -149,7 +152,7 @@ func idMappedTree(dir string, userns *os.File) (int, error) {
 // dir's filesystem (Linux 5.19). It leaves nothing behind.
 func (s *Sandbox) ProbeRootLeases(dir string) error {
 	if !s.caps.RootLeases {
-		return fmt.Errorf("%w: root in a lease needs strict isolation and the C sandbox helper (sidecar-init built from cmd/sidecar-init/sidecar-init.c: `make build` makes it where a C compiler and a static libc exist); this daemon's helper is a Go program, which cannot enter a user namespace", ErrUnsupported)
+		return errRootLeases
 	}
 	ns, err := newLeaseUserNS(s.helper, 65534, 65534)
 	if err != nil {

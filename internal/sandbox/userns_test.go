@@ -62,7 +62,7 @@ func TestLeaseRootAsRoot(t *testing.T) {
 			os.Mkdir(l.Workdir, 0o700)
 			os.Mkdir(l.TmpDir, 0o700)
 			root(&l)
-			if err := s.Provision(context.Background(), l); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "C helper") {
+			if err := s.Provision(context.Background(), l); !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "C sandbox helper") {
 				t.Fatalf("a root lease with the Go helper: %v; want ErrUnsupported naming the C helper", err)
 			}
 			return
