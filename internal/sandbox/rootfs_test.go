@@ -195,22 +195,29 @@ func TestLeaseRoot(t *testing.T) {
 			t.Errorf("another lease on the same layers sees the file: %+v", r)
 		}
 
-		base := filepath.Dir(l.Workdir)
-		if err := s.Teardown(context.Background(), l.ID); err != nil {
-			t.Fatal(err)
-		}
-		if ms := mountsUnder(t, base, l.ID); len(ms) > 0 {
-			t.Errorf("mounted after release: %q", ms)
-		}
-		if _, err := os.Stat(filepath.Join(base, "root")); !os.IsNotExist(err) {
-			t.Errorf("the lease's writable layer after release: %v", err)
-		}
+		teardownLeavesNoRoot(t, s, l)
 		for _, layer := range layers {
 			if _, err := os.Stat(filepath.Join(layer, "scratch/mine")); !os.IsNotExist(err) {
 				t.Errorf("the lease's file reached layer %s: %v", layer, err)
 			}
 		}
 	})
+}
+
+// teardownLeavesNoRoot tears lease l down and checks that nothing of its root is left:
+// no mount (its overlay, id-mapped layers) and no directory (the writable layer).
+func teardownLeavesNoRoot(t *testing.T, s *Sandbox, l LeaseSpec) {
+	t.Helper()
+	base := filepath.Dir(l.Workdir)
+	if err := s.Teardown(context.Background(), l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ms := mountsUnder(t, base, l.ID); len(ms) > 0 {
+		t.Errorf("mounted after release: %q", ms)
+	}
+	if _, err := os.Stat(filepath.Join(base, "root")); !os.IsNotExist(err) {
+		t.Errorf("the lease's writable layer after release: %v", err)
+	}
 }
 
 // What a lease writes into its image counts against its disk: with the lease directory on
