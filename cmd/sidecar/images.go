@@ -43,7 +43,7 @@ func runImages(ctx context.Context, args []string) error {
 }
 
 func imagesList(ctx context.Context, args []string) error {
-	fs := newFlagSet("images ls", "usage: sidecar images ls [-o table|json]\n\nThe daemon's images (SIDECAR_IMAGES): state, size, leases on each.")
+	fs := newFlagSet("images ls", "usage: sidecar images ls [-o table|json]\n\nThe daemon's images (SIDECAR_IMAGES): state, size, leases on each, and whether those run as root (SIDECAR_ROOT_IMAGES).")
 	output := outputFlag(fs, "table", "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
