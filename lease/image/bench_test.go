@@ -130,9 +130,9 @@ func BenchmarkPullArchive(b *testing.B) {
 	b.ReportMetric(untar.Seconds()/pull.Seconds(), "pull/tar")
 }
 
-func must(b *testing.B, err error) {
-	b.Helper()
+func must(t testing.TB, err error) {
+	t.Helper()
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 }

@@ -6,7 +6,7 @@
 // On disk, under Config.Dir (<state dir>/images):
 //
 //	layers/sha256/<diffid hex>/   a layer's tree, with overlayfs whiteouts
-//	records/<name>.json           a pulled image: digest, layers, Env, WorkingDir, User
+//	records/<name>.json           a pulled image or a snapshot: digest, layers, Env, WorkingDir, User
 //	tmp/                          unpacks in progress (emptied at Open)
 //
 // A layer directory appears by rename once its unpack finished and its content matched
@@ -28,6 +28,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
@@ -42,6 +43,9 @@ var (
 	ErrRefused  = errors.New("layer refused")             // hostile or malformed layer content
 	ErrDigest   = errors.New("image digest mismatch")     // content does not match its digest
 	ErrFull     = errors.New("image store limit reached") // SIDECAR_IMAGE_STORE_BYTES
+	ErrExists   = errors.New("image name taken")          // a snapshot named like an image
+	ErrChanged  = errors.New("lease changed during snapshot")
+	ErrSnapshot = errors.New("a snapshot has no source") // pulling one
 )
 
 // Image states (Info.State).
@@ -50,6 +54,7 @@ const (
 	StatePulling = "pulling" // a pull is running
 	StateReady   = "ready"   // in the store: leases may use it
 	StateFailed  = "failed"  // the last pull failed (Info.Error); POST …/pull retries
+	StateSaving  = "saving"  // a snapshot being written
 )
 
 // DefaultMaxBytes is SIDECAR_IMAGE_STORE_BYTES' default: what all unpacked layers may
@@ -61,7 +66,10 @@ type Config struct {
 	Dir      string  // <state dir>/images
 	Images   []Entry // SIDECAR_IMAGES
 	MaxBytes int64   // SIDECAR_IMAGE_STORE_BYTES; 0: DefaultMaxBytes
-	Logger   *slog.Logger
+	// SnapshotMaxAge is SIDECAR_SNAPSHOT_MAX_AGE: snapshots older than this are removed
+	// once no lease runs on them; 0 keeps them until removed.
+	SnapshotMaxAge time.Duration
+	Logger         *slog.Logger
 }
 
 // Info describes one image (GET /v1/images).
@@ -73,11 +81,25 @@ type Info struct {
 	Progress  float64 // of a pull: the share of the layers' compressed bytes done, 0 to 1
 	InUse     int     // leases holding it
 	Error     string  // of a failed pull
+	Snapshot  *SnapshotInfo
+}
+
+// SnapshotInfo is what a snapshot image adds to its Info.
+type SnapshotInfo struct {
+	Base    string    // the listed image it descends from (through other snapshots)
+	Lease   string    // the lease it was taken of
+	Created time.Time // when
+	Expires time.Time // when it goes (SIDECAR_SNAPSHOT_MAX_AGE); zero: never
 }
 
 // Root is what a lease runs on: the image's layers and its config's defaults.
 type Root struct {
 	Name, Digest string
+	// Base is the listed image the root descends from: Name, or a snapshot's base.
+	Base string
+	// Seed is a snapshot's own layer, whose SnapshotWorkspace and SnapshotHome trees a
+	// new lease's workspace and home start as (CopyTree); "" for a listed image.
+	Seed         string
 	Layers       []string // unpacked layer directories, top first (overlayfs lowerdir order)
 	Env          []string
 	WorkingDir   string
@@ -90,6 +112,12 @@ type record struct {
 	Layers            []layerRecord // bottom first, as the manifest lists them
 	Env               []string
 	WorkingDir, User  string
+	Snapshot          *snapshotRecord `json:",omitempty"`
+}
+
+type snapshotRecord struct {
+	Base, Lease string
+	Created     time.Time
 }
 
 type layerRecord struct {
@@ -108,7 +136,8 @@ func (r *record) size() int64 {
 // image is one name's state.
 type image struct {
 	ref        string
-	configured bool    // in SIDECAR_IMAGES; otherwise kept only while leases hold it
+	configured bool    // in SIDECAR_IMAGES
+	snapshot   bool    // a snapshot: kept until removed or aged; otherwise, unlisted, kept only while leases hold it
 	rec        *record // nil: not in the store
 	state      string
 	progress   float64
@@ -118,9 +147,10 @@ type image struct {
 
 // Store is the image store. Its methods are safe for concurrent use.
 type Store struct {
-	dir string
-	max int64
-	log *slog.Logger
+	dir    string
+	max    int64
+	maxAge time.Duration // of snapshots; 0: none
+	log    *slog.Logger
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -147,7 +177,10 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Store{dir: cfg.Dir, max: cfg.MaxBytes, log: cfg.Logger, images: map[string]*image{},
+	if cfg.SnapshotMaxAge < 0 {
+		return nil, fmt.Errorf("SIDECAR_SNAPSHOT_MAX_AGE=%s: want a positive duration, or 0 to keep snapshots until removed", cfg.SnapshotMaxAge)
+	}
+	s := &Store{dir: cfg.Dir, max: cfg.MaxBytes, maxAge: cfg.SnapshotMaxAge, log: cfg.Logger, images: map[string]*image{},
 		layerBytes: map[string]int64{}, layerRefs: map[string]int{}, unpacking: map[string]chan struct{}{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for _, d := range []string{s.layersDir(), s.recordsDir()} {
@@ -173,6 +206,10 @@ func Open(cfg Config) (*Store, error) {
 	}
 	if err := s.adopt(); err != nil {
 		return nil, err
+	}
+	if s.maxAge > 0 {
+		s.wg.Add(1)
+		go s.expireLoop()
 	}
 	return s, nil
 }
@@ -205,8 +242,11 @@ func (s *Store) adopt() error {
 			continue
 		}
 		im := s.images[n]
+		if im != nil && rec.Snapshot != nil {
+			return fmt.Errorf("image store: SIDECAR_IMAGES names %q, a snapshot in the store: list the image under another name, or remove the snapshot first (DELETE /v1/images/%s)", n, n)
+		}
 		if im == nil {
-			im = &image{ref: rec.Ref}
+			im = &image{ref: rec.Ref, snapshot: rec.Snapshot != nil}
 			s.images[n] = im
 		}
 		im.rec, im.state = rec, StateReady
@@ -295,12 +335,12 @@ func (s *Store) Usage() (used, limit int64) {
 	return s.used, s.max
 }
 
-// Known reports whether name is an image of SIDECAR_IMAGES.
+// Known reports whether name is an image of SIDECAR_IMAGES or a snapshot.
 func (s *Store) Known(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	im := s.images[name]
-	return im != nil && im.configured
+	return im != nil && (im.configured || im.snapshot)
 }
 
 // Check is the acquire's question: may a new lease use name now? ErrUnknown when it is
@@ -310,8 +350,8 @@ func (s *Store) Check(name string) error {
 	defer s.mu.Unlock()
 	im := s.images[name]
 	switch {
-	case im == nil || !im.configured:
-		return fmt.Errorf("%w %q: the images are the operator's SIDECAR_IMAGES (GET /v1/images lists them)", ErrUnknown, name)
+	case im == nil || !(im.configured || im.snapshot):
+		return fmt.Errorf("%w %q: the images are the operator's SIDECAR_IMAGES and the snapshots (GET /v1/images lists them)", ErrUnknown, name)
 	case im.rec == nil:
 		return notReady(name, im)
 	}
@@ -324,6 +364,8 @@ func notReady(name string, im *image) error {
 		return fmt.Errorf("%w: image %q is being pulled (%.0f%% done); retry shortly", ErrNotReady, name, im.progress*100)
 	case StateFailed:
 		return fmt.Errorf("%w: the pull of image %q failed (%s); POST /v1/images/%s/pull retries", ErrNotReady, name, im.err, name)
+	case StateSaving:
+		return fmt.Errorf("%w: snapshot %q is being written; retry shortly", ErrNotReady, name)
 	}
 	return fmt.Errorf("%w: image %q is not in the store; POST /v1/images/%s/pull fetches it", ErrNotReady, name, name)
 }
@@ -359,6 +401,13 @@ func (s *Store) infoLocked(n string, im *image) Info {
 	if in.State == StateReady {
 		in.Progress = 1
 	}
+	if im.rec != nil && im.rec.Snapshot != nil {
+		sn := im.rec.Snapshot
+		in.Snapshot = &SnapshotInfo{Base: sn.Base, Lease: sn.Lease, Created: sn.Created}
+		if s.maxAge > 0 {
+			in.Snapshot.Expires = sn.Created.Add(s.maxAge)
+		}
+	}
 	return in
 }
 
@@ -378,7 +427,10 @@ func (s *Store) Use(name string) (*Root, func(), error) {
 	}
 	rec := im.rec
 	im.inUse++
-	root := &Root{Name: name, Digest: rec.Digest, Env: slices.Clone(rec.Env), WorkingDir: rec.WorkingDir, User: rec.User}
+	root := &Root{Name: name, Base: name, Digest: rec.Digest, Env: slices.Clone(rec.Env), WorkingDir: rec.WorkingDir, User: rec.User}
+	if rec.Snapshot != nil {
+		root.Base, root.Seed = rec.Snapshot.Base, s.layerDir(rec.Layers[len(rec.Layers)-1].DiffID)
+	}
 	for i := len(rec.Layers) - 1; i >= 0; i-- {
 		d := rec.Layers[i].DiffID
 		s.layerRefs[d]++
@@ -399,7 +451,7 @@ func (s *Store) release(name string, im *image, rec *record) {
 			delete(s.layerRefs, l.DiffID)
 		}
 	}
-	retire := !im.configured && im.inUse == 0 && s.images[name] == im
+	retire := !im.configured && !im.snapshot && im.inUse == 0 && s.images[name] == im
 	s.mu.Unlock()
 	if retire {
 		s.log.Info("removing an image no longer listed now that no lease uses it", "image", name)
@@ -422,9 +474,9 @@ func (s *Store) Remove(name string) error {
 	case im.inUse > 0:
 		s.mu.Unlock()
 		return fmt.Errorf("%w: %d lease(s) use image %q; release them first", ErrInUse, im.inUse, name)
-	case im.state == StatePulling:
+	case im.state == StatePulling, im.state == StateSaving:
 		s.mu.Unlock()
-		return fmt.Errorf("%w: image %q; remove it once the pull ends", ErrPulling, name)
+		return fmt.Errorf("%w: image %q; remove it once the pull or snapshot ends", ErrPulling, name)
 	}
 	s.mu.Unlock()
 	if err := s.drop(name, im); err != nil {
@@ -454,7 +506,7 @@ func (s *Store) GC() {
 	s.mu.Lock()
 	var retired []string
 	for n, im := range s.images {
-		if !im.configured && im.inUse == 0 {
+		if !im.configured && !im.snapshot && im.inUse == 0 {
 			retired = append(retired, n)
 		}
 	}
@@ -524,6 +576,9 @@ func (s *Store) Pull(name string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	im := s.images[name]
+	if im != nil && im.snapshot {
+		return fmt.Errorf("%w: %q is a snapshot, made from a lease (POST /v1/leases/{id}/snapshot): nothing to pull", ErrSnapshot, name)
+	}
 	if im == nil || !im.configured {
 		return fmt.Errorf("%w %q: the images are the operator's SIDECAR_IMAGES", ErrUnknown, name)
 	}
@@ -697,28 +752,56 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer) (int
 // 10 KiB records): a stream that goes on is refused rather than read to its end.
 const maxTrailer = 1 << 20
 
-// unpackLayer unpacks into a temporary directory, checks the content against diffID,
-// and renames it into place. On an error nothing is left and nothing stays charged.
+// unpackLayer unpacks l, checks its content against diffID, and moves it into place.
+// On an error nothing is left and nothing stays charged.
 func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int64, error) {
-	tmp, err := os.MkdirTemp(s.tmpDir(), "layer-")
-	if err != nil {
-		return 0, err
-	}
-	var charged int64
-	fail := func(err error) (int64, error) {
-		_ = os.RemoveAll(tmp) // made by this unpack alone: no mount in it
-		s.mu.Lock()
-		s.used -= charged
-		s.mu.Unlock()
-		return 0, err
-	}
 	rc, err := l.Uncompressed()
 	if err != nil {
-		return fail(err)
+		return 0, err
 	}
 	defer rc.Close()
+	u, err := s.unpackStream(ctx, rc)
+	if err != nil {
+		return 0, err
+	}
+	if u.diffID != diffID {
+		s.discard(u)
+		return 0, fmt.Errorf("%w: the layer's content is %s", ErrDigest, u.diffID)
+	}
+	// A directory there is one no record names (a previous run's, which GC has not
+	// reached yet): nothing uses it.
+	if err := os.RemoveAll(s.layerDir(diffID)); err != nil {
+		s.discard(u)
+		return 0, err
+	}
+	if err := os.Rename(u.dir, s.layerDir(diffID)); err != nil {
+		s.discard(u)
+		return 0, err
+	}
+	return u.charged, nil
+}
+
+// unpacked is a layer unpacked into a temporary directory of the store.
+type unpacked struct {
+	dir     string
+	diffID  string // the digest of its uncompressed tar stream
+	charged int64  // against the store limit
+}
+
+// unpackStream unpacks the layer tar r into a temporary directory and flushes it to
+// disk. On an error nothing is left and nothing stays charged.
+func (s *Store) unpackStream(ctx context.Context, r io.Reader) (unpacked, error) {
+	tmp, err := os.MkdirTemp(s.tmpDir(), "layer-")
+	if err != nil {
+		return unpacked{}, err
+	}
+	u := unpacked{dir: tmp}
+	fail := func(err error) (unpacked, error) {
+		s.discard(u)
+		return unpacked{}, err
+	}
 	h := sha256.New()
-	in := io.TeeReader(ctxReader{ctx, rc}, h)
+	in := io.TeeReader(ctxReader{ctx, r}, h)
 	charge := func(n int64) error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -726,7 +809,7 @@ func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int
 			return fmt.Errorf("%w: the layers take over SIDECAR_IMAGE_STORE_BYTES=%d", ErrFull, s.max)
 		}
 		s.used += n
-		charged += n
+		u.charged += n
 		return nil
 	}
 	if err := unpack(in, tmp, charge); err != nil {
@@ -737,9 +820,7 @@ func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int
 	} else if n > maxTrailer {
 		return fail(fmt.Errorf("%w: over %d bytes after the end of the layer's archive", ErrRefused, maxTrailer))
 	}
-	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != diffID {
-		return fail(fmt.Errorf("%w: the layer's content is %s", ErrDigest, got))
-	}
+	u.diffID = "sha256:" + hex.EncodeToString(h.Sum(nil))
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return fail(err)
 	}
@@ -748,15 +829,15 @@ func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int
 	if err := syncFS(tmp); err != nil {
 		return fail(err)
 	}
-	// A directory there is one no record names (a previous run's, which GC has not
-	// reached yet): nothing uses it.
-	if err := os.RemoveAll(s.layerDir(diffID)); err != nil {
-		return fail(err)
-	}
-	if err := os.Rename(tmp, s.layerDir(diffID)); err != nil {
-		return fail(err)
-	}
-	return charged, nil
+	return u, nil
+}
+
+// discard removes an unpacked directory that did not become a layer, and its charge.
+func (s *Store) discard(u unpacked) {
+	_ = os.RemoveAll(u.dir) // made by this unpack alone: no mount in it
+	s.mu.Lock()
+	s.used -= u.charged
+	s.mu.Unlock()
 }
 
 // syncFS flushes the filesystem dir lies on (one call for the layer's many files).

@@ -1,0 +1,452 @@
+package image
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A snapshot is an image made from a lease: its base image's layers with one more on
+// top, holding what the lease wrote into its root (its writable layer, whiteouts
+// included) and its workspace and home at SnapshotWorkspace and SnapshotHome. The lease's
+// files are written as a layer tar stream and read back through the same unpacker as a
+// pulled layer, so a snapshot is content-addressed and held to the same rules (no path
+// out, no device, no set-uid bit, the store limit) though a lease wrote it. A lease on a
+// snapshot stacks that layer like any other (nothing copied for its root) and starts with
+// a copy of the workspace and home trees (CopyTree).
+
+// Where a snapshot layer holds the lease's workspace and home: the paths their binds
+// hide in the lease's root, so the layer is also an ordinary root filesystem.
+const (
+	SnapshotWorkspace = "workspace"
+	SnapshotHome      = "home"
+)
+
+// SnapshotSource is the lease a snapshot is taken of.
+type SnapshotSource struct {
+	Base  string // the image the lease runs on: a listed image or a snapshot
+	Lease string // its id
+	// UID and GID are the lease's: what they own is root's in the snapshot, as the
+	// image's own files are, so a later lease (its own uid, or root in a user namespace
+	// mapped onto it) sees them as it sees the image's.
+	UID, GID int
+	// Trees are the lease's directories on the host and where the layer holds them:
+	// its writable layer at "", its workspace at SnapshotWorkspace, its home at
+	// SnapshotHome. Read without following a symlink out of any of them.
+	Trees []Tree
+}
+
+// Tree is a directory written into a snapshot layer at path At ("": the layer's root).
+type Tree struct{ Dir, At string }
+
+// Snapshot makes the image name from a lease on src.Base and returns it, ready. The
+// lease may keep running: a file that changes size while it is read fails the snapshot
+// (ErrChanged), which the caller may retry once the lease's writers are done.
+func (s *Store) Snapshot(ctx context.Context, name string, src SnapshotSource) (Info, error) {
+	if err := CheckName(name); err != nil {
+		return Info{}, err
+	}
+	s.mu.Lock()
+	base := s.images[src.Base]
+	switch {
+	case s.images[name] != nil:
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: %q is an image or a snapshot already (GET /v1/images lists them); name the snapshot otherwise, or remove that one first", ErrExists, name)
+	case base == nil || base.rec == nil:
+		s.mu.Unlock()
+		return Info{}, fmt.Errorf("%w: image %q, the lease's, is no longer in the store", ErrNotReady, src.Base)
+	}
+	brec := base.rec
+	for _, l := range brec.Layers { // held until the record names them
+		s.layerRefs[l.DiffID]++
+	}
+	im := &image{ref: "snapshot:" + src.Lease, snapshot: true, state: StateSaving}
+	s.images[name] = im
+	s.mu.Unlock()
+
+	rec, err := s.saveSnapshot(ctx, name, brec, src)
+	s.mu.Lock()
+	if err != nil {
+		delete(s.images, name)
+	} else {
+		im.rec, im.state = rec, StateReady
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.unhold(brec)
+	} else {
+		s.unhold(rec) // the base's layers and the new one, named by the record now
+	}
+	if err != nil {
+		s.GC() // the new layer, if it got that far
+		return Info{}, err
+	}
+	s.log.Info("snapshot saved", "image", name, "lease", src.Lease, "base", src.Base, "layer", rec.Layers[len(rec.Layers)-1].DiffID)
+	return s.Get(name)
+}
+
+// saveSnapshot writes the lease's layer into the store and records the image.
+func (s *Store) saveSnapshot(ctx context.Context, name string, brec *record, src SnapshotSource) (*record, error) {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(writeSnapshot(pw, src)) }()
+	u, err := s.unpackStream(ctx, pr)
+	pr.CloseWithError(errors.New("the store stopped reading")) // ends the writer on an error
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of lease %s: %w", src.Lease, err)
+	}
+	n, err := s.adoptLayer(u)
+	if err != nil {
+		return nil, err
+	}
+	rec := &record{Name: name, Ref: "snapshot:" + src.Lease, Env: slices.Clone(brec.Env), WorkingDir: brec.WorkingDir, User: brec.User,
+		Layers:   append(slices.Clone(brec.Layers), layerRecord{DiffID: u.diffID, Bytes: n}),
+		Snapshot: &snapshotRecord{Base: baseOf(brec), Lease: src.Lease, Created: time.Now().UTC()}}
+	// An image's digest is its manifest's; a snapshot has no manifest, so its digest is
+	// that of its layers' diffids, in order: equal content, equal digest.
+	h := sha256.New()
+	for _, l := range rec.Layers {
+		fmt.Fprintln(h, l.DiffID)
+	}
+	rec.Digest = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	if err := s.writeRecord(rec); err != nil {
+		s.unhold(&record{Layers: rec.Layers[len(rec.Layers)-1:]})
+		return nil, err
+	}
+	return rec, nil
+}
+
+// baseOf is the listed image a record descends from.
+func baseOf(rec *record) string {
+	if rec.Snapshot != nil {
+		return rec.Snapshot.Base
+	}
+	return rec.Name
+}
+
+// adoptLayer moves an unpacked snapshot layer into place under its diffid and holds it
+// until the snapshot's record names it (unhold lets go); a layer of that content in the
+// store already is used instead.
+func (s *Store) adoptLayer(u unpacked) (int64, error) {
+	s.mu.Lock()
+	if n, ok := s.layerBytes[u.diffID]; ok || s.unpacking[u.diffID] != nil {
+		// The same content is there (or arriving from a pull, which finds this
+		// layer's name taken only if it loses the race: then it waits, as for any
+		// unpack of its layer, and both end with one directory).
+		if !ok {
+			ch := s.unpacking[u.diffID]
+			s.mu.Unlock()
+			<-ch
+			s.mu.Lock()
+			n, ok = s.layerBytes[u.diffID]
+		}
+		if ok {
+			s.layerRefs[u.diffID]++
+			s.mu.Unlock()
+			s.discard(u)
+			return n, nil
+		}
+	}
+	ch := make(chan struct{})
+	s.unpacking[u.diffID] = ch
+	s.mu.Unlock()
+	err := os.RemoveAll(s.layerDir(u.diffID)) // no record names it: a previous run's
+	if err == nil {
+		err = os.Rename(u.dir, s.layerDir(u.diffID))
+	}
+	s.mu.Lock()
+	delete(s.unpacking, u.diffID)
+	if err == nil {
+		s.layerBytes[u.diffID] = u.charged
+		s.layerRefs[u.diffID]++
+	}
+	s.mu.Unlock()
+	close(ch)
+	if err != nil {
+		s.discard(u)
+		return 0, err
+	}
+	return u.charged, nil
+}
+
+// expireLoop removes snapshots past SIDECAR_SNAPSHOT_MAX_AGE, checking once a minute
+// (or once per age, when shorter), until the store closes.
+func (s *Store) expireLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(min(time.Minute, s.maxAge))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case now := <-t.C:
+			s.ExpireSnapshots(now)
+		}
+	}
+}
+
+// ExpireSnapshots removes the snapshots older than SIDECAR_SNAPSHOT_MAX_AGE at now that
+// no lease runs on; one in use goes once its last lease is released and now is checked
+// again.
+func (s *Store) ExpireSnapshots(now time.Time) {
+	if s.maxAge <= 0 {
+		return
+	}
+	s.mu.Lock()
+	var old []string
+	for n, im := range s.images {
+		if im.snapshot && im.rec != nil && im.inUse == 0 && im.state == StateReady && now.Sub(im.rec.Snapshot.Created) > s.maxAge {
+			old = append(old, n)
+		}
+	}
+	s.mu.Unlock()
+	for _, n := range old {
+		if err := s.Remove(n); err != nil {
+			s.log.Warn("cannot remove an expired snapshot", "image", n, "err", err)
+			continue
+		}
+		s.log.Info("removed a snapshot past SIDECAR_SNAPSHOT_MAX_AGE", "image", n, "max_age", s.maxAge)
+	}
+}
+
+// writeSnapshot writes src's trees as one layer tar stream.
+func writeSnapshot(w io.Writer, src SnapshotSource) error {
+	tw := tar.NewWriter(w)
+	for _, t := range src.Trees {
+		if err := writeTree(tw, t, src.UID, src.GID); err != nil {
+			return err
+		}
+	}
+	return tw.Close()
+}
+
+// Overlayfs' attributes that make an upper directory or file depend on the layers below
+// it in ways a tar layer cannot say. The sandbox mounts leases' overlays with
+// redirect_dir=off and metacopy=off, so they never appear; a writable layer that has
+// them (made under other options) is refused rather than saved incomplete.
+var overlayDependent = []string{"trusted.overlay.redirect", "trusted.overlay.metacopy"}
+
+// writeTree writes t's files, each as lstat sees it, through an os.Root on t.Dir: a
+// symlink a lease plants while the walk runs leads nowhere out of the tree. A character
+// device 0/0 (an overlay whiteout) becomes a .wh. entry, an opaque directory gets the
+// .wh..wh..opq marker, and hard links within the tree stay hard links.
+func writeTree(tw *tar.Writer, t Tree, uid, gid int) error {
+	root, err := os.OpenRoot(t.Dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	links := map[uint64]string{} // inode → the first name written
+	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := path.Join(t.At, p)
+		if name == "." {
+			return nil // the layer's root: overlay takes the top layer's
+		}
+		if strings.HasPrefix(d.Name(), whiteoutPrefix) {
+			return fmt.Errorf("%w: %s: a name starting with %s is a whiteout in a layer; rename it to snapshot the lease", ErrRefused, name, whiteoutPrefix)
+		}
+		fi, err := root.Lstat(p)
+		if err != nil {
+			return err
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no stat", p)
+		}
+		hdr := &tar.Header{Name: name, ModTime: fi.ModTime(), Mode: int64(fi.Mode().Perm()), Uid: int(st.Uid), Gid: int(st.Gid), Format: tar.FormatPAX}
+		if fi.Mode()&fs.ModeSticky != 0 {
+			hdr.Mode |= 0o1000
+		}
+		if hdr.Uid == uid {
+			hdr.Uid = 0
+		}
+		if hdr.Gid == gid {
+			hdr.Gid = 0
+		}
+		switch mode := fi.Mode(); {
+		case mode.IsDir():
+			hdr.Typeflag, hdr.Name = tar.TypeDir, name+"/"
+			opaque, err := dirAttrs(root, p)
+			if err != nil {
+				return err
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			if opaque {
+				return tw.WriteHeader(&tar.Header{Name: path.Join(name, opaqueMarker), Typeflag: tar.TypeReg, Format: tar.FormatPAX})
+			}
+			return nil
+		case mode.IsRegular():
+			if st.Nlink > 1 {
+				if first, ok := links[st.Ino]; ok {
+					hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
+					return tw.WriteHeader(hdr)
+				}
+				links[st.Ino] = name
+			}
+			return writeFile(tw, root, p, hdr)
+		case mode&fs.ModeSymlink != 0:
+			target, err := root.Readlink(p)
+			if err != nil {
+				return err
+			}
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
+			return tw.WriteHeader(hdr)
+		case mode&fs.ModeCharDevice != 0 && st.Rdev == 0:
+			return tw.WriteHeader(&tar.Header{Name: path.Join(path.Dir(name), whiteoutPrefix+path.Base(name)), Typeflag: tar.TypeReg, ModTime: hdr.ModTime, Format: tar.FormatPAX})
+		case mode&fs.ModeNamedPipe != 0:
+			hdr.Typeflag = tar.TypeFifo
+			return tw.WriteHeader(hdr)
+		}
+		return nil // a socket, or a device no lease can make: nothing an image holds
+	})
+}
+
+// dirAttrs reads the overlay attributes of the directory p: whether it is opaque, and
+// an error if it depends on the layers below in a way a layer cannot say.
+func dirAttrs(root *os.Root, p string) (opaque bool, err error) {
+	f, err := root.Open(p)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	buf := make([]byte, 8)
+	for _, x := range overlayDependent {
+		if _, err := unix.Fgetxattr(int(f.Fd()), x, buf); err == nil || errors.Is(err, unix.ERANGE) {
+			return false, fmt.Errorf("%w: %s has the overlay attribute %s (a layer mounted with redirect_dir or metacopy on): a snapshot cannot carry it", ErrRefused, p, x)
+		}
+	}
+	n, err := unix.Fgetxattr(int(f.Fd()), opaqueXattr, buf)
+	return err == nil && string(buf[:n]) == "y", nil
+}
+
+// writeFile writes the regular file p, whose size must not change while it is read.
+func writeFile(tw *tar.Writer, root *os.Root, p string, hdr *tar.Header) error {
+	f, err := root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%w: %s was replaced while it was read", ErrChanged, p)
+	}
+	hdr.Typeflag, hdr.Size = tar.TypeReg, fi.Size()
+	if err := tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
+	if err != nil && !errors.Is(err, tar.ErrWriteTooLong) {
+		return err
+	}
+	if n != hdr.Size {
+		return fmt.Errorf("%w: %s shrank while it was read; retry once the lease's writers are done", ErrChanged, p)
+	}
+	return nil
+}
+
+// CopyTree copies the tree src (a snapshot layer's workspace or home, which the store's
+// unpacker wrote: no device, nothing outside it) into the directory dst, every file owned
+// by uid and gid. A tree src lacks is nothing to copy. Files are copied with
+// copy_file_range, which shares their blocks where the filesystem can (reflinks).
+func CopyTree(src, dst string, uid, gid int) error {
+	from, err := os.OpenRoot(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer from.Close()
+	to, err := os.OpenRoot(dst)
+	if err != nil {
+		return err
+	}
+	defer to.Close()
+	return fs.WalkDir(from.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == "." {
+			return err
+		}
+		fi, err := from.Lstat(p)
+		if err != nil {
+			return err
+		}
+		switch mode := fi.Mode(); {
+		case mode.IsDir():
+			if err := to.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+		case mode.IsRegular():
+			if err := copyFile(from, to, p); err != nil {
+				return err
+			}
+		case mode&fs.ModeSymlink != 0:
+			target, err := from.Readlink(p)
+			if err != nil {
+				return err
+			}
+			if err := to.Symlink(target, p); err != nil {
+				return err
+			}
+			return to.Lchown(p, uid, gid)
+		case mode&fs.ModeNamedPipe != 0:
+			if err := mkfifo(to, p); err != nil {
+				return err
+			}
+		default:
+			return nil // a whiteout: nothing below a workspace to hide
+		}
+		if err := to.Lchown(p, uid, gid); err != nil {
+			return err
+		}
+		if err := to.Chmod(p, fi.Mode()&(fs.ModePerm|fs.ModeSticky)); err != nil {
+			return err
+		}
+		return to.Chtimes(p, fi.ModTime(), fi.ModTime())
+	})
+}
+
+func copyFile(from, to *os.Root, p string) error {
+	in, err := from.Open(p)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := to.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = out.ReadFrom(in)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+func mkfifo(root *os.Root, p string) error {
+	dir, err := root.Open(path.Dir(p))
+	if err != nil {
+		return err
+	}
+	defer dir.Close()
+	return unix.Mkfifoat(int(dir.Fd()), path.Base(p), 0o600)
+}
