@@ -99,11 +99,11 @@ type Root struct {
 	Base string
 	// Seed is a snapshot's own layer, whose SnapshotWorkspace and SnapshotHome trees a
 	// new lease's workspace and home start as (CopyTree); "" for a listed image.
-	Seed         string
-	Layers       []string // unpacked layer directories, top first (overlayfs lowerdir order)
-	Env          []string
-	WorkingDir   string
-	User         string
+	Seed       string
+	Layers     []string // unpacked layer directories, top first (overlayfs lowerdir order)
+	Env        []string
+	WorkingDir string
+	User       string
 }
 
 // record is a pulled image, as records/<name>.json holds it.
