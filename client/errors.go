@@ -74,6 +74,8 @@ var (
 	ErrImageNotReady = errors.New("image not ready")
 	// ErrImageInUse: an image cannot be removed while leases run on it.
 	ErrImageInUse = errors.New("image in use")
+	// ErrSnapshotRefused: the lease holds what an image layer cannot; the detail names it.
+	ErrSnapshotRefused = errors.New("snapshot refused")
 )
 
 var sentinelByCode = map[string]error{
@@ -113,6 +115,7 @@ var sentinelByCode = map[string]error{
 	apitype.CodeUnknownImage:         ErrUnknownImage,
 	apitype.CodeImageNotReady:        ErrImageNotReady,
 	apitype.CodeImageInUse:           ErrImageInUse,
+	apitype.CodeSnapshotRefused:      ErrSnapshotRefused,
 }
 
 // codeByStatus names a code for error replies that carry no problem body (HEAD requests,

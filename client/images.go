@@ -44,6 +44,21 @@ func (c *Client) RemoveImage(ctx context.Context, name string) error {
 	return c.doJSON(ctx, request{method: http.MethodDelete, path: imagePath(name), idempotent: true}, nil)
 }
 
+// Snapshot saves the lease's root as it wrote it (packages installed, files changed),
+// its workspace and its home as the image name on the lease's sidecar, on top of the
+// image the lease runs on, and returns it ready. Later leases name it in
+// AcquireRequest.Image: their root stacks the snapshot's layer (nothing copied), their
+// workspace and home start as copies of the lease's. Refused with ErrExists when the name
+// is an image's already, ErrInvalidRequest for a lease on the host's root, an APIError with code
+// "conflict" when a file changed size while it was read (retry once the writers are done),
+// ErrSnapshotRefused for what a layer cannot hold and ErrQuotaExceeded past
+// SIDECAR_IMAGE_STORE_BYTES. RemoveImage deletes it.
+func (l *Lease) Snapshot(ctx context.Context, name string) (apitype.ImageInfo, error) {
+	var out apitype.ImageInfo
+	err := l.c.doJSON(ctx, request{method: http.MethodPost, path: leasePath(l.id, "snapshot"), json: apitype.SnapshotRequest{Name: name}, lease: l}, &out)
+	return out, err
+}
+
 func (c *Client) oneSidecar(what string) error {
 	if c.fleet != nil {
 		return fmt.Errorf("%w: %s names one sidecar's images; give its URL alone", ErrInvalidRequest, what)

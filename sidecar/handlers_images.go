@@ -55,3 +55,26 @@ func (s *Server) handleRemoveImage(w http.ResponseWriter, r *http.Request, _ pri
 func noImage(name string) error {
 	return errorf(http.StatusNotFound, apitype.CodeNotFound, "no image %q: the images are the operator's SIDECAR_IMAGES (GET /v1/images lists them)", name)
 }
+
+// handleSnapshot saves the lease as a new image and answers once it is ready, 201.
+func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request, _ principal) error {
+	l, err := s.activeLease(r)
+	if err != nil {
+		return err
+	}
+	var req apitype.SnapshotRequest
+	if err := s.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := image.CheckName(req.Name); err != nil {
+		return errorf(http.StatusBadRequest, apitype.CodeInvalidRequest, "name: %v", err)
+	}
+	if s.opts.Images == nil {
+		return errorf(http.StatusBadRequest, apitype.CodeInvalidRequest, "lease %s runs on the host's root, which a snapshot cannot hold: set SIDECAR_IMAGES and acquire on an image", l.ID)
+	}
+	in, err := s.opts.Images.Snapshot(r.Context(), l, req.Name)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusCreated, in)
+}

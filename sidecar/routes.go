@@ -62,6 +62,7 @@ func (s *Server) routes() {
 	s.route("GET /v1/images", sharedOnly, s.handleListImages)
 	s.route("POST /v1/images/{name}/pull", sharedOnly, s.handlePullImage)
 	s.route("DELETE /v1/images/{name}", sharedOnly, s.handleRemoveImage)
+	s.route("POST /v1/leases/{id}/snapshot", leaseScope, s.handleSnapshot)
 
 	s.route("POST /v1/scripts/run", anyCred, s.handleScript)
 

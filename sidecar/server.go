@@ -117,6 +117,8 @@ type Images interface {
 	Pull(name string) (apitype.ImageInfo, error)
 	// Remove deletes the image from the store (image.ErrInUse while leases run on it).
 	Remove(name string) error
+	// Snapshot saves the lease's writable layer, workspace and home as a new image.
+	Snapshot(ctx context.Context, l lease.Lease, name string) (apitype.ImageInfo, error)
 }
 
 // ServerOptions is what the HTTP server is built from.

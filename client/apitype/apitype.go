@@ -164,6 +164,9 @@ const (
 	CodeImageNotReady = "image_not_ready"
 	// CodeImageInUse (409): DELETE /v1/images/{name} while leases run on the image.
 	CodeImageInUse = "image_in_use"
+	// CodeSnapshotRefused (422): a snapshot of a lease that holds what an image layer
+	// cannot (a file named .wh.*, an overlay redirect); the detail names it.
+	CodeSnapshotRefused = "snapshot_refused"
 )
 
 // Problem is an RFC 9457 problem details body.
@@ -326,6 +329,7 @@ const (
 	ImagePulling = "pulling" // being fetched and unpacked: Progress says how far
 	ImageReady   = "ready"   // leases may run on it
 	ImageFailed  = "failed"  // the last pull failed: Error says why; a pull retries
+	ImageSaving  = "saving"  // a snapshot being written
 )
 
 // ImageInfo is one of the operator's images (GET /v1/images).
@@ -341,6 +345,24 @@ type ImageInfo struct {
 	// Root: its leases run as root in a user namespace of their own (SIDECAR_ROOT_IMAGES),
 	// and may install packages into it.
 	Root bool `json:"root"`
+	// Snapshot is set on an image made from a lease (POST /v1/leases/{id}/snapshot).
+	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
+}
+
+// SnapshotInfo is what ImageInfo says of a snapshot.
+type SnapshotInfo struct {
+	Base      string    `json:"base"`  // the listed image it descends from
+	Lease     string    `json:"lease"` // the lease it was taken of
+	CreatedAt time.Time `json:"created_at"`
+	// ExpiresAt is when it is removed (SIDECAR_SNAPSHOT_MAX_AGE), once no lease runs on
+	// it; absent: kept until removed.
+	ExpiresAt *time.Time `json:"expires_at,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/leases/{id}/snapshot.
+type SnapshotRequest struct {
+	// Name is the new image's: 1 to 63 of a-z 0-9 . _ -, not an image's already.
+	Name string `json:"name"`
 }
 
 // ImageList is the body of GET /v1/images.

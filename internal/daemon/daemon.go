@@ -355,7 +355,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.network.manager != nil {
 		opts.Network = d.network.manager
 	}
-	opts.Images = imageAPI{store: d.images, defaultImage: d.defaultImage, root: d.rootImages}
+	opts.Images = imageAPI{store: d.images, rt: d.rt, defaultImage: d.defaultImage, root: d.rootImages}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return listenError(cfg.ListenAddr, err)

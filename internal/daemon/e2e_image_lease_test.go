@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/internal/daemon"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
@@ -28,7 +29,7 @@ import (
 func runnableImage(t testing.TB, id string) v1.Image {
 	t.Helper()
 	base := map[string]layerFile{"scratch/": {mode: 0o1777}, "tmp/": {mode: 0o1777}}
-	for _, name := range []string{"sh", "cat", "ls", "id", "touch", "test", "pwd"} {
+	for _, name := range []string{"sh", "cat", "ls", "id", "touch", "test", "pwd", "mkdir"} {
 		host, err := exec.LookPath(name)
 		if err != nil {
 			t.Fatal(err)
@@ -160,9 +161,10 @@ func TestLeasesRunInTheirImages(t *testing.T) {
 }
 
 type leaseOnImage struct {
-	t   *testing.T
-	run func(script string) apitype.ExecResult
-	uid int
+	t     *testing.T
+	run   func(script string) apitype.ExecResult
+	uid   int
+	lease *client.Lease
 }
 
 // out runs script and returns its stdout, failing the test on a non-zero exit.

@@ -103,7 +103,7 @@ func TestRootLeasesInstallPackages(t *testing.T) {
 		l := must(d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: session, Image: img}))(t)
 		t.Cleanup(func() { _ = l.Release(context.Background()) })
 		must0(t, l.WriteFile(ctx, "hello.deb", deb, 0o644))
-		return &leaseOnImage{t: t, run: func(script string) apitype.ExecResult { return must(l.Exec(ctx, sh(script)))(t) }, uid: l.Info().UID}
+		return &leaseOnImage{t: t, run: func(script string) apitype.ExecResult { return must(l.Exec(ctx, sh(script)))(t) }, uid: l.Info().UID, lease: l}
 	}
 	root, root2, plain := acquire("root", "deb"), acquire("root-too", "deb"), acquire("plain", "plain")
 
@@ -130,5 +130,19 @@ func TestRootLeasesInstallPackages(t *testing.T) {
 	}
 	if got := plain.out(`busybox id -u`); got != strconv.Itoa(plain.uid)+"\n" {
 		t.Errorf("a lease not on a root image runs as %q; want its uid %d", got, plain.uid)
+	}
+
+	// A snapshot of the root lease runs its leases as root, the package installed and
+	// root's to remove; the image it was taken of still lacks it.
+	in := must(root.lease.Snapshot(ctx, "deb-hello"))(t)
+	if !in.Root || in.Snapshot == nil || in.Snapshot.Base != "deb" {
+		t.Fatalf("a root lease's snapshot: %+v", in)
+	}
+	fromSnap := acquire("from-snapshot", "deb-hello")
+	if got := fromSnap.out(`busybox id -u; hello; busybox grep -c "Package: hello-sidecar" /var/lib/dpkg/status; busybox stat -c %u /usr/bin/hello; busybox rm /usr/bin/hello && echo removed`); got != "0\nhello from a package\n1\n0\nremoved\n" {
+		t.Fatalf("a lease on the root lease's snapshot: %q", got)
+	}
+	if r := acquire("deb-again", "deb").run(`busybox test -e /usr/bin/hello`); r.ExitCode == 0 {
+		t.Errorf("the package shows in a new lease on the image the snapshot was taken of: %+v", r)
 	}
 }

@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/lease"
@@ -26,6 +28,9 @@ type ImageConfig struct {
 	// StoreBytes bounds what the unpacked layers of all images take on disk; 0 (a Config
 	// built in code): image.DefaultMaxBytes, as the environment's default.
 	StoreBytes int64 `env:"SIDECAR_IMAGE_STORE_BYTES" envDefault:"21474836480"`
+	// SnapshotMaxAge removes snapshots this old once no lease runs on them; 0 keeps them
+	// until DELETE /v1/images/{name}.
+	SnapshotMaxAge time.Duration `env:"SIDECAR_SNAPSHOT_MAX_AGE" envDefault:"0"`
 }
 
 // parse checks the configuration: the images listed and the default among them.
@@ -36,6 +41,9 @@ func (c ImageConfig) parse() ([]image.Entry, string, error) {
 	}
 	if c.StoreBytes < 0 {
 		return nil, "", fmt.Errorf("SIDECAR_IMAGE_STORE_BYTES=%d: want a positive size in bytes (default 21474836480, 20 GiB)", c.StoreBytes)
+	}
+	if c.SnapshotMaxAge < 0 {
+		return nil, "", fmt.Errorf("SIDECAR_SNAPSHOT_MAX_AGE=%s: want a positive duration (168h: a week), or 0 to keep snapshots until removed", c.SnapshotMaxAge)
 	}
 	def := c.Default
 	if def == lease.HostImage {
@@ -77,10 +85,11 @@ func (c ImageConfig) open(stateDir string, log *slog.Logger) (*image.Store, stri
 		return nil, "", err
 	}
 	s, err := image.Open(image.Config{
-		Dir:      filepath.Join(stateDir, "images"),
-		Images:   entries,
-		MaxBytes: c.StoreBytes,
-		Logger:   log,
+		Dir:            filepath.Join(stateDir, "images"),
+		Images:         entries,
+		MaxBytes:       c.StoreBytes,
+		SnapshotMaxAge: c.SnapshotMaxAge,
+		Logger:         log,
 	})
 	if err != nil {
 		return nil, "", err
@@ -91,6 +100,7 @@ func (c ImageConfig) open(stateDir string, log *slog.Logger) (*image.Store, stri
 // imageAPI is the store as the HTTP server shows it (sidecar.Images).
 type imageAPI struct {
 	store        *image.Store
+	rt           *Runtime        // whose leases snapshots are taken of
 	defaultImage string          // "": the host's root
 	root         map[string]bool // SIDECAR_ROOT_IMAGES
 }
@@ -119,7 +129,23 @@ func (a imageAPI) Pull(name string) (apitype.ImageInfo, error) {
 
 func (a imageAPI) Remove(name string) error { return a.store.Remove(name) }
 
+func (a imageAPI) Snapshot(ctx context.Context, l lease.Lease, name string) (apitype.ImageInfo, error) {
+	in, err := a.rt.Snapshot(ctx, l, name)
+	if err != nil {
+		return apitype.ImageInfo{}, err
+	}
+	return a.apiImage(in), nil
+}
+
 func (a imageAPI) apiImage(in image.Info) apitype.ImageInfo {
-	return apitype.ImageInfo{Name: in.Name, Ref: in.Ref, Digest: in.Digest, SizeBytes: in.Size, State: in.State,
+	out := apitype.ImageInfo{Name: in.Name, Ref: in.Ref, Digest: in.Digest, SizeBytes: in.Size, State: in.State,
 		Progress: in.Progress, InUse: in.InUse, Error: in.Error, Root: a.root[in.Name]}
+	if sn := in.Snapshot; sn != nil {
+		out.Root = a.root[sn.Base] // as its base's, which the operator's setting names
+		out.Snapshot = &apitype.SnapshotInfo{Base: sn.Base, Lease: sn.Lease, CreatedAt: sn.Created}
+		if !sn.Expires.IsZero() {
+			out.Snapshot.ExpiresAt = &sn.Expires
+		}
+	}
+	return out
 }

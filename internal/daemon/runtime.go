@@ -2,7 +2,10 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -79,7 +82,7 @@ func (rt *Runtime) leaseRoot(id string) *sandbox.LeaseRoot {
 	if r == nil {
 		return nil
 	}
-	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Name]}
+	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Base]}
 }
 
 // leaseNetwork is how a lease reaches out: through the daemon from a namespace of its own,
@@ -100,7 +103,11 @@ func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
 	if err := rt.holdImage(l); err != nil {
 		return err
 	}
-	if err := rt.Sandbox.Provision(ctx, rt.sandboxSpec(l)); err != nil {
+	spec := rt.sandboxSpec(l)
+	if err := rt.seed(spec); err != nil {
+		return err
+	}
+	if err := rt.Sandbox.Provision(ctx, spec); err != nil {
 		return err
 	}
 	if rt.Network == nil {
@@ -136,6 +143,43 @@ func (rt *Runtime) holdImage(l lease.Lease) error {
 	}
 	rt.roots[l.ID] = leaseRoot{root: root, release: release}
 	return nil
+}
+
+// seed gives a new lease on a snapshot the snapshot's workspace and home, as copies of
+// its own. Only the first Provision does: the writable layer's directory, which
+// Sandbox.Provision makes, is not there yet.
+func (rt *Runtime) seed(l sandbox.LeaseSpec) error {
+	r := rt.rootFor(l.ID)
+	if r == nil || r.Seed == "" {
+		return nil
+	}
+	if _, err := os.Lstat(filepath.Dir(sandbox.WritableLayer(l))); err == nil {
+		return nil
+	}
+	for _, t := range []struct{ from, to string }{{image.SnapshotWorkspace, l.Workdir}, {image.SnapshotHome, l.HomeDir}} {
+		err := image.CopyTree(filepath.Join(r.Seed, t.from), t.to, l.UID, l.GID)
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return fmt.Errorf("%w: snapshot %s: its %s does not fit the lease's disk; acquire with a larger disk_bytes", fsxfer.ErrQuota, r.Name, t.from)
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot %s: copying its %s into lease %s: %w", r.Name, t.from, l.ID, err)
+		}
+	}
+	return nil
+}
+
+// Snapshot saves lease l's writable layer, workspace and home as the image name, on top
+// of the image l runs on (lease/image/snapshot.go).
+func (rt *Runtime) Snapshot(ctx context.Context, l lease.Lease, name string) (image.Info, error) {
+	r := rt.rootFor(l.ID)
+	if r == nil {
+		return image.Info{}, fmt.Errorf("%w: lease %s runs on the host's root, which a snapshot cannot hold; acquire it on an image (image in the acquire body)", sandbox.ErrInvalid, l.ID)
+	}
+	spec := rt.sandboxSpec(l)
+	return rt.Images.Snapshot(ctx, name, image.SnapshotSource{
+		Base: r.Name, Lease: l.ID, UID: l.UID, GID: l.GID,
+		Trees: []image.Tree{{Dir: sandbox.WritableLayer(spec)}, {Dir: spec.Workdir, At: image.SnapshotWorkspace}, {Dir: spec.HomeDir, At: image.SnapshotHome}},
+	})
 }
 
 // rootFor is the image root the lease with this id runs on: its layers (top first) and

@@ -98,9 +98,19 @@ func validateRoot(l LeaseSpec) error {
 	return nil
 }
 
+// overlayOptions mounts the layers under the writable one. redirect_dir and metacopy
+// are off whatever the kernel's defaults: with either, an upper directory or file can
+// stand for content of the layers below it, and the writable layer is then no longer a
+// layer of its own (what a snapshot saves: lease/image/snapshot.go). A rename of an image
+// directory gets EXDEV instead, which mv and package managers handle by copying.
 func overlayOptions(d rootDirs, layers []string) string {
-	return "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + d.upper + ",workdir=" + d.work
+	return "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + d.upper + ",workdir=" + d.work + ",redirect_dir=off,metacopy=off"
 }
+
+// WritableLayer is the directory on the host that holds what lease l wrote into its
+// image root (overlayfs' upper directory): whiteouts and opaque directories included, the
+// lease's files owned by its uid.
+func WritableLayer(l LeaseSpec) string { return leaseRootDirs(l).upper }
 
 // mountRoot mounts lease l's overlay unless it is mounted already (Provision again, after a
 // restart in the same mount namespace), makes the mount points the helper needs in it, and
