@@ -184,7 +184,7 @@ func TestCompletionScripts(t *testing.T) {
 	script, _, _ := runBin(t, bin, "completion", "bash")
 	out, err := exec.Command("bash", "-c", script+`
 COMP_WORDS=(sidecar leases ""); COMP_CWORD=2; _sidecar; echo "${COMPREPLY[*]}"`).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new network leftovers kill" {
+	if err != nil || strings.TrimSpace(string(out)) != "ls show rm new network leftovers kill snapshot" {
 		t.Errorf("bash completion of 'sidecar leases ': %v %q", err, out)
 	}
 	// ...and the values of --network after it.

@@ -20,9 +20,9 @@ const imagesUsage = `usage: sidecar images ls [-o table|json]
        sidecar images pull NAME [-o text|json]   pull again in the background (progress in ls)
        sidecar images rm NAME                    remove from the store (refused while leases use it)
 
-The images are the daemon's SIDECAR_IMAGES; a lease names one with
-sidecar leases new SESSION --image NAME. Needs SANDBOX_REMOTE_URL and the shared token
-(SANDBOX_REMOTE_AUTH_TOKEN or _FILE).`
+The images are the daemon's SIDECAR_IMAGES and the snapshots of leases (sidecar leases
+snapshot ID NAME); a lease names one with sidecar leases new SESSION --image NAME.
+Needs SANDBOX_REMOTE_URL and the shared token (SANDBOX_REMOTE_AUTH_TOKEN or _FILE).`
 
 func runImages(ctx context.Context, args []string) error {
 	if len(args) == 0 {
@@ -124,6 +124,10 @@ func writeImageTable(w io.Writer, list apitype.ImageList) error {
 		case apitype.ImageFailed:
 			state = "failed: " + in.Error
 		}
+		ref := in.Ref
+		if in.Snapshot != nil {
+			ref = fmt.Sprintf("snapshot of %s on %s", in.Snapshot.Lease, in.Snapshot.Base)
+		}
 		digest := in.Digest
 		if len(digest) > 19 {
 			digest = digest[:19] // sha256: and 12 hex digits, as docker shows them
@@ -135,7 +139,7 @@ func writeImageTable(w io.Writer, list apitype.ImageList) error {
 		if in.Root {
 			root = "yes"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", in.Name, state, humanBytes(in.SizeBytes), in.InUse, root, digest, in.Ref)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", in.Name, state, humanBytes(in.SizeBytes), in.InUse, root, digest, ref)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 
@@ -28,6 +29,7 @@ func TestImageTable(t *testing.T) {
 			{Name: "py", Ref: "python:3.12", Digest: "sha256:0123456789abcdef0123", SizeBytes: 3 << 20, State: apitype.ImageReady, InUse: 2, Root: true},
 			{Name: "node", Ref: "node:22", State: apitype.ImagePulling, Progress: 0.25},
 			{Name: "bad", Ref: "oci-layout:/nope", State: apitype.ImageFailed, Error: "no such directory"},
+			{Name: "prepared", Ref: "snapshot:L1", State: apitype.ImageReady, Snapshot: &apitype.SnapshotInfo{Base: "py", Lease: "L1"}},
 		},
 		DefaultImage: "py", UsedBytes: 3 << 20, LimitBytes: 20 << 30,
 	})
@@ -35,7 +37,7 @@ func TestImageTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := buf.String()
-	for _, want := range []string{"NAME", "ROOT", "py", "ready", " yes ", "sha256:0123456789ab ", "python:3.12", "pulling 25%", "failed: no such directory", "default: py"} {
+	for _, want := range []string{"NAME", "ROOT", "py", "ready", " yes ", "sha256:0123456789ab ", "python:3.12", "pulling 25%", "failed: no such directory", "snapshot of L1 on py", "default: py"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -46,6 +48,11 @@ func TestImagesUsage(t *testing.T) {
 	for _, bad := range [][]string{{"pull"}, {"rm", "a", "b"}, {"ls", "x"}, {"frob"}} {
 		if err := runImages(t.Context(), bad); err == nil {
 			t.Errorf("images %q accepted", bad)
+		}
+	}
+	for _, bad := range [][]string{{"snapshot"}, {"snapshot", "L1"}, {"snapshot", "L1", "a", "b"}} {
+		if err := runLeases(t.Context(), bad); !errors.As(err, new(usageError)) {
+			t.Errorf("leases %q: %v, want a usage error", bad, err)
 		}
 	}
 }

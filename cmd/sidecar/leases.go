@@ -14,8 +14,8 @@ import (
 )
 
 func init() {
-	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID..., network ID, leftovers ID, kill ID PID)",
-		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new", "network", "leftovers", "kill"}, run: runLeases})
+	register("leases", command{summary: "list, show, create and release leases (ls, show ID, new SESSION, rm ID..., network ID, leftovers ID, kill ID PID, snapshot ID NAME)",
+		usage: leasesUsage, subs: []string{"ls", "show", "rm", "new", "network", "leftovers", "kill", "snapshot"}, run: runLeases})
 }
 
 const leasesUsage = `usage: sidecar leases ls [--session S] [--label k=v]... [-q] [-o table|json]
@@ -27,6 +27,8 @@ const leasesUsage = `usage: sidecar leases ls [--session S] [--label k=v]... [-q
                                                  replace a lease's network policy (new connections)
        sidecar leases leftovers ID [-o table|json]   what finished commands left running
        sidecar leases kill ID PID [--signal TERM]    signal one of them (only a leftover of ID)
+       sidecar leases snapshot ID NAME [-o text|json] save the lease's root, workspace and home
+                                                 as the image NAME (new leases: --image NAME)
 
 --allow-out and --deny-out take IPv4/IPv6 addresses or CIDRs ("10.1.0.0/16",
 "[2001:db8::/32]:443") and domain names ("pypi.org", "*.pythonhosted.org"), each with an
@@ -56,6 +58,8 @@ func runLeases(ctx context.Context, args []string) error {
 		return leasesLeftovers(ctx, args[1:])
 	case "kill":
 		return leasesKill(ctx, args[1:])
+	case "snapshot", "commit":
+		return leasesSnapshot(ctx, args[1:])
 	default:
 		fmt.Fprintln(os.Stderr, leasesUsage)
 		return usagef("leases: unknown subcommand %q", args[0])
@@ -188,6 +192,29 @@ func leasesKill(ctx context.Context, args []string) error {
 		return err
 	}
 	return c.OpenLease(pos[0], "").SignalLeftover(ctx, pid, *sig)
+}
+
+func leasesSnapshot(ctx context.Context, args []string) error {
+	const usage = "usage: sidecar leases snapshot ID NAME [-o text|json]"
+	fs := newFlagSet("leases snapshot", usage+"\n\nSaves what the lease wrote into its image's root (packages installed), its workspace and its home\nas the image NAME; sidecar leases new SESSION --image NAME starts leases from it, sidecar images rm NAME\nremoves it. The lease keeps running.")
+	output := outputFlag(fs, "text", "json")
+	pos, err := operands(fs, args, 2, usage)
+	if err != nil {
+		return err
+	}
+	c, err := newClient("")
+	if err != nil {
+		return err
+	}
+	in, err := c.OpenLease(pos[0], "").Snapshot(ctx, pos[1])
+	if err != nil {
+		return err
+	}
+	if output.json() {
+		return printJSON(os.Stdout, in)
+	}
+	fmt.Printf("%s: %s, %s, on %s (sidecar leases new SESSION --image %s)\n", in.Name, in.State, humanBytes(in.SizeBytes), in.Snapshot.Base, in.Name)
+	return nil
 }
 
 func leasesRemove(ctx context.Context, args []string) error {

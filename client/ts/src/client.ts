@@ -449,6 +449,13 @@ export class LeaseHandle {
     return this.client.json({ method: "GET", path: leasePath(this.id), lease: this });
   }
 
+  /** Save what this lease wrote into its image's root, its workspace and its home as the
+   * image `name` on its sidecar (POST /v1/leases/{id}/snapshot), resolved once ready;
+   * acquires naming it in `image` start from it. ExistsError for a taken name. */
+  async snapshot(name: string): Promise<ImageInfo> {
+    return this.client.json({ method: "POST", path: leasePath(this.id, "snapshot"), json: { name }, lease: this });
+  }
+
   /** setNetwork replaces this lease's network policy with the handle's credential (a
    * handle from acquire may; one opened with a lease token gets ForbiddenError). */
   async setNetwork(policy: NetworkPolicy | "none"): Promise<Lease> {

@@ -78,6 +78,9 @@ export class UnknownImageError extends InvalidRequestError {}
 export class ImageNotReadyError extends UnavailableError {}
 /** 409 image_in_use: an image cannot be removed while leases run on it. */
 export class ImageInUseError extends ConflictError {}
+/** 422 snapshot_refused: the lease holds what an image layer cannot (a file named .wh.*);
+ * the detail names it. */
+export class SnapshotRefusedError extends SidecarError {}
 
 /** The class of every code; the Record type makes a code added to the document without
  * a class here a compile error. */
@@ -122,6 +125,7 @@ export const errorClasses: Record<ProblemCode, new (status: number, p: Partial<P
   unknown_image: UnknownImageError,
   image_not_ready: ImageNotReadyError,
   image_in_use: ImageInUseError,
+  snapshot_refused: SnapshotRefusedError,
 };
 
 // A code for replies without a problem body (HEAD, a proxy in between).
