@@ -19,6 +19,7 @@ func TestChartLeaseImages(t *testing.T) {
 		"storeBytes":         "53687091200",
 		"registryAuthSecret": "pull-secret",
 		"root":               []any{"python", "node"},
+		"snapshotMaxAge":     "168h",
 	}
 	docs, err := render(t, values)
 	if err != nil {
@@ -37,6 +38,7 @@ func TestChartLeaseImages(t *testing.T) {
 		"SIDECAR_IMAGE_STORE_BYTES": "53687091200",
 		"DOCKER_CONFIG":             "/etc/sidecar/registry",
 		"SIDECAR_ROOT_IMAGES":       "python,node",
+		"SIDECAR_SNAPSHOT_MAX_AGE":  "168h",
 		"SIDECAR_STATE_DIR":         "/var/lib/sidecar", // the store is <state dir>/images
 	} {
 		if env[name] != want {
@@ -69,7 +71,7 @@ func TestChartLeaseImages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"SIDECAR_IMAGES", "SIDECAR_DEFAULT_IMAGE", "SIDECAR_IMAGE_STORE_BYTES", "SIDECAR_ROOT_IMAGES", "DOCKER_CONFIG"} {
+	for _, name := range []string{"SIDECAR_IMAGES", "SIDECAR_DEFAULT_IMAGE", "SIDECAR_IMAGE_STORE_BYTES", "SIDECAR_ROOT_IMAGES", "SIDECAR_SNAPSHOT_MAX_AGE", "DOCKER_CONFIG"} {
 		if strings.Contains(docs["sidecar/templates/statefulset.yaml"], name) {
 			t.Errorf("rendered without images, the StatefulSet sets %s", name)
 		}

@@ -34,6 +34,7 @@ func TestImageConfigErrorsNameTheVariable(t *testing.T) {
 		{ImageConfig{StoreBytes: -1}, "SIDECAR_IMAGE_STORE_BYTES"},
 		{ImageConfig{Images: "py=python:3", Root: "py,node"}, "SIDECAR_ROOT_IMAGES"},
 		{ImageConfig{Root: "host"}, "SIDECAR_ROOT_IMAGES"},
+		{ImageConfig{SnapshotMaxAge: -time.Hour}, "SIDECAR_SNAPSHOT_MAX_AGE"},
 	} {
 		if _, _, err := c.cfg.parse(); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %s", c.cfg, err, c.want)

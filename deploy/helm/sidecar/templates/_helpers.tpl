@@ -35,9 +35,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- /* SIDECAR_IMAGES from images.names: NAME=REF pairs, by name. Setting the variables in
 config as well would give the daemon two values: refused. */ -}}
 {{- define "sidecar.images" -}}
-{{- range $k := list "SIDECAR_IMAGES" "SIDECAR_DEFAULT_IMAGE" "SIDECAR_IMAGE_STORE_BYTES" "SIDECAR_ROOT_IMAGES" -}}
+{{- range $k := list "SIDECAR_IMAGES" "SIDECAR_DEFAULT_IMAGE" "SIDECAR_IMAGE_STORE_BYTES" "SIDECAR_ROOT_IMAGES" "SIDECAR_SNAPSHOT_MAX_AGE" -}}
 {{- if hasKey $.Values.config $k -}}
-{{- fail (printf "images: %s is set by images.names/default/storeBytes/root; remove it from config" $k) -}}
+{{- fail (printf "images: %s is set by images.names/default/storeBytes/root/snapshotMaxAge; remove it from config" $k) -}}
 {{- end -}}
 {{- end -}}
 {{- $pairs := list -}}
