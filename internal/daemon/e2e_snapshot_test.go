@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/internal/daemon"
+	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
 // A snapshot of a lease starts new leases as that lease left its root, workspace and
@@ -83,6 +85,20 @@ func TestSnapshotsStartLeases(t *testing.T) {
 	}
 	if err := d.client.RemoveImage(ctx, "prepared"); !errors.Is(err, client.ErrImageInUse) {
 		t.Fatalf("removing a snapshot in use: %v", err)
+	}
+
+	// A workspace that does not fit a new lease's disk refuses the acquire, leaving no lease.
+	if _, ok := testtool.Find("mkfs.ext4"); ok {
+		must0(t, srcLease.WriteFile(ctx, "big", make([]byte, 24<<20), 0o644))
+		must(srcLease.Snapshot(ctx, "big"))(t)
+		_, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "small", Image: "big", Limits: apitype.Limits{DiskBytes: 16 << 20}})
+		if !errors.Is(err, client.ErrQuotaExceeded) {
+			t.Fatalf("a snapshot's workspace over the new lease's disk_bytes: %v", err)
+		}
+		if got := must(d.client.ListImages(ctx))(t); slices.ContainsFunc(got.Images, func(in apitype.ImageInfo) bool { return in.Name == "big" && in.InUse != 0 }) {
+			t.Fatalf("the refused acquire holds the snapshot: %+v", got)
+		}
+		must0(t, d.client.RemoveImage(ctx, "big"))
 	}
 
 	// Kept across a restart, leases on it restored.
