@@ -1,10 +1,12 @@
 package daemon_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"testing"
 	"time"
 
@@ -163,4 +165,91 @@ func BenchmarkAcquireImage(b *testing.B) {
 	b.ReportMetric(float64(took[2])/n, "root-ns/op")
 	b.ReportMetric(float64(took[1])/float64(took[0]), "image/host")
 	b.ReportMetric(float64(took[2])/float64(took[1]), "root/image")
+}
+
+// BenchmarkAcquireSnapshot: a lease on an image installs SIDECAR_BENCH_SNAPSHOT_MIB
+// (default 1024) MiB of files into its root and is saved as a snapshot ("save-s"); then a
+// lease's whole life (acquire, `sh -c true`, release) on the snapshot and on its base
+// image, interleaved. Read "snapshot/image" (issue target ≤ 1.2) and "disk-share": what
+// 10 leases held at once on the snapshot take on their disks, of 10 copies of the
+// installed files (target ≤ 0.05).
+func BenchmarkAcquireSnapshot(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("images need root")
+	}
+	mib := 1024
+	if v := os.Getenv("SIDECAR_BENCH_SNAPSHOT_MIB"); v != "" {
+		var err error
+		if mib, err = strconv.Atoi(v); err != nil || mib < 16 {
+			b.Fatalf("SIDECAR_BENCH_SNAPSHOT_MIB=%q: want a number of MiB, at least 16", v)
+		}
+	}
+	dir := imageLayout(b, map[string]v1.Image{"img": runnableImage(b, "bench")})
+	d := startDaemon(b, func(c *daemon.Config) {
+		c.Images = daemon.ImageConfig{Images: "img=oci-layout:" + dir + ":img", StoreBytes: int64(mib+256) << 20}
+		c.MaxLeases = 16
+	})
+	waitImages(b, d.client)
+	ctx := context.Background()
+	src, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "bench-source", Image: "img", Limits: apitype.Limits{DiskBytes: int64(mib+256) << 20}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Release(context.Background())
+	const chunk = 16 << 20
+	if err := src.WriteFile(ctx, "chunk", bytes.Repeat([]byte("installed "), chunk/10), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	install := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do cat /workspace/chunk > /scratch/f$i; i=$((i+1)); done; : > /workspace/chunk`, mib*(1<<20)/chunk)
+	if r, err := src.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", install}}); err != nil || r.ExitCode != 0 {
+		b.Fatal(r, err)
+	}
+	start := time.Now()
+	if _, err := src.Snapshot(ctx, "snap"); err != nil {
+		b.Fatal(err)
+	}
+	save := time.Since(start)
+
+	kinds := []string{"img", "snap"}
+	var took [2]time.Duration
+	for iter := 0; b.Loop(); iter++ {
+		for k := range kinds {
+			i := (iter + k) % len(kinds)
+			start := time.Now()
+			l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", iter, "-", i), Image: kinds[i]})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "true"}}); err != nil || r.ExitCode != 0 {
+				b.Fatal(r, err)
+			}
+			if err := l.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+			took[i] += time.Since(start)
+		}
+	}
+	b.StopTimer()
+	var disk int64
+	for i := range 10 {
+		l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-held-", i), Image: "snap"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer l.Release(context.Background())
+		if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "cat /scratch/f0 > /dev/null"}}); err != nil || r.ExitCode != 0 {
+			b.Fatal(r, err)
+		}
+		info, err := d.client.Get(ctx, l.ID())
+		if err != nil {
+			b.Fatal(err)
+		}
+		disk += info.Usage.DiskBytes
+	}
+	n := float64(b.N)
+	b.ReportMetric(save.Seconds(), "save-s")
+	b.ReportMetric(float64(took[0])/n, "image-ns/op")
+	b.ReportMetric(float64(took[1])/n, "snapshot-ns/op")
+	b.ReportMetric(float64(took[1])/float64(took[0]), "snapshot/image")
+	b.ReportMetric(float64(disk)/float64(10*int64(mib)<<20), "disk-share")
 }
