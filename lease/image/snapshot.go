@@ -13,7 +13,6 @@ import (
 	"path"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -185,7 +184,7 @@ func (s *Store) adoptLayer(u unpacked) (int64, error) {
 // (or once per age, when shorter), until the store closes.
 func (s *Store) expireLoop() {
 	defer s.wg.Done()
-	t := time.NewTicker(min(time.Minute, s.maxAge))
+	t := time.NewTicker(min(time.Minute, max(s.maxAge, time.Second)))
 	defer t.Stop()
 	for {
 		select {
@@ -238,128 +237,183 @@ func writeSnapshot(w io.Writer, src SnapshotSource) error {
 // them (made under other options) is refused rather than saved incomplete.
 var overlayDependent = []string{"trusted.overlay.redirect", "trusted.overlay.metacopy"}
 
-// writeTree writes t's files, each as lstat sees it, through an os.Root on t.Dir: a
-// symlink a lease plants while the walk runs leads nowhere out of the tree. A character
-// device 0/0 (an overlay whiteout) becomes a .wh. entry, an opaque directory gets the
-// .wh..wh..opq marker, and hard links within the tree stay hard links.
+// maxSnapshotDepth bounds how deep a snapshot's directories nest (the walk recurses).
+const maxSnapshotDepth = 1024
+
+// writeTree writes t's files, each as it is when read. The lease may be running, so the
+// walk never resolves a path: every entry is opened relative to its directory's
+// descriptor, without following a symlink and without blocking (a FIFO swapped in for a
+// file or a directory is seen for what it is). A character device 0/0 (an overlay
+// whiteout) becomes a .wh. entry, an opaque directory gets the .wh..wh..opq marker, and
+// hard links within the tree stay hard links.
 func writeTree(tw *tar.Writer, t Tree, uid, gid int) error {
-	root, err := os.OpenRoot(t.Dir)
+	fd, err := unix.Open(t.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &fs.PathError{Op: "open", Path: t.Dir, Err: err}
+	}
+	w := &treeWriter{tw: tw, uid: uid, gid: gid, links: map[uint64]string{}}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return err
+	}
+	if t.At != "" {
+		if err := w.dirHeader(fd, t.At, &st); err != nil {
+			unix.Close(fd)
+			return err
+		}
+	}
+	return w.dir(fd, t.At, 0) // closes fd
+}
+
+type treeWriter struct {
+	tw       *tar.Writer
+	uid, gid int
+	links    map[uint64]string // inode → the first name written
+}
+
+// header is the tar header of the entry name whose stat is st: the lease's uid and gid
+// become root's.
+func (w *treeWriter) header(name string, st *unix.Stat_t) *tar.Header {
+	hdr := &tar.Header{Name: name, ModTime: time.Unix(st.Mtim.Unix()), Mode: int64(st.Mode & 0o1777), Uid: int(st.Uid), Gid: int(st.Gid), Format: tar.FormatPAX}
+	if hdr.Uid == w.uid {
+		hdr.Uid = 0
+	}
+	if hdr.Gid == w.gid {
+		hdr.Gid = 0
+	}
+	return hdr
+}
+
+// dirHeader writes the directory name open as fd, and its opaque marker.
+func (w *treeWriter) dirHeader(fd int, name string, st *unix.Stat_t) error {
+	opaque, err := dirAttrs(fd, name)
 	if err != nil {
 		return err
 	}
-	defer root.Close()
-	links := map[uint64]string{} // inode → the first name written
-	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := path.Join(t.At, p)
-		if name == "." {
-			return nil // the layer's root: overlay takes the top layer's
-		}
-		if strings.HasPrefix(d.Name(), whiteoutPrefix) {
-			return fmt.Errorf("%w: %s: a name starting with %s is a whiteout in a layer; rename it to snapshot the lease", ErrRefused, name, whiteoutPrefix)
-		}
-		fi, err := root.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return fmt.Errorf("%s: no stat", p)
-		}
-		hdr := &tar.Header{Name: name, ModTime: fi.ModTime(), Mode: int64(fi.Mode().Perm()), Uid: int(st.Uid), Gid: int(st.Gid), Format: tar.FormatPAX}
-		if fi.Mode()&fs.ModeSticky != 0 {
-			hdr.Mode |= 0o1000
-		}
-		if hdr.Uid == uid {
-			hdr.Uid = 0
-		}
-		if hdr.Gid == gid {
-			hdr.Gid = 0
-		}
-		switch mode := fi.Mode(); {
-		case mode.IsDir():
-			hdr.Typeflag, hdr.Name = tar.TypeDir, name+"/"
-			opaque, err := dirAttrs(root, p)
-			if err != nil {
-				return err
-			}
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if opaque {
-				return tw.WriteHeader(&tar.Header{Name: path.Join(name, opaqueMarker), Typeflag: tar.TypeReg, Format: tar.FormatPAX})
-			}
-			return nil
-		case mode.IsRegular():
-			if st.Nlink > 1 {
-				if first, ok := links[st.Ino]; ok {
-					hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
-					return tw.WriteHeader(hdr)
-				}
-				links[st.Ino] = name
-			}
-			return writeFile(tw, root, p, hdr)
-		case mode&fs.ModeSymlink != 0:
-			target, err := root.Readlink(p)
-			if err != nil {
-				return err
-			}
-			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
-			return tw.WriteHeader(hdr)
-		case mode&fs.ModeCharDevice != 0 && st.Rdev == 0:
-			return tw.WriteHeader(&tar.Header{Name: path.Join(path.Dir(name), whiteoutPrefix+path.Base(name)), Typeflag: tar.TypeReg, ModTime: hdr.ModTime, Format: tar.FormatPAX})
-		case mode&fs.ModeNamedPipe != 0:
-			hdr.Typeflag = tar.TypeFifo
-			return tw.WriteHeader(hdr)
-		}
-		return nil // a socket, or a device no lease can make: nothing an image holds
-	})
+	hdr := w.header(name+"/", st)
+	hdr.Typeflag = tar.TypeDir
+	if err := w.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	if opaque {
+		return w.tw.WriteHeader(&tar.Header{Name: path.Join(name, opaqueMarker), Typeflag: tar.TypeReg, Format: tar.FormatPAX})
+	}
+	return nil
 }
 
-// dirAttrs reads the overlay attributes of the directory p: whether it is opaque, and
-// an error if it depends on the layers below in a way a layer cannot say.
-func dirAttrs(root *os.Root, p string) (opaque bool, err error) {
-	f, err := root.Open(p)
-	if err != nil {
-		return false, err
+// dir writes the entries of the directory open as fd, named name in the layer, and
+// closes fd.
+func (w *treeWriter) dir(fd int, name string, depth int) error {
+	d := os.NewFile(uintptr(fd), name)
+	defer d.Close()
+	if depth > maxSnapshotDepth {
+		return fmt.Errorf("%w: %s: directories nested over %d deep", ErrRefused, name, maxSnapshotDepth)
 	}
-	defer f.Close()
-	buf := make([]byte, 8)
-	for _, x := range overlayDependent {
-		if _, err := unix.Fgetxattr(int(f.Fd()), x, buf); err == nil || errors.Is(err, unix.ERANGE) {
-			return false, fmt.Errorf("%w: %s has the overlay attribute %s (a layer mounted with redirect_dir or metacopy on): a snapshot cannot carry it", ErrRefused, p, x)
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return err
+	}
+	slices.Sort(names) // the same tree, the same layer digest
+	for _, n := range names {
+		if err := w.entry(fd, n, path.Join(name, n), depth); err != nil {
+			return err
 		}
 	}
-	n, err := unix.Fgetxattr(int(f.Fd()), opaqueXattr, buf)
+	return nil
+}
+
+// entry writes base, an entry of the directory dirfd, named name in the layer.
+func (w *treeWriter) entry(dirfd int, base, name string, depth int) error {
+	if strings.HasPrefix(base, whiteoutPrefix) {
+		return fmt.Errorf("%w: %s: a name starting with %s is a whiteout in a layer; rename it to snapshot the lease", ErrRefused, name, whiteoutPrefix)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); errors.Is(err, unix.ENOENT) {
+		return nil // removed since the directory was read
+	} else if err != nil {
+		return &fs.PathError{Op: "stat", Path: name, Err: err}
+	}
+	hdr := w.header(name, &st)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		fd, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrChanged, name, err)
+		}
+		if err := w.dirHeader(fd, name, &st); err != nil {
+			unix.Close(fd)
+			return err
+		}
+		return w.dir(fd, name, depth+1)
+	case unix.S_IFREG:
+		if st.Nlink > 1 {
+			if first, ok := w.links[st.Ino]; ok {
+				hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
+				return w.tw.WriteHeader(hdr)
+			}
+			w.links[st.Ino] = name
+		}
+		return w.file(dirfd, base, hdr)
+	case unix.S_IFLNK:
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(dirfd, base, buf)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", ErrChanged, name, err)
+		}
+		hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, string(buf[:n])
+		return w.tw.WriteHeader(hdr)
+	case unix.S_IFCHR:
+		if st.Rdev != 0 {
+			return nil // a device no lease can make
+		}
+		return w.tw.WriteHeader(&tar.Header{Name: path.Join(path.Dir(name), whiteoutPrefix+base), Typeflag: tar.TypeReg, ModTime: hdr.ModTime, Format: tar.FormatPAX})
+	case unix.S_IFIFO:
+		hdr.Typeflag = tar.TypeFifo
+		return w.tw.WriteHeader(hdr)
+	}
+	return nil // a socket: nothing an image holds
+}
+
+// dirAttrs reads the overlay attributes of the directory open as fd: whether it is
+// opaque, and an error if it depends on the layers below in a way a layer cannot say.
+func dirAttrs(fd int, name string) (opaque bool, err error) {
+	buf := make([]byte, 8)
+	for _, x := range overlayDependent {
+		if _, err := unix.Fgetxattr(fd, x, buf); err == nil || errors.Is(err, unix.ERANGE) {
+			return false, fmt.Errorf("%w: %s has the overlay attribute %s (a layer mounted with redirect_dir or metacopy on): a snapshot cannot carry it", ErrRefused, name, x)
+		}
+	}
+	n, err := unix.Fgetxattr(fd, opaqueXattr, buf)
 	return err == nil && string(buf[:n]) == "y", nil
 }
 
-// writeFile writes the regular file p, whose size must not change while it is read.
-func writeFile(tw *tar.Writer, root *os.Root, p string, hdr *tar.Header) error {
-	f, err := root.OpenFile(p, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+// file writes the regular file base of dirfd, whose size must not change while it is
+// read.
+func (w *treeWriter) file(dirfd int, base string, hdr *tar.Header) error {
+	fd, err := unix.Openat(dirfd, base, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %s: %v", ErrChanged, hdr.Name, err)
 	}
+	f := os.NewFile(uintptr(fd), hdr.Name)
 	defer f.Close()
-	fi, err := f.Stat()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%w: %s was replaced while it was read", ErrChanged, hdr.Name)
+	}
+	hdr.Typeflag, hdr.Size = tar.TypeReg, st.Size
+	if err := w.tw.WriteHeader(hdr); err != nil {
+		return err
+	}
+	n, err := io.Copy(w.tw, io.LimitReader(f, hdr.Size))
 	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%w: %s was replaced while it was read", ErrChanged, p)
-	}
-	hdr.Typeflag, hdr.Size = tar.TypeReg, fi.Size()
-	if err := tw.WriteHeader(hdr); err != nil {
-		return err
-	}
-	n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
-	if err != nil && !errors.Is(err, tar.ErrWriteTooLong) {
 		return err
 	}
 	if n != hdr.Size {
-		return fmt.Errorf("%w: %s shrank while it was read; retry once the lease's writers are done", ErrChanged, p)
+		return fmt.Errorf("%w: %s shrank while it was read; retry once the lease's writers are done", ErrChanged, hdr.Name)
 	}
 	return nil
 }

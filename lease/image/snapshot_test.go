@@ -38,6 +38,7 @@ func leaseTrees(t *testing.T) []Tree {
 	must(t, unix.Setxattr(filepath.Join(upper, "opt"), opaqueXattr, []byte("y"), 0))
 	must(t, os.Link(filepath.Join(upper, "usr/local/bin/tool"), filepath.Join(upper, "usr/local/bin/tool-too")))
 	must(t, os.Symlink("tool", filepath.Join(upper, "usr/local/bin/alias")))
+	must(t, unix.Mkfifo(filepath.Join(upper, "usr/local/pipe"), 0o600))
 	for _, root := range []string{work, home, filepath.Join(upper, "usr/local"), filepath.Join(upper, "opt")} {
 		must(t, filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
 			if err != nil {
@@ -105,6 +106,9 @@ func TestSnapshotOfALease(t *testing.T) {
 	}
 	if l, err := os.Readlink(filepath.Join(merged, "usr/local/bin/alias")); err != nil || l != "tool" {
 		t.Errorf("symlink: %q %v", l, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(merged, "usr/local/pipe")); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		t.Errorf("fifo: %v %v", fi, err)
 	}
 
 	// A new lease's workspace and home: copies owned by its uid.
