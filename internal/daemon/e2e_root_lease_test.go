@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"fmt"
 	"debug/buildinfo"
 	"os"
 	"os/exec"
@@ -132,15 +133,17 @@ func TestRootLeasesInstallPackages(t *testing.T) {
 		t.Errorf("a lease not on a root image runs as %q; want its uid %d", got, plain.uid)
 	}
 
-	// A snapshot of the root lease runs its leases as root, the package installed and
-	// root's to remove; the image it was taken of still lacks it.
+	// A snapshot of the root lease starts root leases with the package installed, each
+	// removing it from its own root only; the image it was taken of still lacks it.
 	in := must(root.lease.Snapshot(ctx, "deb-hello"))(t)
 	if !in.Root || in.Snapshot == nil || in.Snapshot.Base != "deb" {
 		t.Fatalf("a root lease's snapshot: %+v", in)
 	}
-	fromSnap := acquire("from-snapshot", "deb-hello")
-	if got := fromSnap.out(`busybox id -u; hello; busybox grep -c "Package: hello-sidecar" /var/lib/dpkg/status; busybox stat -c %u /usr/bin/hello; busybox rm /usr/bin/hello && echo removed`); got != "0\nhello from a package\n1\n0\nremoved\n" {
-		t.Fatalf("a lease on the root lease's snapshot: %q", got)
+	for i := range 3 {
+		fromSnap := acquire(fmt.Sprint("from-snapshot-", i), "deb-hello")
+		if got := fromSnap.out(`busybox id -u; hello; busybox grep -c "Package: hello-sidecar" /var/lib/dpkg/status; busybox stat -c %u /usr/bin/hello; busybox rm /usr/bin/hello && echo removed`); got != "0\nhello from a package\n1\n0\nremoved\n" {
+			t.Fatalf("lease %d on the root lease's snapshot: %q", i, got)
+		}
 	}
 	if r := acquire("deb-again", "deb").run(`busybox test -e /usr/bin/hello`); r.ExitCode == 0 {
 		t.Errorf("the package shows in a new lease on the image the snapshot was taken of: %+v", r)
