@@ -76,5 +76,12 @@ func (s *Server) handleSnapshot(w http.ResponseWriter, r *http.Request, _ princi
 	if err != nil {
 		return err
 	}
+	// A release during the walk removes files under it: what was saved may lack them.
+	if _, err := s.opts.Leases.Get(l.ID); err != nil {
+		if rerr := s.opts.Images.Remove(in.Name); rerr != nil {
+			s.log.Warn("cannot remove the snapshot of a lease released while it was saved", "image", in.Name, "lease", l.ID, "err", rerr)
+		}
+		return errorf(http.StatusConflict, apitype.CodeConflict, "lease %s was released while it was saved: the snapshot may be incomplete and was removed", l.ID)
+	}
 	return writeJSON(w, http.StatusCreated, in)
 }
