@@ -2,8 +2,8 @@ package daemon_test
 
 import (
 	"context"
-	"fmt"
 	"debug/buildinfo"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
