@@ -345,6 +345,11 @@ type ImageInfo struct {
 	// Root: its leases run as root in a user namespace of their own (SIDECAR_ROOT_IMAGES),
 	// and may install packages into it.
 	Root bool `json:"root"`
+	// Owned: its leases own what root owns in the image (its layers id-mapped onto the
+	// lease's uid), so they change it in their writable layer as root in a container
+	// would: pip install into the image's Python, npm install -g. False where the host
+	// cannot id-map the image store (operations §17): they read those files as root's.
+	Owned bool `json:"owned"`
 	// Snapshot is set on an image made from a lease (POST /v1/leases/{id}/snapshot).
 	Snapshot *SnapshotInfo `json:"snapshot,omitempty"`
 }

@@ -44,6 +44,7 @@ type Daemon struct {
 	// defaultImage is SIDECAR_DEFAULT_IMAGE's image; "": the host's root.
 	defaultImage string
 	rootImages   map[string]bool // SIDECAR_ROOT_IMAGES
+	ownedImages  bool            // leases own their image's files (Runtime.OwnedImages)
 	rt           *Runtime
 	tokens       *lease.Tokens
 	leases       *lease.Manager
@@ -190,12 +191,21 @@ func (d *Daemon) open(ctx context.Context) error {
 	if d.images, d.defaultImage, err = cfg.Images.open(cfg.StateDir, log.With("component", "image")); err != nil {
 		return err
 	}
-	if d.rootImages = cfg.Images.rootImages(); len(d.rootImages) > 0 {
-		if err := d.sandbox.ProbeRootLeases(filepath.Join(cfg.StateDir, "images")); err != nil {
+	ownedImages := false
+	if cfg.Images.Images != "" {
+		// Leases own their image's files where its layers can be id-mapped; root leases
+		// need it, the others read the image's files as root's without it.
+		err := d.sandbox.ProbeRootLeases(filepath.Join(cfg.StateDir, "images"))
+		d.rootImages, ownedImages = cfg.Images.rootImages(), err == nil
+		if err != nil && len(d.rootImages) > 0 {
 			return fmt.Errorf("SIDECAR_ROOT_IMAGES=%s: %w", cfg.Images.Root, err)
 		}
+		if err != nil {
+			log.Info("leases on images read the image's files as root's and cannot change them (no id-mapped layers here)", "reason", err)
+		}
 	}
-	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images, RootImages: d.rootImages}
+	d.ownedImages = ownedImages
+	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images, RootImages: d.rootImages, OwnedImages: ownedImages}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
 		secrets = append(secrets, []byte(cfg.PreviousToken))
@@ -355,7 +365,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.network.manager != nil {
 		opts.Network = d.network.manager
 	}
-	opts.Images = imageAPI{store: d.images, rt: d.rt, defaultImage: d.defaultImage, root: d.rootImages}
+	opts.Images = imageAPI{store: d.images, rt: d.rt, defaultImage: d.defaultImage, root: d.rootImages, owned: d.ownedImages}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return listenError(cfg.ListenAddr, err)

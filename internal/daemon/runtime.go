@@ -42,6 +42,10 @@ type Runtime struct {
 	// (SIDECAR_ROOT_IMAGES), decided at each Provision: a restart with the setting changed
 	// changes it for the leases it restores.
 	RootImages map[string]bool
+	// OwnedImages: leases on images own what root owns in them (id-mapped layers), so
+	// that they change it as root in a container would; false where the host cannot
+	// (ProbeRootLeases failed): they read the image's files as root's.
+	OwnedImages bool
 
 	mu    sync.Mutex
 	fss   map[string]*fsxfer.FS
@@ -82,7 +86,7 @@ func (rt *Runtime) leaseRoot(id string) *sandbox.LeaseRoot {
 	if r == nil {
 		return nil
 	}
-	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Base]}
+	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Base], Owned: rt.OwnedImages}
 }
 
 // leaseNetwork is how a lease reaches out: through the daemon from a namespace of its own,

@@ -97,6 +97,9 @@ func (s *Sandbox) start(le *lease) confine.Start {
 	s.mu.Lock()
 	netns, userns, workdir := le.netns, le.userns, le.spec.Workdir
 	s.mu.Unlock()
+	if le.spec.Root == nil || !le.spec.Root.AsRoot {
+		userns = nil // it only maps the layers: the processes stay the lease's uid
+	}
 	return confine.Start{Config: s.helperConfig(le), Dir: workdir, NetNS: netns, UserNS: userns, NewNS: s.caps.PrivateTmp}
 }
 

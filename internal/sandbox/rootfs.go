@@ -43,7 +43,16 @@ type LeaseRoot struct {
 	// AsRoot runs the lease's processes as root in a user namespace of the lease's own,
 	// over id-mapped layers (userns.go); false: as the lease's uid.
 	AsRoot bool
+	// Owned mounts the layers id-mapped as for AsRoot, the image's root onto the lease's
+	// uid, without the processes entering the namespace: they run as the lease's uid and
+	// own what root owns in the image, so they change it in their writable layer as root
+	// in a container would (pip install into the image's Python, npm install -g), with
+	// no capability. Implied by AsRoot; needs what it needs (ProbeRootLeases).
+	Owned bool
 }
+
+// idMapped reports whether the root's layers are mounted id-mapped onto the lease's uid.
+func (r *LeaseRoot) idMapped() bool { return r != nil && (r.AsRoot || r.Owned) }
 
 // overlayFSName starts the source name of a lease's overlay in mountinfo, which Sweep finds
 // the overlays of leases the daemon no longer knows by. The sandbox's cgroup parent

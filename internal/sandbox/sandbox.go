@@ -89,8 +89,9 @@ type Caps struct {
 	Isolation        string
 	Seccomp          bool     // the system-call filter is on every lease process
 	Layers           []string // the layers in force, Layer* names
-	// RootLeases: a lease on an image may run as root in a user namespace of its own
-	// (LeaseRoot.AsRoot; userns.go): strict isolation with the C helper.
+	// RootLeases: a lease on an image may run as root in a user namespace of its own, or
+	// own its image's files (LeaseRoot.AsRoot, Owned; userns.go): strict isolation with
+	// the C helper.
 	RootLeases bool
 }
 
@@ -171,7 +172,7 @@ type lease struct {
 	group  string
 	root   string   // the merged directory of the lease's root overlay; "" for the host's root
 	rootRW []string // what Landlock lets the lease write in its root (rootWritable)
-	userns *os.File // the lease's user namespace when it runs as root (userns.go); nil otherwise
+	userns *os.File // the lease's user namespace when its layers are id-mapped (userns.go); nil otherwise
 }
 
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
@@ -391,7 +392,7 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	if l.Root != nil && !s.caps.PrivateTmp {
 		return fmt.Errorf("%w: an image root needs strict isolation (a mount namespace per process)", ErrUnsupported)
 	}
-	if l.Root != nil && l.Root.AsRoot && !s.caps.RootLeases {
+	if l.Root.idMapped() && !s.caps.RootLeases {
 		return errRootLeases
 	}
 	if _, under := under(l.Workdir, "/tmp"); under && s.caps.PrivateTmp {
@@ -467,14 +468,14 @@ func (s *Sandbox) register(l LeaseSpec, pts, passwd, group, resolv, root string,
 	return le, nil
 }
 
-// leaseUserNS is the user namespace of lease l if it runs as root: the one it has from an
-// earlier Provision in this run, else a new one (made). nil for any other lease.
+// leaseUserNS is the user namespace of lease l if its layers are id-mapped: the one it has
+// from an earlier Provision in this run, else a new one (made). nil for any other lease.
 func (s *Sandbox) leaseUserNS(l LeaseSpec) (ns *os.File, made bool, err error) {
-	if l.Root == nil || !l.Root.AsRoot {
+	if !l.Root.idMapped() {
 		return nil, false, nil
 	}
 	if l.UID == 0 || l.GID == 0 {
-		return nil, false, fmt.Errorf("%w: lease %s runs as root in a user namespace and needs a uid and gid to map root onto", ErrInvalid, l.ID)
+		return nil, false, fmt.Errorf("%w: lease %s owns its image's files through a user namespace and needs a uid and gid to map root onto", ErrInvalid, l.ID)
 	}
 	s.mu.Lock()
 	le := s.leases[l.ID]

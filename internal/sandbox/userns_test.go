@@ -118,6 +118,42 @@ func TestLeaseRootAsRoot(t *testing.T) {
 	})
 }
 
+// A lease on an image it owns (LeaseRoot.Owned) runs as its uid with no capability, and
+// owns what root owns in the image: it changes the image's files in its writable layer
+// as root in a container would, privately, and nothing of it outlives the lease.
+func TestLeaseRootOwned(t *testing.T) {
+	layers := rootImage(t)
+	owned := func(l *LeaseSpec) { l.Root = imageRoot(layers); l.Root.Owned = true }
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		if !s.Caps().RootLeases {
+			return // the Go helper cannot make the namespace: the daemon never asks (TestLeaseRootAsRoot checks the refusal)
+		}
+		l := newTestLease(t, s, owned)
+		other := newTestLease(t, s, owned)
+		uid := strconv.Itoa(l.UID)
+		r := run(t, s, l.ID, sh(`id -u; echo $USER; stat -c '%u' /etc/os-release /usr/local/bin; grep CapEff /proc/self/status`))
+		if want := uid + "\nuser\n" + uid + "\n" + uid + "\nCapEff:\t0000000000000000\n"; r.exitCode != 0 || r.stdout != want {
+			t.Fatalf("who an owning lease is and what it owns: %+v; want %q", r, want)
+		}
+		r = run(t, s, l.ID, sh(`printf '#!/bin/sh\necho installed\n' > /usr/local/bin/tool && chmod 755 /usr/local/bin/tool && echo ID=edited > /etc/os-release && /usr/local/bin/tool && cat /etc/os-release`))
+		if r.exitCode != 0 || r.stdout != "installed\nID=edited\n" {
+			t.Fatalf("an install into the image's directories: %+v", r)
+		}
+		if st, err := os.Stat(filepath.Join(leaseRootDirs(l).upper, "usr/local/bin/tool")); err != nil || int(st.Sys().(*syscall.Stat_t).Uid) != l.UID {
+			t.Errorf("the installed file on the host: %v; want it in the writable layer, owned by uid %d", st, l.UID)
+		}
+		if r := run(t, s, other.ID, sh(`cat /etc/os-release; test -e /usr/local/bin/tool && echo installed; true`)); r.stdout != testImageOSRelease {
+			t.Errorf("another lease on the same image: %+v; want the image's files only", r)
+		}
+		for _, cmd := range []string{"unshare -U true", "unshare -r true", "chown 0 /etc/os-release"} {
+			if r := run(t, s, l.ID, sh(cmd)); r.exitCode == 0 {
+				t.Errorf("%s in an owning lease: exit 0 (%+v)", cmd, r)
+			}
+		}
+		teardownLeavesNoRoot(t, s, l)
+	})
+}
+
 // ProbeRootLeases passes where root leases work (the C helper; an overlay on an id-mapped
 // layer of the directory's filesystem, ext4 here) and leaves nothing there; with the Go
 // helper it refuses, naming the C helper.
