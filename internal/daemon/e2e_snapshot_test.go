@@ -26,7 +26,7 @@ func TestSnapshotsStartLeases(t *testing.T) {
 	d := startDaemon(t, func(c *daemon.Config) {
 		c.Images = daemon.ImageConfig{Images: "alpha=oci-layout:" + dir + ":a", StoreBytes: 256 << 20}
 	})
-	waitImages(t, d.client)
+	owned := waitImages(t, d.client)["alpha"].Owned
 	acquire := func(session, img string) (*client.Lease, *leaseOnImage) {
 		l := must(d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: session, Image: img}))(t)
 		t.Cleanup(func() { _ = l.Release(context.Background()) })
@@ -51,6 +51,12 @@ func TestSnapshotsStartLeases(t *testing.T) {
 		}
 		if got := l.out(`id -u; test -O /workspace/repo/README && test -O $HOME/.profile && echo owned; echo mine >> /workspace/repo/README; echo mine > /scratch/mine`); got != strconv.Itoa(l.uid)+"\nowned\n" {
 			t.Fatalf("lease %d: its uid and workspace files: %q", i, got)
+		}
+	}
+	if owned { // what the source lease wrote into the image is the new lease's own
+		_, l := acquire("owner", "prepared")
+		if got := l.out(`test -O /scratch/tool && echo mine > /scratch/tool && cat /scratch/tool`); got != "mine\n" {
+			t.Fatalf("a file the source lease wrote into its root, in a lease on the snapshot: %q", got)
 		}
 	}
 	_, third := acquire("third", "prepared")
@@ -80,7 +86,7 @@ func TestSnapshotsStartLeases(t *testing.T) {
 			found = &list.Images[i]
 		}
 	}
-	if found == nil || found.InUse != 3 || found.Snapshot == nil || found.Ref != "snapshot:"+srcLease.ID() {
+	if found == nil || found.InUse != map[bool]int{false: 3, true: 4}[owned] || found.Snapshot == nil || found.Ref != "snapshot:"+srcLease.ID() {
 		t.Fatalf("GET /v1/images: %+v", list)
 	}
 	if err := d.client.RemoveImage(ctx, "prepared"); !errors.Is(err, client.ErrImageInUse) {
