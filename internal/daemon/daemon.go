@@ -44,7 +44,6 @@ type Daemon struct {
 	// defaultImage is SIDECAR_DEFAULT_IMAGE's image; "": the host's root.
 	defaultImage string
 	rootImages   map[string]bool // SIDECAR_ROOT_IMAGES
-	ownedImages  bool            // leases own their image's files (Runtime.OwnedImages)
 	rt           *Runtime
 	tokens       *lease.Tokens
 	leases       *lease.Manager
@@ -204,7 +203,6 @@ func (d *Daemon) open(ctx context.Context) error {
 			log.Info("leases on images read the image's files as root's and cannot change them (no id-mapped layers here)", "reason", err)
 		}
 	}
-	d.ownedImages = ownedImages
 	d.rt = &Runtime{Sandbox: d.sandbox, Processes: d.procs, Shells: d.shells, UploadIdle: cfg.UploadIdle, Disk: d.disk, Budgets: budgets, Network: d.network.manager, Images: d.images, RootImages: d.rootImages, OwnedImages: ownedImages}
 	secrets := [][]byte{[]byte(cfg.SharedToken)}
 	if cfg.PreviousToken != "" {
@@ -365,7 +363,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.network.manager != nil {
 		opts.Network = d.network.manager
 	}
-	opts.Images = imageAPI{store: d.images, rt: d.rt, defaultImage: d.defaultImage, root: d.rootImages, owned: d.ownedImages}
+	opts.Images = imageAPI{store: d.images, rt: d.rt, defaultImage: d.defaultImage, root: d.rootImages}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return listenError(cfg.ListenAddr, err)

@@ -103,7 +103,6 @@ type imageAPI struct {
 	rt           *Runtime        // whose leases snapshots are taken of
 	defaultImage string          // "": the host's root
 	root         map[string]bool // SIDECAR_ROOT_IMAGES
-	owned        bool            // leases own their image's files (Runtime.OwnedImages)
 }
 
 var _ sidecar.Images = imageAPI{}
@@ -140,10 +139,9 @@ func (a imageAPI) Snapshot(ctx context.Context, l lease.Lease, name string) (api
 
 func (a imageAPI) apiImage(in image.Info) apitype.ImageInfo {
 	out := apitype.ImageInfo{Name: in.Name, Ref: in.Ref, Digest: in.Digest, SizeBytes: in.Size, State: in.State,
-		Progress: in.Progress, InUse: in.InUse, Error: in.Error, Root: a.root[in.Name], Owned: a.owned}
+		Progress: in.Progress, InUse: in.InUse, Error: in.Error, Root: a.root[in.Name], Owned: a.rt.OwnedImages}
 	if sn := in.Snapshot; sn != nil {
 		out.Root = a.root[sn.Base] // as its base's, which the operator's setting names
-		out.Owned = a.owned
 		out.Snapshot = &apitype.SnapshotInfo{Base: sn.Base, Lease: sn.Lease, CreatedAt: sn.Created}
 		if !sn.Expires.IsZero() {
 			out.Snapshot.ExpiresAt = &sn.Expires

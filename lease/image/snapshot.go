@@ -106,7 +106,13 @@ func (s *Store) saveSnapshot(ctx context.Context, name string, brec *record, src
 	if err != nil {
 		return nil, fmt.Errorf("snapshot of lease %s: %w", src.Lease, err)
 	}
-	n, err := s.adoptLayer(u)
+	// Held until the record names it; the same content in the store already is used
+	// instead (and this copy dropped).
+	placed := false
+	n, err := s.ensureLayer(ctx, u.diffID, func() (int64, error) { placed = true; return s.place(u) })
+	if !placed {
+		s.discard(u)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -133,51 +139,6 @@ func baseOf(rec *record) string {
 		return rec.Snapshot.Base
 	}
 	return rec.Name
-}
-
-// adoptLayer moves an unpacked snapshot layer into place under its diffid and holds it
-// until the snapshot's record names it (unhold lets go); a layer of that content in the
-// store already is used instead.
-func (s *Store) adoptLayer(u unpacked) (int64, error) {
-	s.mu.Lock()
-	if n, ok := s.layerBytes[u.diffID]; ok || s.unpacking[u.diffID] != nil {
-		// The same content is there (or arriving from a pull, which finds this
-		// layer's name taken only if it loses the race: then it waits, as for any
-		// unpack of its layer, and both end with one directory).
-		if !ok {
-			ch := s.unpacking[u.diffID]
-			s.mu.Unlock()
-			<-ch
-			s.mu.Lock()
-			n, ok = s.layerBytes[u.diffID]
-		}
-		if ok {
-			s.layerRefs[u.diffID]++
-			s.mu.Unlock()
-			s.discard(u)
-			return n, nil
-		}
-	}
-	ch := make(chan struct{})
-	s.unpacking[u.diffID] = ch
-	s.mu.Unlock()
-	err := os.RemoveAll(s.layerDir(u.diffID)) // no record names it: a previous run's
-	if err == nil {
-		err = os.Rename(u.dir, s.layerDir(u.diffID))
-	}
-	s.mu.Lock()
-	delete(s.unpacking, u.diffID)
-	if err == nil {
-		s.layerBytes[u.diffID] = u.charged
-		s.layerRefs[u.diffID]++
-	}
-	s.mu.Unlock()
-	close(ch)
-	if err != nil {
-		s.discard(u)
-		return 0, err
-	}
-	return u.charged, nil
 }
 
 // expireLoop removes snapshots past SIDECAR_SNAPSHOT_MAX_AGE, checking once a minute

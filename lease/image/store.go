@@ -653,7 +653,7 @@ func (s *Store) pull(ctx context.Context, name string, im *image) error {
 	defer s.unhold(rec)
 	for i, l := range layers {
 		diffID := cfg.RootFS.DiffIDs[i].String()
-		n, err := s.ensureLayer(ctx, diffID, l)
+		n, err := s.ensureLayer(ctx, diffID, func() (int64, error) { return s.unpackLayer(ctx, diffID, l) })
 		if err != nil {
 			return fmt.Errorf("layer %d (%s): %w", i+1, diffID, err)
 		}
@@ -713,9 +713,10 @@ func verifiedConfig(img v1.Image, m *v1.Manifest) (*v1.ConfigFile, error) {
 	return cfg, nil
 }
 
-// ensureLayer unpacks the layer unless it is in the store (or being unpacked by another
-// pull, which it waits for), and returns the bytes it takes.
-func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer) (int64, error) {
+// ensureLayer makes the layer diffID with produce (which returns the bytes it charged) unless
+// it is in the store (or being made by another pull or snapshot, which it waits for),
+// holds it until unhold, and returns the bytes it takes.
+func (s *Store) ensureLayer(ctx context.Context, diffID string, produce func() (int64, error)) (int64, error) {
 	for {
 		s.mu.Lock()
 		if n, ok := s.layerBytes[diffID]; ok {
@@ -728,7 +729,7 @@ func (s *Store) ensureLayer(ctx context.Context, diffID string, l v1.Layer) (int
 			ch = make(chan struct{})
 			s.unpacking[diffID] = ch
 			s.mu.Unlock()
-			n, err := s.unpackLayer(ctx, diffID, l)
+			n, err := produce()
 			s.mu.Lock()
 			delete(s.unpacking, diffID)
 			if err == nil {
@@ -768,13 +769,19 @@ func (s *Store) unpackLayer(ctx context.Context, diffID string, l v1.Layer) (int
 		s.discard(u)
 		return 0, fmt.Errorf("%w: the layer's content is %s", ErrDigest, u.diffID)
 	}
+	return s.place(u)
+}
+
+// place moves an unpacked layer into its place under its diffid and returns the bytes
+// it charged; on an error it is discarded.
+func (s *Store) place(u unpacked) (int64, error) {
 	// A directory there is one no record names (a previous run's, which GC has not
 	// reached yet): nothing uses it.
-	if err := os.RemoveAll(s.layerDir(diffID)); err != nil {
-		s.discard(u)
-		return 0, err
+	err := os.RemoveAll(s.layerDir(u.diffID))
+	if err == nil {
+		err = os.Rename(u.dir, s.layerDir(u.diffID))
 	}
-	if err := os.Rename(u.dir, s.layerDir(diffID)); err != nil {
+	if err != nil {
 		s.discard(u)
 		return 0, err
 	}
