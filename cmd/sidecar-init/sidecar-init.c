@@ -45,6 +45,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -57,6 +58,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <linux/filter.h>
 #include <linux/openat2.h>
@@ -965,20 +967,64 @@ static void await_launch(struct config *c)
 	(void)close(LAUNCH_FD);
 }
 
-/* hold_userns is `sidecar-init userns`, no config: it makes a user namespace (which only
- * a single-threaded process can: the daemon cannot) and holds it for the daemon, which
- * writes its maps from outside, as root on the host, and opens /proc/<pid>/ns/user. It
- * says 'R' on stdout once in the namespace, and exits at end of file on stdin. */
-static int hold_userns(void)
+/* serve_userns is `sidecar-init userns`, no config: a user namespace factory for the
+ * daemon, which cannot make one itself (only a single-threaded process can) and would pay
+ * a fork and exec of this helper for each. For each 'N' on stdin it clones a child into a
+ * new user namespace and answers its pid, "<pid>\n"; the daemon writes the namespace's
+ * maps from outside, as root on the host, opens /proc/<pid>/ns/user and says 'D', and the
+ * child is killed (and reaped at the next request, so that its exit overlaps the daemon's
+ * work). The child shares this process's memory (CLONE_VM: no page tables to
+ * copy, a fifth of a fork's cost) and only ever waits on a stack of its own. A namespace
+ * it cannot make is answered "E <message>\n" and the factory serves on. At end of file on
+ * stdin it exits; a child dies with it (PR_SET_PDEATHSIG). */
+static char userns_stack[64 * 1024] __attribute__((aligned(16)));
+static pid_t userns_factory;
+
+static int hold_userns(void *unused)
 {
-	char b = 'R';
-	if (unshare(CLONE_NEWUSER) < 0)
-		fail(EXIT_SETUP, "userns", "unshare: %s", strerror(errno));
-	if (write(STDOUT_FILENO, &b, 1) != 1)
-		fail(EXIT_SETUP, "userns", "ready: %s", strerror(errno));
-	while (read(STDIN_FILENO, &b, 1) > 0)
-		;
-	return 0;
+	(void)unused;
+	/* No call here may fail and set errno, which is the factory's (shared memory). */
+	(void)close(STDIN_FILENO);
+	(void)close(STDOUT_FILENO);
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != userns_factory)
+		_exit(EXIT_SETUP);
+	for (;;)
+		pause();
+}
+
+static int serve_userns(void)
+{
+	pid_t child = 0;
+	int dying = 0;
+	char req, line[64];
+	userns_factory = getpid();
+	for (;;) {
+		ssize_t n = read(STDIN_FILENO, &req, 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (child > 0 && !dying) {
+			(void)kill(child, SIGKILL); /* the daemon holds the namespace (or is gone) */
+			dying = 1;
+		}
+		if (n > 0 && req != 'N')
+			continue;
+		/* The stack is the next child's only once the last one is gone. */
+		while (child > 0 && waitpid(child, NULL, 0) < 0 && errno == EINTR)
+			;
+		child = 0;
+		dying = 0;
+		if (n <= 0)
+			return 0;
+		int pid = clone(hold_userns, userns_stack + sizeof userns_stack, CLONE_VM | CLONE_NEWUSER | SIGCHLD, NULL);
+		int len = pid > 0 ? snprintf(line, sizeof line, "%d\n", pid)
+				  : snprintf(line, sizeof line, "E clone: %s\n", strerror(errno));
+		if (pid > 0)
+			child = (pid_t)pid;
+		if (write(STDOUT_FILENO, line, (size_t)len) != len) {
+			(void)kill(child, SIGKILL);
+			fail(EXIT_SETUP, "userns", "answer: %s", strerror(errno));
+		}
+	}
 }
 
 int main(int argc, char **argv)
@@ -986,7 +1032,7 @@ int main(int argc, char **argv)
 	size_t len;
 	struct config c;
 	if (argc == 2 && strcmp(argv[1], "userns") == 0)
-		return hold_userns();
+		return serve_userns();
 	char *buf = read_config(CONFIG_FD, &len);
 	parse_config(buf, len, &c, CONFIG_FULL);
 #ifdef SIDECAR_INIT_PARSE_ONLY

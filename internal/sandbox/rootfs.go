@@ -11,8 +11,6 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
-
-	"github.com/sidecar-sandbox/sidecar/fsxfer"
 )
 
 // A lease with a LeaseRoot runs in an image instead of the host's root: the daemon mounts
@@ -231,8 +229,10 @@ func mountPoint(root *os.Root, p string, dir bool) error {
 	return f.Close()
 }
 
-// unmountRoot unmounts lease l's overlay and removes its directories (the writable layer
-// with them); nothing is removed while anything is still mounted under them.
+// unmountRoot unmounts lease l's overlay and its id-mapped layers. Its directories (the
+// writable layer with them) are left to whoever removes the lease's directory, where they
+// are: with a disk quota the lease's whole filesystem goes at once, where removing the
+// writable layer file by file first cost more than the rest of a lease's release.
 func unmountRoot(l LeaseSpec) error {
 	if l.Root == nil {
 		return nil
@@ -242,9 +242,6 @@ func unmountRoot(l LeaseSpec) error {
 		return err
 	}
 	if err := unmountIDMappedLayers(d); err != nil {
-		return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
-	}
-	if err := fsxfer.RemoveTree(d.base); err != nil {
 		return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
 	}
 	return nil

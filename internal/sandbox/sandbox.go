@@ -142,6 +142,7 @@ type Sandbox struct {
 	cg      confine.Cgroups   // nil without cgroups
 	eng     *confine.Engine   // starts every lease process; a lease is a cell there
 	helper  string            // the helper binary
+	userns  *usernsFactory    // makes the user namespaces of leases whose layers are id-mapped
 	hostMNS string            // the daemon's mount namespace, which the helper must not mount in
 	filter  []unix.SockFilter // the system-call filter every lease process loads; nil: none
 	ptyRoot string            // where leases' devpts instances are mounted; "" for the host's PTYs
@@ -200,6 +201,7 @@ func New(cfg Config) (*Sandbox, error) {
 		return nil, err
 	}
 	s := &Sandbox{log: cfg.Logger, helper: helper, leases: map[string]*lease{}, landlockMax: cfg.LandlockMaxABI, shell: loginShell(), path: path, rootSources: rootSources(cfg.CgroupParent)}
+	s.userns = &usernsFactory{helper: helper}
 	s.caps.Isolation = cfg.Isolation
 	s.caps.Seccomp = cfg.Seccomp == SeccompStrict && seccomp.Available()
 	if s.caps.Seccomp {
@@ -483,7 +485,7 @@ func (s *Sandbox) leaseUserNS(l LeaseSpec) (ns *os.File, made bool, err error) {
 	if le != nil && le.userns != nil {
 		return le.userns, false, nil
 	}
-	ns, err = newLeaseUserNS(s.helper, l.UID, l.GID)
+	ns, err = s.userns.make(l.UID, l.GID)
 	return ns, err == nil, err
 }
 
@@ -519,8 +521,10 @@ func ownDir(dir string, uid, gid int) error {
 	return nil
 }
 
-// Teardown kills every process of the lease and removes its cgroups and network
-// namespace. Tearing down an unknown or already removed lease is not an error.
+// Teardown kills every process of the lease, removes its cgroups and network namespace
+// and unmounts its root; what it made in the lease's directory (its root's writable layer)
+// goes with that directory, the caller's to remove. Tearing down an unknown or already
+// removed lease is not an error.
 func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if !leaseIDPattern.MatchString(leaseID) {
 		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
@@ -629,6 +633,7 @@ func (s *Sandbox) Close() error {
 		le.pts = ""
 	}
 	s.mu.Unlock()
+	s.userns.close()
 	var errs []error
 	for _, dir := range pts {
 		errs = append(errs, removePTS(dir))

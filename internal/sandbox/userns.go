@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -43,36 +44,154 @@ func rootLeases(helper string) bool {
 	return err != nil
 }
 
-// newLeaseUserNS makes a lease's user namespace, mapping 0 onto uid and gid. The daemon
-// cannot enter one itself (the kernel takes only single-threaded processes into a user
-// namespace), and cloning a child into one costs a full fork of the daemon (no vfork with
-// CLONE_NEWUSER): the C helper makes it instead (`sidecar-init userns`), the daemon writes
-// its maps from outside and opens it, and the helper exits.
-func newLeaseUserNS(helper string, uid, gid int) (*os.File, error) {
-	var stderr bytes.Buffer
-	cmd := &exec.Cmd{Path: helper, Args: []string{helper, "userns"}, Env: []string{}, Stderr: &stderr}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, err
+// usernsFactory makes the leases' user namespaces, each mapping 0 onto one uid and gid.
+// The daemon cannot make one itself (the kernel takes only single-threaded processes into
+// a user namespace), cloning a child of the daemon into one costs a full fork of it, and
+// starting the C helper for each costs a fork and exec of the daemon (~2 ms): one
+// long-lived helper (`sidecar-init userns`) clones a small child into a new namespace on
+// request instead, the daemon writes its maps from outside and opens it, and the child is
+// killed. Requests are served one at a time, over blocking pipes (a round trip through the
+// runtime's poller costs more than the namespace); the helper starts at the first and
+// exits when close shuts its stdin (or the daemon dies).
+type usernsFactory struct {
+	helper string
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	in, out int // the daemon's ends of the helper's stdin and stdout
+	stderr  *bytes.Buffer
+}
+
+// errUserNS is how a namespace the host refuses is reported.
+const errUserNS = "sandbox: user namespace (a systemd unit's RestrictNamespaces= must allow user)"
+
+// make returns a new user namespace mapping 0 onto uid and gid.
+func (f *usernsFactory) make(uid, gid int) (*os.File, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var pid int
+	for {
+		running := f.cmd != nil
+		if !running {
+			if err := f.start(); err != nil {
+				return nil, err
+			}
+		}
+		var err error
+		if pid, err = f.request(); err == nil {
+			break
+		}
+		if !running || f.cmd != nil { // refused, or a helper just started failed
+			return nil, err
+		}
+		// The helper that served earlier requests is gone (killed, say): start another.
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
+	ns, err := holdUserNS(pid, uid, gid)
+	if derr := f.send('D'); derr != nil && err == nil {
+		err = derr
 	}
+	if err != nil && ns != nil {
+		ns.Close()
+		ns = nil
+	}
+	return ns, err
+}
+
+func (f *usernsFactory) start() error {
+	var in, out [2]int
+	if err := unix.Pipe2(in[:], unix.O_CLOEXEC); err != nil {
+		return fmt.Errorf("%s: %w", errUserNS, err)
+	}
+	if err := unix.Pipe2(out[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(in[0])
+		unix.Close(in[1])
+		return fmt.Errorf("%s: %w", errUserNS, err)
+	}
+	stdin, stdout := os.NewFile(uintptr(in[0]), "userns-stdin"), os.NewFile(uintptr(out[1]), "userns-stdout")
+	defer stdin.Close() // the helper's ends: it has them once started
+	defer stdout.Close()
+	f.stderr = new(bytes.Buffer)
+	cmd := &exec.Cmd{Path: f.helper, Args: []string{f.helper, "userns"}, Env: []string{}, Stdin: stdin, Stdout: stdout, Stderr: f.stderr}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("sandbox: user namespace: %w", err)
+		unix.Close(in[1])
+		unix.Close(out[0])
+		return fmt.Errorf("%s: %w", errUserNS, err)
 	}
-	ready := make([]byte, 1)
-	if _, err := io.ReadFull(out, ready); err != nil || ready[0] != 'R' {
-		in.Close()
-		_ = cmd.Wait() // stderr is all there once it returns
-		return nil, fmt.Errorf("sandbox: user namespace (a systemd unit's RestrictNamespaces= must allow user): %s", strings.TrimSpace(stderr.String()))
+	f.cmd, f.in, f.out = cmd, in[1], out[0]
+	return nil
+}
+
+// send writes one request byte to the helper.
+func (f *usernsFactory) send(b byte) error {
+	for {
+		_, err := unix.Write(f.in, []byte{b})
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return f.lost(err)
+		}
+		return nil
 	}
-	defer func() {
-		in.Close() // the helper exits at end of file
-		_ = cmd.Wait()
-	}()
-	proc := "/proc/" + strconv.Itoa(cmd.Process.Pid)
+}
+
+// request asks for a namespace and returns the pid of the child that holds it.
+func (f *usernsFactory) request() (int, error) {
+	if err := f.send('N'); err != nil {
+		return 0, err
+	}
+	var line []byte
+	buf := make([]byte, 64)
+	for !bytes.HasSuffix(line, []byte{'\n'}) {
+		n, err := unix.Read(f.out, buf)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return 0, f.lost(err)
+		case n == 0:
+			return 0, f.lost(io.ErrUnexpectedEOF)
+		case len(line)+n > 64:
+			return 0, f.lost(fmt.Errorf("an answer over 64 bytes"))
+		}
+		line = append(line, buf[:n]...)
+	}
+	answer := strings.TrimSuffix(string(line), "\n")
+	if msg, refused := strings.CutPrefix(answer, "E "); refused {
+		return 0, fmt.Errorf("%s: %s", errUserNS, msg)
+	}
+	pid, err := strconv.Atoi(answer)
+	if err != nil || pid <= 0 {
+		return 0, f.lost(fmt.Errorf("bad answer %q", answer))
+	}
+	return pid, nil
+}
+
+// lost stops a helper that failed the protocol; the next request starts another.
+func (f *usernsFactory) lost(err error) error {
+	f.stop()
+	return fmt.Errorf("%s: %v %s", errUserNS, err, strings.TrimSpace(f.stderr.String()))
+}
+
+func (f *usernsFactory) stop() {
+	if f.cmd == nil {
+		return
+	}
+	unix.Close(f.in) // the helper exits at end of file
+	_ = f.cmd.Wait()
+	unix.Close(f.out)
+	f.cmd = nil
+}
+
+func (f *usernsFactory) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stop()
+}
+
+// holdUserNS maps 0 onto uid and gid in the user namespace of process pid and opens it.
+func holdUserNS(pid, uid, gid int) (*os.File, error) {
+	proc := "/proc/" + strconv.Itoa(pid)
 	for _, m := range []struct {
 		file string
 		id   int
@@ -94,13 +213,18 @@ func (d rootDirs) lowerDirs() string { return filepath.Join(d.base, "lower") }
 // mountIDMappedLayers mounts each layer, id-mapped through userns (the image's uid and gid
 // 0 become the lease's), read-only, on a directory of its own under d.lowerDirs(), and
 // returns those directories in the same order. The overlay keeps private clones of its
-// layers, so unmountIDMappedLayers may detach these as soon as it is mounted.
+// layers, so unmountIDMappedLayers may detach these as soon as it is mounted. They are
+// mounted on a small tmpfs of their own, so that one unmount takes them all: each unmount
+// waits for an RCU grace period, the largest part of a lease's id-mapping cost.
 func mountIDMappedLayers(d rootDirs, layers []string, userns *os.File) ([]string, error) {
 	if err := unmountIDMappedLayers(d); err != nil { // what a crash in between left
 		return nil, err
 	}
 	if err := os.Mkdir(d.lowerDirs(), 0o700); err != nil {
 		return nil, err
+	}
+	if err := unix.Mount("sidecar-layers", d.lowerDirs(), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=64k"); err != nil {
+		return nil, fmt.Errorf("sandbox: layers: %w", err)
 	}
 	dirs := make([]string, len(layers))
 	for i, layer := range layers {
@@ -154,7 +278,7 @@ func (s *Sandbox) ProbeRootLeases(dir string) error {
 	if !s.caps.RootLeases {
 		return errRootLeases
 	}
-	ns, err := newLeaseUserNS(s.helper, 65534, 65534)
+	ns, err := s.userns.make(65534, 65534)
 	if err != nil {
 		return err
 	}
@@ -182,8 +306,12 @@ func (s *Sandbox) ProbeRootLeases(dir string) error {
 	return errors.Join(err, fsxfer.RemoveTree(probe))
 }
 
-// unmountIDMappedLayers detaches and removes the id-mapped layers under d, if any.
+// unmountIDMappedLayers detaches and removes the id-mapped layers under d, if any: their
+// tmpfs with them, and one by one what a daemon that mounted them without one left.
 func unmountIDMappedLayers(d rootDirs) error {
+	if err := unmountOverlay(d.lowerDirs()); err != nil {
+		return err
+	}
 	entries, err := os.ReadDir(d.lowerDirs())
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -178,3 +178,68 @@ func TestProbeRootLeases(t *testing.T) {
 		}
 	})
 }
+
+// One helper makes the leases' user namespaces: each is new and maps 0 onto the uid and
+// gid asked for; a helper that dies is replaced at the next request, and close ends it.
+func TestUserNSFactory(t *testing.T) {
+	testtool.Need(t, "nsenter", "util-linux", "it reads a namespace's maps from inside")
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		if !s.Caps().RootLeases {
+			return // the Go helper makes none: TestProbeRootLeases checks the refusal
+		}
+		f := s.userns
+		maps := func(ns *os.File) string {
+			cmd := exec.Command("nsenter", "--user=/proc/self/fd/3", "cat", "/proc/self/uid_map", "/proc/self/gid_map")
+			cmd.ExtraFiles = []*os.File{ns}
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("nsenter: %v: %s", err, out)
+			}
+			return strings.Join(strings.Fields(string(out)), " ")
+		}
+		seen := map[uint64]bool{}
+		var helper int
+		for i, id := range []int{70001, 70002, 70003} {
+			ns, err := f.make(id, id+100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ns.Close()
+			var st syscall.Stat_t
+			if err := syscall.Fstat(int(ns.Fd()), &st); err != nil {
+				t.Fatal(err)
+			}
+			if seen[st.Ino] {
+				t.Errorf("namespace %d is one made before", i)
+			}
+			seen[st.Ino] = true
+			want := "0 " + strconv.Itoa(id) + " 1 0 " + strconv.Itoa(id+100) + " 1"
+			if got := maps(ns); got != want {
+				t.Errorf("maps of namespace %d: %q, want %q", i, got, want)
+			}
+			if i == 0 {
+				helper = f.cmd.Process.Pid
+			} else if f.cmd.Process.Pid != helper {
+				t.Errorf("request %d started helper %d; want the one helper %d", i, f.cmd.Process.Pid, helper)
+			}
+		}
+		if err := syscall.Kill(helper, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		ns, err := f.make(70004, 70004)
+		if err != nil {
+			t.Fatalf("after the helper died: %v", err)
+		}
+		ns.Close()
+		if f.cmd.Process.Pid == helper {
+			t.Error("the dead helper was not replaced")
+		}
+		replaced := f.cmd.Process.Pid
+		f.close()
+		for _, pid := range []int{helper, replaced} {
+			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+				t.Errorf("helper %d still runs after close", pid)
+			}
+		}
+	})
+}
