@@ -175,7 +175,9 @@ func leaseLives(b *testing.B, d *testDaemon, images ...string) []time.Duration {
 }
 
 // BenchmarkAcquireSnapshot: a lease on an image installs SIDECAR_BENCH_SNAPSHOT_MIB
-// (default 1024) MiB of files into its root and is saved as a snapshot ("save-s"); then a
+// (default 1024) MiB of files into its root (into its workspace with
+// SIDECAR_BENCH_SNAPSHOT_IN=workspace, as a clone with its dependencies) and is saved as a
+// snapshot ("save-s"); then a
 // lease's whole life (acquire, `sh -c true`, release) on the snapshot and on its base
 // image, interleaved. Read "snapshot/image" (issue target ≤ 1.2) and "disk-share": what
 // 10 leases held at once on the snapshot take on their disks, of 10 copies of the
@@ -207,7 +209,11 @@ func BenchmarkAcquireSnapshot(b *testing.B) {
 	if err := src.WriteFile(ctx, "chunk", bytes.Repeat([]byte("installed "), chunk/10), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	install := fmt.Sprintf(`i=0; while [ $i -lt %d ]; do cat /workspace/chunk > /scratch/f$i; i=$((i+1)); done; : > /workspace/chunk`, mib*(1<<20)/chunk)
+	into := "/scratch"
+	if os.Getenv("SIDECAR_BENCH_SNAPSHOT_IN") == "workspace" {
+		into = "/workspace/repo"
+	}
+	install := fmt.Sprintf(`mkdir -p %[2]s; i=0; while [ $i -lt %[1]d ]; do cat /workspace/chunk > %[2]s/f$i; i=$((i+1)); done; : > /workspace/chunk`, mib*(1<<20)/chunk, into)
 	if r, err := src.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", install}}); err != nil || r.ExitCode != 0 {
 		b.Fatal(r, err)
 	}
@@ -226,7 +232,7 @@ func BenchmarkAcquireSnapshot(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer l.Release(context.Background())
-		if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "cat /scratch/f0 > /dev/null"}}); err != nil || r.ExitCode != 0 {
+		if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "cat " + into + "/f0 > /dev/null"}}); err != nil || r.ExitCode != 0 {
 			b.Fatal(r, err)
 		}
 		info, err := d.client.Get(ctx, l.ID())

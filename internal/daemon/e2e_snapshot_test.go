@@ -17,8 +17,10 @@ import (
 
 // A snapshot of a lease starts new leases as that lease left its root, workspace and
 // home, each lease then on its own: their workspace and home files are theirs (what the
-// lease wrote into its root is root's, as the image's files are), their writes private. Snapshots are listed, survive a restart, are refused a taken name and a lease
-// on the host's root, and are removed once no lease runs on them.
+// lease wrote into its root is root's, as the image's files are), their writes private.
+// Where leases own their image, the workspace and home are stacked, not copied. Snapshots
+// are listed, survive a restart, are refused a taken name and a lease on the host's root,
+// and are removed once no lease runs on them.
 func TestSnapshotsStartLeases(t *testing.T) {
 	needRoot(t)
 	ctx := context.Background()
@@ -44,8 +46,12 @@ func TestSnapshotsStartLeases(t *testing.T) {
 	}
 	src.out(`echo after > /scratch/later; echo after > /workspace/later`)
 
+	var first *client.Lease
 	for i, session := range []string{"first", "second"} {
-		_, l := acquire(session, "prepared")
+		cl, l := acquire(session, "prepared")
+		if first == nil {
+			first = cl
+		}
 		if got := l.out(`cat /scratch/tool /workspace/repo/README $HOME/.profile /etc/os-release; echo $IMAGE; test -e /scratch/later || test -e /workspace/later || echo "no later writes"`); got != "tool\ncloned\nexport X=1\nID=alpha\nalpha\nno later writes\n" {
 			t.Fatalf("lease %d on the snapshot: %q", i, got)
 		}
@@ -93,25 +99,40 @@ func TestSnapshotsStartLeases(t *testing.T) {
 		t.Fatalf("removing a snapshot in use: %v", err)
 	}
 
-	// A workspace that does not fit a new lease's disk refuses the acquire, leaving no lease.
+	// A workspace larger than a new lease's disk: stacked under the lease's own where the
+	// lease owns its image (nothing copied, so it starts); copied otherwise, so the acquire
+	// is refused, leaving no lease.
 	if _, ok := testtool.Find("mkfs.ext4"); ok {
 		must0(t, srcLease.WriteFile(ctx, "big", make([]byte, 24<<20), 0o644))
 		must(srcLease.Snapshot(ctx, "big"))(t)
-		_, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "small", Image: "big", Limits: apitype.Limits{DiskBytes: 16 << 20}})
-		if !errors.Is(err, client.ErrQuotaExceeded) {
+		small, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: "small", Image: "big", Limits: apitype.Limits{DiskBytes: 16 << 20}})
+		switch {
+		case owned && err != nil:
+			t.Fatalf("a lease on a snapshot whose workspace is larger than its disk_bytes: %v; want it stacked, not copied", err)
+		case owned:
+			// Reading it costs the lease nothing; a change would copy it up whole, which
+			// this disk would refuse.
+			if r := must(small.Exec(ctx, sh(`test -O /workspace/big && cat /workspace/big > /dev/null && echo new > /workspace/new && echo written`)))(t); r.Stdout != "written\n" {
+				t.Fatalf("the stacked 24 MiB file on a 16 MiB lease: %+v", r)
+			}
+			must0(t, small.Release(ctx))
+		case !errors.Is(err, client.ErrQuotaExceeded):
 			t.Fatalf("a snapshot's workspace over the new lease's disk_bytes: %v", err)
 		}
 		if got := must(d.client.ListImages(ctx))(t); slices.ContainsFunc(got.Images, func(in apitype.ImageInfo) bool { return in.Name == "big" && in.InUse != 0 }) {
-			t.Fatalf("the refused acquire holds the snapshot: %+v", got)
+			t.Fatalf("the released or refused lease holds the snapshot: %+v", got)
 		}
 		must0(t, d.client.RemoveImage(ctx, "big"))
 	}
 
-	// Kept across a restart, leases on it restored.
+	// Kept across a restart, leases on it restored with what they wrote.
 	d.restart()
+	if r := must(d.client.OpenLease(first.ID(), first.Token()).Exec(ctx, sh(`cat /workspace/repo/README`)))(t); r.Stdout != "cloned\nmine\n" {
+		t.Fatalf("a lease on the snapshot, after a restart: %+v", r)
+	}
 	_, fourth := acquire("fourth", "prepared")
 	if got := fourth.out(`cat /workspace/repo/README`); got != "cloned\n" {
-		t.Fatalf("a lease on the snapshot after a restart: %q", got)
+		t.Fatalf("a new lease on the snapshot after a restart: %q", got)
 	}
 	for _, l := range must(d.client.List(ctx))(t) {
 		if l.Image == "prepared" {

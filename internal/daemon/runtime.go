@@ -75,18 +75,45 @@ func (rt *Runtime) sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
 		CPUMillicores: l.Limits.CPUMillicores,
 		Pids:          l.Limits.Pids,
 		Network:       rt.leaseNetwork(l),
-		Root:          rt.leaseRoot(l.ID),
+		Root:          rt.leaseRoot(l),
 	}
 }
 
 // leaseRoot is the root filesystem the lease's processes see: its image's layers under a
-// writable layer of its own, or nil for the host's root.
-func (rt *Runtime) leaseRoot(id string) *sandbox.LeaseRoot {
-	r := rt.rootFor(id)
+// writable layer of its own, or nil for the host's root. A lease on a snapshot whose
+// layers it owns (id-mapped) gets the snapshot's workspace and home stacked under its own:
+// nothing is copied (seed copies them otherwise).
+func (rt *Runtime) leaseRoot(l lease.Lease) *sandbox.LeaseRoot {
+	r := rt.rootFor(l.ID)
 	if r == nil {
 		return nil
 	}
-	return &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Base], Owned: rt.OwnedImages}
+	root := &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Base], Owned: rt.OwnedImages}
+	if r.Seed != "" && (root.Owned || root.AsRoot) && !seeded(l) {
+		for _, t := range seedTrees(l) {
+			if st, err := os.Lstat(filepath.Join(r.Seed, t.from)); t.to != "" && err == nil && st.IsDir() {
+				root.Stacks = append(root.Stacks, sandbox.Stack{Dir: t.to, Lower: filepath.Join(r.Seed, t.from)})
+			}
+		}
+	}
+	return root
+}
+
+// seeded reports whether lease l, on a snapshot, got copies of its trees (seed) at its
+// first Provision: its root's directory is there, and no stack was made in it. Such a
+// lease keeps its copies after a restart, whatever the daemon would do for a new one.
+func seeded(l lease.Lease) bool {
+	dir := filepath.Dir(sandbox.WritableLayer(sandbox.LeaseSpec{Workdir: l.Workdir()}))
+	if _, err := os.Lstat(dir); err != nil {
+		return false // its first Provision
+	}
+	_, err := os.Lstat(sandbox.StacksDir(sandbox.LeaseSpec{Workdir: l.Workdir()}))
+	return err != nil
+}
+
+// seedTrees are where a snapshot's trees go in a lease started from it.
+func seedTrees(l lease.Lease) []struct{ from, to string } {
+	return []struct{ from, to string }{{image.SnapshotWorkspace, l.Workdir()}, {image.SnapshotHome, l.HomeDir()}}
 }
 
 // leaseNetwork is how a lease reaches out: through the daemon from a namespace of its own,
@@ -108,7 +135,7 @@ func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
 		return err
 	}
 	spec := rt.sandboxSpec(l)
-	if err := rt.seed(spec); err != nil {
+	if err := rt.seed(l, spec); err != nil {
 		return err
 	}
 	if err := rt.Sandbox.Provision(ctx, spec); err != nil {
@@ -150,17 +177,20 @@ func (rt *Runtime) holdImage(l lease.Lease) error {
 }
 
 // seed gives a new lease on a snapshot the snapshot's workspace and home, as copies of
-// its own. Only the first Provision does: the writable layer's directory, which
-// Sandbox.Provision makes, is not there yet.
-func (rt *Runtime) seed(l sandbox.LeaseSpec) error {
+// its own, where they are not stacked (leaseRoot). Only the first Provision does: the
+// writable layer's directory, which Sandbox.Provision makes, is not there yet.
+func (rt *Runtime) seed(l lease.Lease, spec sandbox.LeaseSpec) error {
 	r := rt.rootFor(l.ID)
-	if r == nil || r.Seed == "" {
+	if r == nil || r.Seed == "" || len(spec.Root.Stacks) > 0 {
 		return nil
 	}
-	if _, err := os.Lstat(filepath.Dir(sandbox.WritableLayer(l))); err == nil {
+	if _, err := os.Lstat(filepath.Dir(sandbox.WritableLayer(spec))); err == nil {
 		return nil
 	}
-	for _, t := range []struct{ from, to string }{{image.SnapshotWorkspace, l.Workdir}, {image.SnapshotHome, l.HomeDir}} {
+	for _, t := range seedTrees(l) {
+		if t.to == "" {
+			continue
+		}
 		err := image.CopyTree(filepath.Join(r.Seed, t.from), t.to, l.UID, l.GID)
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 			return fmt.Errorf("%w: snapshot %s: its %s does not fit the lease's disk; acquire with a larger disk_bytes", fsxfer.ErrQuota, r.Name, t.from)

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -47,7 +49,18 @@ type LeaseRoot struct {
 	// in a container would (pip install into the image's Python, npm install -g), with
 	// no capability. Implied by AsRoot; needs what it needs (ProbeRootLeases).
 	Owned bool
+	// Stacks put read-only directories under the lease's own workdir and home, each as an
+	// overlay whose lower is id-mapped onto the lease's uid as the layers are: the lease
+	// starts with their content and nothing is copied (a lease started from a snapshot
+	// stacks the snapshot's workspace and home). Needs an id-mapped root (Owned or AsRoot).
+	Stacks []Stack
 }
+
+// A Stack is a read-only directory Lower under the lease's directory Dir (its Workdir or
+// HomeDir). What the lease changes in Dir goes to an upper directory of the stack's
+// beside its root's writable layer, on the lease's disk; a directory of Lower renamed is
+// recorded there (redirect_dir), so renames work as in a plain directory.
+type Stack struct{ Dir, Lower string }
 
 // idMapped reports whether the root's layers are mounted id-mapped onto the lease's uid.
 func (r *LeaseRoot) idMapped() bool { return r != nil && (r.AsRoot || r.Owned) }
@@ -67,6 +80,18 @@ const maxOverlayOptions = 4095
 
 // rootDirs are where lease l's overlay lives.
 type rootDirs struct{ base, upper, work, merged string }
+
+// stack are the upper and work directories of lease l's stack i.
+func (d rootDirs) stack(i int) (upper, work string) {
+	dir := filepath.Join(d.stacks(), strconv.Itoa(i))
+	return filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+}
+
+func (d rootDirs) stacks() string { return filepath.Join(d.base, "stacks") }
+
+// StacksDir is where lease l's stacks keep what it changed (LeaseRoot.Stacks); there once
+// one was mounted.
+func StacksDir(l LeaseSpec) string { return leaseRootDirs(l).stacks() }
 
 func leaseRootDirs(l LeaseSpec) rootDirs {
 	base := filepath.Join(filepath.Dir(l.Workdir), "root")
@@ -97,6 +122,20 @@ func validateRoot(l LeaseSpec) error {
 	if len(overlayOptions(leaseRootDirs(l), r.Layers)) > maxOverlayOptions {
 		return fmt.Errorf("%w: lease %s root: %d layers whose paths exceed the %d bytes of overlay options a mount takes", ErrInvalid, l.ID, len(r.Layers), maxOverlayOptions)
 	}
+	if len(r.Stacks) > 0 && !r.idMapped() {
+		return fmt.Errorf("%w: lease %s stacks directories under its own, which needs its root id-mapped (Owned)", ErrInvalid, l.ID)
+	}
+	for i, st := range r.Stacks {
+		if st.Dir != l.Workdir && (st.Dir != l.HomeDir || l.HomeDir == "") || slices.ContainsFunc(r.Stacks[:i], func(o Stack) bool { return o.Dir == st.Dir }) {
+			return fmt.Errorf("%w: lease %s: a stack goes under its workdir or home, once each, not %q", ErrInvalid, l.ID, st.Dir)
+		}
+		if !filepath.IsAbs(st.Lower) || filepath.Clean(st.Lower) != st.Lower || strings.ContainsAny(st.Lower, ":,\x00") {
+			return fmt.Errorf("%w: stack %q must be a clean absolute path without ':' or ','", ErrInvalid, st.Lower)
+		}
+		if fi, err := os.Stat(st.Lower); err != nil || !fi.IsDir() {
+			return fmt.Errorf("%w: stack %q is not a directory", ErrInvalid, st.Lower)
+		}
+	}
 	for _, e := range r.Env {
 		if k, _, ok := strings.Cut(e, "="); !ok || k == "" || strings.IndexByte(e, 0) >= 0 {
 			return fmt.Errorf("%w: image environment entry %q", ErrInvalid, e)
@@ -112,6 +151,13 @@ func validateRoot(l LeaseSpec) error {
 // directory gets EXDEV instead, which mv and package managers handle by copying.
 func overlayOptions(d rootDirs, layers []string) string {
 	return "lowerdir=" + strings.Join(layers, ":") + ",upperdir=" + d.upper + ",workdir=" + d.work + ",redirect_dir=off,metacopy=off"
+}
+
+// stackOptions mounts a stack: its lower under its upper, directory renames recorded
+// (redirect_dir=on) so that they work as in a plain directory; nothing reads the upper
+// but the overlay (a snapshot saves the merged directory).
+func stackOptions(lower, upper, work string) string {
+	return "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=on,metacopy=off"
 }
 
 // WritableLayer is the directory on the host that holds what lease l wrote into its
@@ -141,8 +187,16 @@ func mountRoot(l LeaseSpec, sources string, userns *os.File) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !mounted {
-		if err := mountOverlay(l, d, sources, userns); err != nil {
+	var stacks []int // those not mounted yet
+	for i, st := range l.Root.Stacks {
+		if on, err := overlayAt(st.Dir); err != nil {
+			return "", err
+		} else if !on {
+			stacks = append(stacks, i)
+		}
+	}
+	if !mounted || len(stacks) > 0 {
+		if err := mountOverlay(l, d, sources, userns, !mounted, stacks); err != nil {
 			return "", err
 		}
 	}
@@ -152,27 +206,70 @@ func mountRoot(l LeaseSpec, sources string, userns *os.File) (string, error) {
 	return d.merged, nil
 }
 
-// mountOverlay mounts lease l's overlay on d.merged, on id-mapped layers when userns is
-// given (whose root owns the writable layer's top then, as an image's root owns its /).
-func mountOverlay(l LeaseSpec, d rootDirs, sources string, userns *os.File) error {
+// mountOverlay mounts lease l's overlay on d.merged (with root) and the stacks listed, on
+// id-mapped layers when userns is given (whose root owns the writable layer's top then, as
+// an image's root owns its /). Stacks are mounted under the same source name as the root,
+// so that Sweep finds them too.
+func mountOverlay(l LeaseSpec, d rootDirs, sources string, userns *os.File, root bool, stacks []int) error {
 	layers := l.Root.Layers
+	lowers := make([]string, len(stacks))
+	for i, s := range stacks {
+		lowers[i] = l.Root.Stacks[s].Lower
+	}
 	if userns != nil {
 		if err := os.Lchown(d.upper, l.UID, l.GID); err != nil {
 			return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)
 		}
-		var err error
-		if layers, err = mountIDMappedLayers(d, layers, userns); err != nil {
+		mapped, err := mountIDMappedLayers(d, append(slices.Clone(layers), lowers...), userns)
+		if err != nil {
 			return errors.Join(fmt.Errorf("sandbox: lease %s root: %w", l.ID, err), unmountIDMappedLayers(d))
 		}
+		layers, lowers = mapped[:len(layers)], mapped[len(layers):]
 	}
-	err := unix.Mount(sources+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, layers))
-	if err != nil {
-		err = fmt.Errorf("sandbox: lease %s: mount its root overlay: %w", l.ID, err)
+	var err error
+	if root {
+		if err = unix.Mount(sources+l.ID, d.merged, "overlay", unix.MS_NOSUID|unix.MS_NODEV, overlayOptions(d, layers)); err != nil {
+			err = fmt.Errorf("sandbox: lease %s: mount its root overlay: %w", l.ID, err)
+		}
+	}
+	for i, s := range stacks {
+		if err != nil {
+			break
+		}
+		err = mountStack(l, d, sources, s, lowers[i])
 	}
 	if userns != nil {
 		err = errors.Join(err, unmountIDMappedLayers(d))
 	}
 	return err
+}
+
+// mountStack mounts lease l's stack i, lower being its (id-mapped) lower directory. The
+// stack's upper takes the lease directory's owner and mode, which the merged directory
+// shows.
+func mountStack(l LeaseSpec, d rootDirs, sources string, i int, lower string) error {
+	st := l.Root.Stacks[i]
+	upper, work := d.stack(i)
+	fi, err := os.Lstat(st.Dir)
+	if err != nil {
+		return fmt.Errorf("sandbox: lease %s: %w", l.ID, err)
+	}
+	sys := fi.Sys().(*syscall.Stat_t)
+	for _, dir := range []string{filepath.Dir(filepath.Dir(upper)), filepath.Dir(upper), upper, work} {
+		if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("sandbox: lease %s stack: %w", l.ID, err)
+		}
+	}
+	if err := os.Lchown(upper, int(sys.Uid), int(sys.Gid)); err != nil {
+		return fmt.Errorf("sandbox: lease %s stack: %w", l.ID, err)
+	}
+	if err := os.Chmod(upper, fi.Mode().Perm()); err != nil {
+		return fmt.Errorf("sandbox: lease %s stack: %w", l.ID, err)
+	}
+	if err := unix.Mount(sources+l.ID, st.Dir, "overlay", unix.MS_NOSUID|unix.MS_NODEV, stackOptions(lower, upper, work)); err != nil {
+		return fmt.Errorf("sandbox: lease %s: stack %s under %s: %w", l.ID, st.Lower, st.Dir, err)
+	}
+	return nil
 }
 
 // rootMountPoints are what the helper mounts over in a lease's root: directories, then
@@ -240,6 +337,11 @@ func unmountRoot(l LeaseSpec) error {
 	d := leaseRootDirs(l)
 	if err := unmountOverlay(d.merged); err != nil {
 		return err
+	}
+	for _, st := range l.Root.Stacks {
+		if err := unmountOverlay(st.Dir); err != nil {
+			return err
+		}
 	}
 	if err := unmountIDMappedLayers(d); err != nil {
 		return fmt.Errorf("sandbox: lease %s root: %w", l.ID, err)

@@ -434,6 +434,9 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 		return err
 	}
 	root, rootRW, err := s.provisionRoot(l, userns)
+	if err == nil && l.Root != nil && len(l.Root.Stacks) > 0 {
+		err = s.provisionHome(l) // a stacked home shows its lower's tree, which may lack the user's
+	}
 	if err != nil {
 		if made {
 			userns.Close()

@@ -28,7 +28,7 @@ func rootImage(t testing.TB) []string {
 	mountSmallDisk(t, dir, 64<<20)
 	layers := newTestImageIn(t, dir)
 	lower := layers[len(layers)-1]
-	for _, name := range []string{"stat", "unshare", "mkdir", "chown", "chmod", "sleep"} { // kill and printf: the shell's
+	for _, name := range []string{"stat", "unshare", "mkdir", "chown", "chmod", "sleep", "mv"} { // kill and printf: the shell's
 		host, err := exec.LookPath(name)
 		if err != nil {
 			t.Fatal(err)
@@ -240,6 +240,63 @@ func TestUserNSFactory(t *testing.T) {
 			if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
 				t.Errorf("helper %d still runs after close", pid)
 			}
+		}
+	})
+}
+
+// A lease whose root is id-mapped starts with stacked directories under its workdir and
+// home (a snapshot's, for a lease started from one): their content is there, its uid's,
+// nothing of it copied onto the lease's disk; what it changes (a rename of a stacked
+// directory included) stays its own, and teardown leaves nothing mounted.
+func TestLeaseRootStacks(t *testing.T) {
+	layers := rootImage(t)
+	seed := filepath.Join(filepath.Dir(layers[len(layers)-1]), "seed") // on the image's filesystem
+	for path, content := range map[string]string{"workspace/repo/README": "seeded\n", "workspace/repo/dir/f": "f\n", "home/" + LeaseUser + "/.profile": "profile\n"} {
+		if err := os.MkdirAll(filepath.Join(seed, filepath.Dir(path)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(seed, path), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stacked := func(l *LeaseSpec) {
+		l.HomeDir = filepath.Join(filepath.Dir(l.Workdir), "home")
+		if err := os.Mkdir(l.HomeDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		l.Root = imageRoot(layers)
+		l.Root.Owned = true
+		l.Root.Stacks = []Stack{{Dir: l.Workdir, Lower: filepath.Join(seed, "workspace")}, {Dir: l.HomeDir, Lower: filepath.Join(seed, "home")}}
+	}
+	forEachHelper(t, func(t *testing.T, s *Sandbox) {
+		if !s.Caps().RootLeases {
+			return // the Go helper cannot make the namespace: the daemon never asks
+		}
+		l := newTestLease(t, s, stacked)
+		other := newTestLease(t, s, stacked)
+		uid := strconv.Itoa(l.UID)
+		r := run(t, s, l.ID, sh(`cat /workspace/repo/README ~/.profile; stat -c '%u %a' /workspace /workspace/repo/README ~/.profile`))
+		if want := "seeded\nprofile\n" + uid + " 700\n" + uid + " 644\n" + uid + " 644\n"; r.exitCode != 0 || r.stdout != want {
+			t.Fatalf("the stacked workspace and home: %+v; want %q", r, want)
+		}
+		r = run(t, s, l.ID, sh(`echo mine > /workspace/repo/README && mv /workspace/repo/dir /workspace/moved && cat /workspace/moved/f && echo new > ~/new && ls /workspace`))
+		if r.exitCode != 0 || r.stdout != "f\nmoved\nrepo\n" {
+			t.Fatalf("changing the stacked directories (a directory renamed): %+v", r)
+		}
+		if r := run(t, s, other.ID, sh(`cat /workspace/repo/README; ls /workspace/repo; test -e ~/new || echo none`)); r.stdout != "seeded\nREADME\ndir\nnone\n" {
+			t.Errorf("another lease on the same stacks: %+v; want the seed only", r)
+		}
+		if b, err := os.ReadFile(filepath.Join(seed, "workspace/repo/README")); err != nil || string(b) != "seeded\n" {
+			t.Errorf("the seed after a lease wrote: %q, %v", b, err)
+		}
+		// Nothing of the seed was copied: the lease's side holds only what it wrote.
+		upper, _ := leaseRootDirs(l).stack(0)
+		if _, err := os.Lstat(filepath.Join(upper, "moved/f")); err == nil {
+			t.Error("the renamed directory's content was copied into the lease's upper")
+		}
+		teardownLeavesNoRoot(t, s, l)
+		if entries, err := os.ReadDir(l.Workdir); err != nil || len(entries) != 0 {
+			t.Errorf("the lease's workdir after teardown: %v, %v; want it empty, the stack unmounted", entries, err)
 		}
 	})
 }
