@@ -57,7 +57,7 @@ func newRoot(t testing.TB) string {
 			t.Errorf("cannot unmount the work root %s: not removing it", root)
 			return
 		}
-		if left := leftovers(t, root); len(left) > 0 {
+		if left := settled(t, root); len(left) > 0 {
 			t.Errorf("left behind: %v (not removing %s)", left, root)
 			return
 		}
@@ -194,17 +194,26 @@ func TestDetachBusy(t *testing.T) {
 	waitGone(t, root)
 }
 
-// waitGone waits (bounded) for every mount and loop device under root to go: a loop
-// device clears itself (autoclear) as its last user goes, asynchronously.
+// waitGone waits (bounded) for every mount and loop device under root to go.
 func waitGone(t testing.TB, root string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(leftovers(t, root)) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond) // poll
-	}
-	if left := leftovers(t, root); len(left) > 0 {
+	if left := settled(t, root); len(left) > 0 {
 		t.Errorf("left %v", left)
 	}
+}
+
+// settled is what is left under root once loop devices had up to 10 s to go: a loop
+// device clears itself (autoclear) as its last user goes, asynchronously (the kernel's
+// rundown runs in a work queue, after the unmount or LOOP_CLR_FD has returned).
+func settled(t testing.TB, root string) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	left := leftovers(t, root)
+	for len(left) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // poll
+		left = leftovers(t, root)
+	}
+	return left
 }
 
 // After a daemon restart the mount is adopted with its files; after a host reboot (mount
