@@ -17,7 +17,7 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 	if err != nil {
 		return Lease{}, false, err
 	}
-	reaped := false
+	reaped, waited := false, false
 	for {
 		m.mu.Lock()
 		now := m.cfg.Now()
@@ -50,7 +50,15 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 		}
 		uid, err := m.uids.take()
 		if err != nil {
+			retiring := m.retiringLocked()
 			m.mu.Unlock()
+			if retiring && !waited {
+				// The uids left are held by released leases until their directories are
+				// removed, which takes milliseconds: wait for those once, then look again.
+				waited = true
+				m.WaitRetired()
+				continue
+			}
 			return Lease{}, false, err
 		}
 		c := &creation{id: newID(), done: make(chan struct{})}

@@ -87,6 +87,7 @@ func TestDiskAttachedFirstDetachedBeforeRemoval(t *testing.T) {
 	if err := m2.Release(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
+	m2.WaitRetired()
 	want := []string{"attach " + l.ID + " 1048576", "attach " + l.ID + " 1048576", "detach " + l.ID, "remove " + l.ID}
 	if got := d.snapshot(); !slices.Equal(got, want) {
 		t.Fatalf("calls %q, want %q", got, want)
@@ -95,28 +96,40 @@ func TestDiskAttachedFirstDetachedBeforeRemoval(t *testing.T) {
 }
 
 // A filesystem that cannot be detached keeps its directory (never removed through a
-// mount) and the lease, for a retry.
+// mount) and its uid, and is tried again later; the lease itself is gone at once.
 func TestDiskDetachFailureKeepsTheDirectory(t *testing.T) {
 	d := &fakeDisk{t: t}
-	e := newEnv(t, withDisk(d))
+	e := newEnv(t, withDisk(d), func(c *Config) { c.UIDFirst, c.UIDLast = 200000, 200000 })
 	m := e.open()
+	ctx := context.Background()
 	l := mustAcquire(t, m, Request{SessionID: "s"})
 	d.failDetach = true
-	if err := m.Release(context.Background(), l.ID); err == nil {
-		t.Fatal("release succeeded though the filesystem could not be detached")
+	if err := m.Release(ctx, l.ID); err != nil {
+		t.Fatal(err)
 	}
+	m.WaitRetired()
 	if _, err := os.Lstat(l.Workdir()); err != nil {
 		t.Fatalf("the workdir went: %v", err)
 	}
 	if slices.Contains(d.snapshot(), "remove "+l.ID) {
 		t.Fatal("the directory was removed though its filesystem is still attached")
 	}
-	if _, err := m.Get(l.ID); err != nil {
-		t.Fatalf("the lease is gone: %v", err)
+	if _, err := m.Get(l.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of the released lease: %v, want ErrNotFound", err)
 	}
+	if _, _, err := m.Acquire(ctx, Request{SessionID: "t"}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("acquire while the only uid's directory remains: %v, want ErrLimit", err)
+	}
+	if removed, err := m.Orphans(ctx); err != nil || len(removed) != 0 {
+		t.Fatalf("Orphans = %v, %v; want the directory left to its retry", removed, err)
+	}
+
 	d.failDetach = false
-	if err := m.Release(context.Background(), l.ID); err != nil {
-		t.Fatal(err)
+	m.retryRetires()
+	m.WaitRetired()
+	assertGone(t, l.Dir)
+	if n := mustAcquire(t, m, Request{SessionID: "t"}); n.UID != l.UID {
+		t.Errorf("uid %d after the retry, want the freed %d", n.UID, l.UID)
 	}
 }
 

@@ -61,6 +61,11 @@ type Manager struct {
 	creating map[string]*creation // by session id
 	uids     uidPool
 	uidClaim *uidClaim // this daemon's hold on its uid range; nil without one
+	// retiring holds released leases whose filesystem and directory are still being
+	// removed (or whose removal failed, for the next Run to retry): their ids stay owned
+	// and their uids taken until the directory is gone.
+	retiring map[string]*retiree
+	retired  *sync.Cond // on mu: a retire goroutine ended
 
 	persistMu sync.Mutex  // serialises state writes; taken before mu, never inside it
 	journal   *journal    // guarded by persistMu
@@ -99,9 +104,11 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		leases:   make(map[string]*entry, len(leases)),
 		sessions: map[string]*entry{},
 		creating: map[string]*creation{},
+		retiring: map[string]*retiree{},
 		uids:     newUIDPool(cfg.UIDFirst, cfg.UIDLast),
 		uidClaim: claim,
 	}
+	m.retired = sync.NewCond(&m.mu)
 	slices.SortFunc(leases, byCreation)
 	for _, l := range leases {
 		e := newEntry(l, stateLive)
@@ -238,10 +245,11 @@ func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Leas
 	return l, nil
 }
 
-// Close writes the state one last time (for activity recorded by Touch), compacted, and
-// gives up the uid range. A Manager used after Close keeps working: the journal reopens on
+// Close waits for released leases' directories being removed, writes the state one last
+// time (for activity recorded by Touch), compacted, and gives up the uid range. A Manager used after Close keeps working: the journal reopens on
 // the next write.
 func (m *Manager) Close() error {
+	m.WaitRetired()
 	m.persistMu.Lock()
 	defer m.persistMu.Unlock()
 	err := m.compactLocked()

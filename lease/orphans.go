@@ -51,11 +51,12 @@ func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// owns reports whether id belongs to a lease in any state, or to one being created.
+// owns reports whether id belongs to a lease in any state, to one being created, or to a
+// released one whose directory is being removed.
 func (m *Manager) owns(id string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if m.leases[id] != nil {
+	if m.leases[id] != nil || m.retiring[id] != nil {
 		return true
 	}
 	for _, c := range m.creating {

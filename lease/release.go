@@ -7,7 +7,8 @@ import (
 	"time"
 )
 
-// Release tears a lease down (Provisioner.Teardown, then its directory) and forgets it.
+// Release tears a lease down (Provisioner.Teardown: its processes are dead when it returns)
+// and forgets it; its directory is removed right after, off the caller's path (retire).
 // Unknown, already released or being released: ErrNotFound. If teardown fails the lease
 // stays, so a retry (or the reaper, once it expires) tries again.
 func (m *Manager) Release(ctx context.Context, id string) error {
@@ -67,41 +68,97 @@ func (m *Manager) release(ctx context.Context, id, kind string) (Lease, error) {
 	}
 	m.mu.Unlock()
 
-	if err := m.teardown(ctx, l); err != nil {
-		m.mu.Lock()
-		e.state = stateLive
-		if m.sessions[l.SessionID] == nil && e.lease.Active(m.cfg.Now()) {
-			m.sessions[l.SessionID] = e
+	if p := m.cfg.Provisioner; p != nil {
+		if err := p.Teardown(ctx, l); err != nil {
+			m.mu.Lock()
+			e.state = stateLive
+			if m.sessions[l.SessionID] == nil && e.lease.Active(m.cfg.Now()) {
+				m.sessions[l.SessionID] = e
+			}
+			m.mu.Unlock()
+			m.log.Error("lease teardown failed", "lease", id, "session", l.SessionID, "err", err)
+			return Lease{}, fmt.Errorf("lease %s: teardown: %w", id, err)
 		}
-		m.mu.Unlock()
-		m.log.Error("lease teardown failed", "lease", id, "session", l.SessionID, "err", err)
-		return Lease{}, fmt.Errorf("lease %s: teardown: %w", id, err)
 	}
 
+	r := &retiree{lease: l, running: true}
 	m.mu.Lock()
 	delete(m.leases, id)
-	m.uids.free(l.UID) // only now: its processes are gone
+	m.retiring[id] = r
 	m.mu.Unlock()
 	err := m.persistLease(id)
 	m.emit(kind, l)
+	m.retire(r)
 	// The lease is gone either way; a failed write is still the caller's to know.
 	return l, err
 }
 
-// teardown undoes what Provision did (the lease's processes are dead after it), detaches
-// the lease's filesystem, then removes the lease directory. The directory stays if
-// teardown fails: processes of the lease may still be using it.
-func (m *Manager) teardown(ctx context.Context, l Lease) error {
-	if p := m.cfg.Provisioner; p != nil {
-		if err := p.Teardown(ctx, l); err != nil {
-			return err
-		}
-	}
-	return m.dropDir(ctx, l.Dir)
+// retiree is a released lease whose filesystem and directory are being removed.
+type retiree struct {
+	lease   Lease
+	running bool // a retire goroutine has it; guarded by Manager.mu
 }
 
-// Run reaps expired leases and writes recorded activity every interval until ctx ends
-// (interval <= 0: every 30 seconds). Errors are logged: the next round tries again.
+// retire detaches a released lease's filesystem and removes its directory in the
+// background: the lease's processes are dead and the journal says it is gone (a crash now
+// leaves an orphan that the startup sweep removes). Its uid is handed out again only once
+// the directory is gone, so a new lease never finds files of its uid's previous owner. A
+// removal that fails is logged and tried again by Run.
+func (m *Manager) retire(r *retiree) {
+	go func() {
+		err := m.dropDir(context.Background(), r.lease.Dir)
+		m.mu.Lock()
+		r.running = false
+		if err == nil {
+			delete(m.retiring, r.lease.ID)
+			m.uids.free(r.lease.UID)
+		}
+		m.retired.Broadcast()
+		m.mu.Unlock()
+		if err != nil {
+			m.log.Error("released lease's directory not removed; retrying later", "lease", r.lease.ID, "dir", r.lease.Dir, "err", err)
+		}
+	}()
+}
+
+// retryRetires starts again the removals that failed.
+func (m *Manager) retryRetires() {
+	m.mu.Lock()
+	var again []*retiree
+	for _, r := range m.retiring {
+		if !r.running {
+			r.running = true
+			again = append(again, r)
+		}
+	}
+	m.mu.Unlock()
+	for _, r := range again {
+		m.retire(r)
+	}
+}
+
+// WaitRetired waits until no released lease's directory is being removed: each is gone,
+// or its removal failed and waits for Run's retry.
+func (m *Manager) WaitRetired() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for m.retiringLocked() {
+		m.retired.Wait()
+	}
+}
+
+// retiringLocked reports whether a retire goroutine is running. Call with mu held.
+func (m *Manager) retiringLocked() bool {
+	for _, r := range m.retiring {
+		if r.running {
+			return true
+		}
+	}
+	return false
+}
+
+// Run reaps expired leases, retries failed directory removals and writes recorded
+// activity every interval until ctx ends (interval <= 0: every 30 seconds). Errors are logged: the next round tries again.
 func (m *Manager) Run(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 30 * time.Second
@@ -117,6 +174,7 @@ func (m *Manager) Run(ctx context.Context, every time.Duration) {
 		if _, err := m.Reap(ctx); err != nil && ctx.Err() == nil {
 			m.log.Error("reap failed", "err", err)
 		}
+		m.retryRetires()
 		if err := m.flush(); err != nil {
 			m.log.Error("persist lease activity failed", "err", err)
 		}

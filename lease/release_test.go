@@ -65,6 +65,7 @@ func TestExpiry(t *testing.T) {
 	if err != nil || len(reaped) != 1 || reaped[0].ID != l.ID {
 		t.Fatalf("Reap = %v, %v; want the expired lease", reaped, err)
 	}
+	m.WaitRetired()
 	assertGone(t, l.Dir)
 	if _, torn := e.prov.counts(l.ID); torn != 1 {
 		t.Errorf("Teardown called %d times, want 1", torn)
@@ -98,6 +99,7 @@ func TestRelease(t *testing.T) {
 	if err := m.Release(ctx, l.ID); err != nil {
 		t.Fatal(err)
 	}
+	m.WaitRetired()
 	assertGone(t, l.Dir)
 	if _, torn := e.prov.counts(l.ID); torn != 1 {
 		t.Errorf("Teardown called %d times, want 1", torn)
@@ -137,6 +139,7 @@ func TestReleaseKeepsLeaseWhenTeardownFails(t *testing.T) {
 	if err := m.Release(ctx, l.ID); err != nil {
 		t.Fatalf("retry: %v", err)
 	}
+	m.WaitRetired()
 	assertGone(t, l.Dir)
 }
 
@@ -174,6 +177,7 @@ func TestReleaseRacesReap(t *testing.T) {
 		}
 	}
 	wg.Wait()
+	m.WaitRetired()
 
 	nReaped := map[string]bool{}
 	for _, l := range reaped {
@@ -221,6 +225,7 @@ func TestRunReapsUntilCanceled(t *testing.T) {
 	}
 	cancel()
 	<-stopped
+	m.WaitRetired()
 	assertGone(t, l.Dir)
 	if _, err := m.Get(l.ID); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get after the reaper ran: %v, want ErrNotFound", err)
@@ -271,4 +276,57 @@ func TestOrphans(t *testing.T) {
 	if n := len(e.workRootNames()); n != 4 {
 		t.Errorf("%d entries left under WorkRoot, want 4", n)
 	}
+}
+
+// Release returns once the lease's processes are gone and the journal says so; its
+// directory goes after (a crash in between leaves an orphan for the startup sweep), and its
+// uid is handed out again only then.
+func TestReleaseRetiresInTheBackground(t *testing.T) {
+	removing, proceed := make(chan struct{}), make(chan struct{})
+	e := newEnv(t, func(c *Config) {
+		c.UIDFirst, c.UIDLast = 200000, 200000
+		c.RemoveDir = func(dir string) error {
+			close(removing)
+			<-proceed
+			return os.RemoveAll(dir)
+		}
+	})
+	m := e.open()
+	ctx := context.Background()
+	l := mustAcquire(t, m, Request{SessionID: "s"})
+	if err := m.Release(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	<-removing
+	if _, torn := e.prov.counts(l.ID); torn != 1 {
+		t.Errorf("Teardown called %d times before Release returned, want 1", torn)
+	}
+	data, err := os.ReadFile(filepath.Join(e.cfg.StateDir, journalFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leases, _, _, err := decodeJournal(data, e.cfg.WorkRoot); err != nil || len(leases) != 0 {
+		t.Errorf("journal while the directory is removed: %v, %v; want no lease", leases, err)
+	}
+	if _, err := os.Lstat(l.Dir); err != nil {
+		t.Errorf("the directory went before its removal ran: %v", err)
+	}
+	if !m.owns(l.ID) {
+		t.Error("the directory being removed is not owned: Orphans would race its removal")
+	}
+
+	type acquired struct {
+		l   Lease
+		err error
+	}
+	got := make(chan acquired)
+	go func() { // waits for the only uid
+		n, _, err := m.Acquire(ctx, Request{SessionID: "next"})
+		got <- acquired{n, err}
+	}()
+	close(proceed)
+	if n := <-got; n.err != nil || n.l.UID != l.UID {
+		t.Errorf("next lease: uid %d, %v; want the freed %d", n.l.UID, n.err, l.UID)
+	}
+	assertGone(t, l.Dir)
 }

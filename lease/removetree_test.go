@@ -3,13 +3,11 @@ package lease
 import (
 	"bufio"
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/sidecar-sandbox/sidecar/fsxfer"
 	"golang.org/x/sys/unix"
 )
 
@@ -33,14 +31,15 @@ func TestReleaseWithRemoveTree(t *testing.T) {
 	if err := m.Release(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
+	m.WaitRetired()
 	assertGone(t, l.Dir)
 	if data, err := os.ReadFile(outside); err != nil || string(data) != "keep" {
 		t.Errorf("file behind the symlink: %q, %v", data, err)
 	}
 }
 
-// A mount inside a lease (left by a crashed sandbox, say) makes release fail and keep the
-// lease, never remove what lies in the mount.
+// A mount inside a lease (left by a crashed sandbox, say) keeps the lease's directory,
+// never removes what lies in the mount, and is tried again later.
 func TestReleaseRefusesMountPoint(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount a tmpfs inside a lease directory")
@@ -68,24 +67,26 @@ func TestReleaseRefusesMountPoint(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	err := m.Release(context.Background(), l.ID)
-	if !errors.Is(err, fsxfer.ErrMountPoint) {
-		t.Fatalf("Release = %v, want fsxfer.ErrMountPoint", err)
+	if err := m.Release(context.Background(), l.ID); err != nil {
+		t.Fatal(err)
 	}
+	m.WaitRetired()
 	if _, err := os.Stat(inMount); err != nil {
 		t.Errorf("a file inside the mount is gone: %v", err)
 	}
-	if _, err := m.Get(l.ID); err != nil {
-		t.Errorf("lease after a refused release: %v, want it kept for a retry", err)
+	if !m.owns(l.ID) {
+		t.Error("the released lease's directory is no longer owned: Orphans would take it")
 	}
 
 	if err := unix.Unmount(mnt, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Release(context.Background(), l.ID); err != nil {
-		t.Fatalf("release after unmount: %v", err)
-	}
+	m.retryRetires()
+	m.WaitRetired()
 	assertGone(t, l.Dir)
+	if m.owns(l.ID) {
+		t.Error("the lease id is still owned once its directory is gone")
+	}
 }
 
 func mounted(t *testing.T, path string) bool {

@@ -110,6 +110,7 @@ func TestRestartKeepsLeasesAndTokens(t *testing.T) {
 	if err != nil || len(reaped) != 1 || reaped[0].ID != short.ID {
 		t.Errorf("first Reap after restart = %v, %v; want the short lease", reaped, err)
 	}
+	m2.WaitRetired()
 	assertGone(t, short.Dir)
 	// Uids of restored leases stay taken.
 	if n := mustAcquire(t, m2, Request{SessionID: "new"}); n.UID == kept.UID {
@@ -146,6 +147,7 @@ func TestRestartExpiresLeaseThatCannotBeProvisioned(t *testing.T) {
 	if reaped, err := m2.Reap(context.Background()); err != nil || len(reaped) != 1 {
 		t.Errorf("Reap = %v, %v", reaped, err)
 	}
+	m2.WaitRetired()
 	assertGone(t, l.Dir)
 }
 

@@ -84,6 +84,7 @@ func TestDiskQuotaHoldsAgainstProcesses(t *testing.T) {
 	if err := d.client.Release(ctx, b.ID()); err != nil {
 		t.Fatal(err)
 	}
+	waitRetired(t, d.cfg.WorkRoot, a.ID(), b.ID())
 	if m := daemontest.MountsUnder(d.cfg.WorkRoot); len(m) > 0 {
 		t.Errorf("release left mounts %v", m)
 	}

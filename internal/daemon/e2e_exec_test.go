@@ -325,9 +325,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("lease dir after release: %v", err)
-	}
+	waitRetired(t, d.cfg.WorkRoot, l.ID())
 	for _, line := range psLines(t) {
 		if strings.Contains(line, "sleep 1002.731") || strings.Contains(line, "sleep 1003.731") || strings.Contains(line, "sleep 1004.731") {
 			t.Fatalf("a lease process outlived the lease: %s", line)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,6 +183,15 @@ func (d *binDaemon) cgroups() []string {
 		}
 	}
 	return left
+}
+
+// waitRetired waits for released leases' directories under workRoot to go: release
+// answers once their processes are dead and removes filesystems and directories right after.
+func waitRetired(t testing.TB, workRoot string, ids ...string) {
+	t.Helper()
+	waitFor(t, "the released leases' directories to be removed", 10*time.Second, func() bool {
+		return !slices.ContainsFunc(ids, func(id string) bool { return dirExists(filepath.Join(workRoot, id)) })
+	})
 }
 
 func dirExists(p string) bool {

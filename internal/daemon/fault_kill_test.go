@@ -351,9 +351,7 @@ func TestFaultKillDuringRelease(t *testing.T) {
 	default:
 		t.Fatalf("get after restart: %v", err)
 	}
-	if dirExists(filepath.Join(d.workRoot(), l.ID())) {
-		t.Fatalf("the released lease's dir is still there: %v", visibleIn(t, filepath.Join(d.workRoot(), l.ID())))
-	}
+	waitRetired(t, d.workRoot(), l.ID())
 	for _, cg := range d.cgroups() {
 		if strings.Contains(cg, l.ID()) {
 			t.Fatalf("the released lease's cgroup is still there: %s", cg)
