@@ -198,13 +198,23 @@ func (q *Quotas) Attach(ctx context.Context, dir string, bytes int64) error {
 		return fmt.Errorf("disk: image dir: %w", err)
 	}
 	fresh := false
+	var ahead *os.File // the image's filesystem, mounted ahead by the pool
 	if _, err := os.Lstat(img); errors.Is(err, os.ErrNotExist) {
-		if err := q.newImage(ctx, img, bytes); err != nil {
+		if ahead, err = q.newImage(ctx, img, bytes); err != nil {
 			return err
 		}
 		fresh = true
 	} else if err != nil {
 		return fmt.Errorf("disk: %w", err)
+	}
+	if ahead != nil {
+		err := moveMount(ahead, dir)
+		_ = ahead.Close()
+		if err == nil {
+			return nil
+		}
+		q.log.WarnContext(ctx, "cannot move a pooled filesystem onto a lease; mounting its image", "lease", id, "err", err)
+		fresh = false // its loop device may still be bound: mountImage goes through it
 	}
 	if err := mountImage(img, dir, fresh); err != nil {
 		if fresh {
@@ -219,17 +229,22 @@ func (q *Quotas) Attach(ctx context.Context, dir string, bytes int64) error {
 	return nil
 }
 
-// newImage makes img of size bytes: a pooled one when the size matches, else one made now.
-func (q *Quotas) newImage(ctx context.Context, img string, bytes int64) error {
+// newImage makes img of size bytes: a pooled one when the size matches, with its
+// filesystem when the pool mounted it ahead (the caller moves it into place and closes
+// it), else one made now.
+func (q *Quotas) newImage(ctx context.Context, img string, bytes int64) (*os.File, error) {
 	if q.pool != nil && q.pool.size == bytes {
-		if src := q.pool.take(); src != "" {
-			if err := os.Rename(src, img); err == nil {
-				return nil
+		if r := q.pool.take(); r.path != "" {
+			if err := os.Rename(r.path, img); err == nil {
+				return r.mnt, nil
 			}
-			_ = os.Remove(src)
+			if r.mnt != nil {
+				_ = r.mnt.Close()
+			}
+			_ = os.Remove(r.path)
 		}
 	}
-	return makeImage(ctx, q.mkfs, img, bytes)
+	return nil, makeImage(ctx, q.mkfs, img, bytes)
 }
 
 // ours reports whether the mount m is of the loop device backing img.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -326,15 +327,42 @@ func TestSweepAndForeignMounts(t *testing.T) {
 	}
 }
 
-// The pool keeps images ready; an attach of the default size takes one.
+// The pool keeps images ready, their filesystems mounted ahead and in no mount table; an
+// attach of the default size moves one onto the lease's directory, mounted as a made one
+// is (nosuid, nodev, discard, no lost+found), on the loop device of the lease's image.
 func TestPoolServesDefaultSize(t *testing.T) {
 	needLoop(t)
 	root := newRoot(t)
 	q := newQuotas(t, root, 16<<20, 2)
 	waitPool(t, q, 2)
+	q.pool.mu.Lock()
+	for _, r := range q.pool.ready {
+		if r.mnt == nil {
+			t.Errorf("pooled image %s not mounted ahead", r.path)
+		}
+	}
+	q.pool.mu.Unlock()
+	if m := leftovers(t, root); slices.ContainsFunc(m, func(s string) bool { return strings.HasPrefix(s, "mount ") }) {
+		t.Errorf("mounted-ahead filesystems are in the mount table: %v", m)
+	}
+
 	dir := leaseDir(t, root, "pooled")
 	if err := q.Attach(context.Background(), dir, 16<<20); err != nil {
 		t.Fatal(err)
+	}
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(dir))
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("mounts on %s: %v, %v", dir, ms, err)
+	}
+	opts := strings.Split(ms[0].Options, ",")
+	if !slices.Contains(opts, "nosuid") || !slices.Contains(opts, "nodev") || !strings.Contains(ms[0].VFSOptions, "discard") || ms[0].FSType != "ext4" {
+		t.Errorf("pooled mount: %s %s %s, want ext4 nosuid,nodev and discard", ms[0].FSType, ms[0].Options, ms[0].VFSOptions)
+	}
+	if m, _, _ := mountAt(dir); !q.ours(m, q.imagePath("pooled")) {
+		t.Errorf("the mount on %s is not of the lease's image", dir)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "lost+found")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("lost+found in a pooled filesystem: %v", err)
 	}
 	q.pool.mu.Lock()
 	ready := len(q.pool.ready)
@@ -345,6 +373,9 @@ func TestPoolServesDefaultSize(t *testing.T) {
 	}
 	if err := q.Detach(context.Background(), dir); err != nil {
 		t.Fatal(err)
+	}
+	if left := leftovers(t, dir); len(left) > 0 {
+		t.Errorf("detach left %v", left)
 	}
 }
 

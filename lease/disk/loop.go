@@ -21,9 +21,9 @@ import (
 var mkfsArgs = []string{"-q", "-F", "-t", "ext4", "-b", "4096", "-T", "default", "-m", "0",
 	"-O", "^resize_inode", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"}
 
-// mountFlags: nothing set-uid or device-like works from a lease's files. mountData:
-// space freed in the lease's filesystem is punched out of the image, so the host's cost
-// follows what the lease holds now, not the most it ever held.
+// mountFlags: nothing set-uid or device-like works from a lease's files. mountData (one
+// flag, as mountDetached sets it): space freed in the lease's filesystem is punched out of
+// the image, so the host's cost follows what the lease holds now, not the most it ever held.
 const (
 	mountFlags = unix.MS_NOSUID | unix.MS_NODEV
 	mountData  = "discard"
@@ -107,6 +107,48 @@ func mountImage(img, dir string, fresh bool) error {
 		return fmt.Errorf("mount %s on %s: %w", dev, dir, err)
 	}
 	return nil
+}
+
+// mountDetached mounts img, formatted by this process and never attached, as a mount that
+// belongs to no mount namespace yet (fsopen, fsmount): the pool keeps it, and Attach moves
+// it onto a lease's directory (moveMount) instead of attaching a device and mounting while
+// the acquire waits. Until then it is in no mount table, so no namespace copies it. The
+// lost+found that mkfs makes goes first: it would count as the lease's usage.
+func mountDetached(img string) (*os.File, error) {
+	dev, loop, err := attachLoop(img)
+	if err != nil {
+		return nil, err
+	}
+	defer loop.Close() // after the filesystem holds the device: closing it sooner clears it
+	fsfd, err := unix.Fsopen("ext4", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("fsopen ext4: %w", err)
+	}
+	defer unix.Close(fsfd)
+	if err := unix.FsconfigSetString(fsfd, "source", dev); err != nil {
+		return nil, fmt.Errorf("fsconfig source %s: %w", dev, err)
+	}
+	if err := unix.FsconfigSetFlag(fsfd, mountData); err != nil {
+		return nil, fmt.Errorf("fsconfig %s: %w", mountData, err)
+	}
+	if err := unix.FsconfigCreate(fsfd); err != nil {
+		return nil, fmt.Errorf("fsconfig create on %s: %w", dev, err)
+	}
+	mfd, err := unix.Fsmount(fsfd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return nil, fmt.Errorf("fsmount %s: %w", dev, err)
+	}
+	mnt := os.NewFile(uintptr(mfd), img)
+	if err := unix.Unlinkat(mfd, "lost+found", unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		mnt.Close()
+		return nil, fmt.Errorf("remove lost+found: %w", err)
+	}
+	return mnt, nil
+}
+
+// moveMount puts a detached mount (mountDetached) on dir.
+func moveMount(mnt *os.File, dir string) error {
+	return unix.MoveMount(int(mnt.Fd()), "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH)
 }
 
 // attachLoop binds img to a free loop device (LOOP_CTL_GET_FREE, then LOOP_CONFIGURE in
