@@ -163,13 +163,14 @@ func mountsAt(dir string) []string {
 	return at
 }
 
-// loopsUnder lists the loop devices bound to a file under dir.
+// loopsUnder lists the loop devices bound to a file under dir, but for the disk pool's
+// (dir/.disk/pool/): those hold the filesystems mounted ahead for the next acquires.
 func loopsUnder(dir string) []string {
 	var found []string
 	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, f := range devs {
 		b, _ := os.ReadFile(f)
-		if strings.HasPrefix(string(b), dir+"/") {
+		if strings.HasPrefix(string(b), dir+"/") && !strings.HasPrefix(string(b), filepath.Join(dir, ".disk", "pool")+"/") {
 			found = append(found, strings.TrimSpace(string(b)))
 		}
 	}
