@@ -96,7 +96,8 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	delete(e.cells, id)
 	e.mu.Unlock()
 	if c != nil {
-		c.jobs.Wait() // no spare or launcher is being made, nor a child removed, under our feet
+		e.cancelLauncher(c) // one still waiting for quiet is not forked at all
+		c.jobs.Wait()       // no spare or launcher is being made, nor a child removed, under our feet
 		e.dropLauncher(c)
 	}
 	if _, err := e.cg.KillCell(ctx, id); err != nil {
@@ -172,6 +173,7 @@ func (e *Engine) Close() error {
 	e.mu.Unlock()
 	var errs []error
 	for _, c := range cells {
+		e.cancelLauncher(c)
 		c.jobs.Wait()
 		e.dropLauncher(c)
 		e.mu.Lock()

@@ -347,6 +347,17 @@ func (e *Engine) discardLauncher(c *cell, l *launcher) {
 	}
 }
 
+// cancelLauncher tells the cell's launcher, if it has one, that it is not needed: one
+// waiting for quiet (awaitQuiet) ends at once instead of being forked and then discarded.
+func (e *Engine) cancelLauncher(c *cell) {
+	e.mu.Lock()
+	l := c.launcher
+	e.mu.Unlock()
+	if l != nil {
+		l.cancelOnce.Do(func() { close(l.cancel) })
+	}
+}
+
 // dropLauncher discards the cell's launcher, if it has one (Remove, Close).
 func (e *Engine) dropLauncher(c *cell) {
 	e.mu.Lock()
