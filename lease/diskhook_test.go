@@ -123,11 +123,17 @@ func TestDiskDetachFailureKeepsTheDirectory(t *testing.T) {
 	if removed, err := m.Orphans(ctx); err != nil || len(removed) != 0 {
 		t.Fatalf("Orphans = %v, %v; want the directory left to its retry", removed, err)
 	}
+	if n := m.Retiring(); n != 1 {
+		t.Errorf("Retiring = %d, want the lease whose directory remains", n)
+	}
 
 	d.failDetach = false
 	m.retryRetires()
 	m.WaitRetired()
 	assertGone(t, l.Dir)
+	if n := m.Retiring(); n != 0 {
+		t.Errorf("Retiring = %d after the directory went, want 0", n)
+	}
 	if n := mustAcquire(t, m, Request{SessionID: "t"}); n.UID != l.UID {
 		t.Errorf("uid %d after the retry, want the freed %d", n.UID, l.UID)
 	}

@@ -137,6 +137,14 @@ func (m *Manager) retryRetires() {
 	}
 }
 
+// Retiring is how many released leases still have a directory: being removed, or waiting
+// for Run's retry after a failed removal. Their uids are not handed out meanwhile.
+func (m *Manager) Retiring() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return len(m.retiring)
+}
+
 // WaitRetired waits until no released lease's directory is being removed: each is gone,
 // or its removal failed and waits for Run's retry.
 func (m *Manager) WaitRetired() {

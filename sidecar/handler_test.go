@@ -77,6 +77,8 @@ func (f *fakeLeases) List() []lease.Lease {
 
 func (f *fakeLeases) Touch(string) {}
 
+func (f *fakeLeases) Retiring() int { return 0 }
+
 func (f *fakeLeases) Renew(_ context.Context, id string, ttl time.Duration) (lease.Lease, error) {
 	return f.Get(id)
 }

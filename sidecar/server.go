@@ -69,6 +69,7 @@ type Leases interface {
 	Acquire(ctx context.Context, r lease.Request) (l lease.Lease, created bool, err error)
 	Get(id string) (lease.Lease, error)
 	List() []lease.Lease
+	Retiring() int
 	Touch(id string)
 	Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error)
 	Release(ctx context.Context, id string) error

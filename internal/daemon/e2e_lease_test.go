@@ -327,7 +327,7 @@ func TestMetricsAndInfo(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("metrics: %d", status)
 	}
-	wants := []string{`sidecar_leases{state="active"} 1`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket",
+	wants := []string{`sidecar_leases{state="active"} 1`, `sidecar_leases{state="retiring"} 0`, `sidecar_lease_events_total{event="created"} 1`, "sidecar_http_request_duration_seconds_bucket",
 		fmt.Sprintf("sidecar_landlock_abi %d", info.Capabilities.Landlock)}
 	for _, l := range info.Capabilities.Layers {
 		wants = append(wants, fmt.Sprintf(`sidecar_isolation_layer{layer=%q} 1`, l))
