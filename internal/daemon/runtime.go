@@ -80,16 +80,15 @@ func (rt *Runtime) sandboxSpec(l lease.Lease) sandbox.LeaseSpec {
 }
 
 // leaseRoot is the root filesystem the lease's processes see: its image's layers under a
-// writable layer of its own, or nil for the host's root. A lease on a snapshot whose
-// layers it owns (id-mapped) gets the snapshot's workspace and home stacked under its own:
-// nothing is copied (seed copies them otherwise).
+// writable layer of its own, or nil for the host's root; with the snapshot's workspace and
+// home stacked under its own where seedMode says so.
 func (rt *Runtime) leaseRoot(l lease.Lease) *sandbox.LeaseRoot {
 	r := rt.rootFor(l.ID)
 	if r == nil {
 		return nil
 	}
 	root := &sandbox.LeaseRoot{Layers: r.Layers, Env: r.Env, WorkingDir: r.WorkingDir, AsRoot: rt.RootImages[r.Base], Owned: rt.OwnedImages}
-	if r.Seed != "" && (root.Owned || root.AsRoot) && !seeded(l) {
+	if rt.seedMode(l, r) == seedStack {
 		for _, t := range seedTrees(l) {
 			if st, err := os.Lstat(filepath.Join(r.Seed, t.from)); t.to != "" && err == nil && st.IsDir() {
 				root.Stacks = append(root.Stacks, sandbox.Stack{Dir: t.to, Lower: filepath.Join(r.Seed, t.from)})
@@ -99,16 +98,35 @@ func (rt *Runtime) leaseRoot(l lease.Lease) *sandbox.LeaseRoot {
 	return root
 }
 
-// seeded reports whether lease l, on a snapshot, got copies of its trees (seed) at its
-// first Provision: its root's directory is there, and no stack was made in it. Such a
-// lease keeps its copies after a restart, whatever the daemon would do for a new one.
-func seeded(l lease.Lease) bool {
-	dir := filepath.Dir(sandbox.WritableLayer(sandbox.LeaseSpec{Workdir: l.Workdir()}))
-	if _, err := os.Lstat(dir); err != nil {
-		return false // its first Provision
+// seedMode is how a lease on a snapshot gets the snapshot's workspace and home.
+type seedMode int
+
+const (
+	seedNone  seedMode = iota // not on a snapshot, or its copies are made already
+	seedStack                 // an overlay on the snapshot's trees: nothing copied
+	seedCopy                  // copies of its own, made now
+)
+
+// seedMode says how lease l, on root r, gets its snapshot's trees. Stacking needs a lease
+// that owns its layers (id-mapped); elsewhere the trees are copied, once, at the first
+// Provision (its writable layer's directory is not there yet). A lease keeps what it
+// started with across restarts: stacks are mounted again, copies stay its own.
+func (rt *Runtime) seedMode(l lease.Lease, r *image.Root) seedMode {
+	if r == nil || r.Seed == "" {
+		return seedNone
 	}
-	_, err := os.Lstat(sandbox.StacksDir(sandbox.LeaseSpec{Workdir: l.Workdir()}))
-	return err != nil
+	spec := sandbox.LeaseSpec{Workdir: l.Workdir()}
+	_, err := os.Lstat(filepath.Dir(sandbox.WritableLayer(spec)))
+	first := err != nil
+	_, err = os.Lstat(sandbox.StacksDir(spec))
+	stacked := err == nil
+	switch owned := rt.OwnedImages || rt.RootImages[r.Base]; {
+	case owned && (first || stacked):
+		return seedStack
+	case first:
+		return seedCopy
+	}
+	return seedNone
 }
 
 // seedTrees are where a snapshot's trees go in a lease started from it.
@@ -135,7 +153,7 @@ func (rt *Runtime) Provision(ctx context.Context, l lease.Lease) error {
 		return err
 	}
 	spec := rt.sandboxSpec(l)
-	if err := rt.seed(l, spec); err != nil {
+	if err := rt.seed(l); err != nil {
 		return err
 	}
 	if err := rt.Sandbox.Provision(ctx, spec); err != nil {
@@ -176,15 +194,10 @@ func (rt *Runtime) holdImage(l lease.Lease) error {
 	return nil
 }
 
-// seed gives a new lease on a snapshot the snapshot's workspace and home, as copies of
-// its own, where they are not stacked (leaseRoot). Only the first Provision does: the
-// writable layer's directory, which Sandbox.Provision makes, is not there yet.
-func (rt *Runtime) seed(l lease.Lease, spec sandbox.LeaseSpec) error {
+// seed copies the snapshot's workspace and home into a new lease where seedMode says so.
+func (rt *Runtime) seed(l lease.Lease) error {
 	r := rt.rootFor(l.ID)
-	if r == nil || r.Seed == "" || len(spec.Root.Stacks) > 0 {
-		return nil
-	}
-	if _, err := os.Lstat(filepath.Dir(sandbox.WritableLayer(spec))); err == nil {
+	if rt.seedMode(l, r) != seedCopy {
 		return nil
 	}
 	for _, t := range seedTrees(l) {
