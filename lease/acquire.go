@@ -56,7 +56,9 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 				// The uids left are held by released leases until their directories are
 				// removed, which takes milliseconds: wait for those once, then look again.
 				waited = true
-				m.WaitRetired()
+				if err := m.waitRetired(ctx); err != nil {
+					return Lease{}, false, err
+				}
 				continue
 			}
 			return Lease{}, false, err

@@ -65,7 +65,7 @@ type Manager struct {
 	// removed (or whose removal failed, for the next Run to retry): their ids stay owned
 	// and their uids taken until the directory is gone.
 	retiring map[string]*retiree
-	retired  *sync.Cond // on mu: a retire goroutine ended
+	retired  chan struct{} // closed, and replaced, when a retire goroutine ends; guarded by mu
 
 	persistMu sync.Mutex  // serialises state writes; taken before mu, never inside it
 	journal   *journal    // guarded by persistMu
@@ -105,10 +105,10 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		sessions: map[string]*entry{},
 		creating: map[string]*creation{},
 		retiring: map[string]*retiree{},
+		retired:  make(chan struct{}),
 		uids:     newUIDPool(cfg.UIDFirst, cfg.UIDLast),
 		uidClaim: claim,
 	}
-	m.retired = sync.NewCond(&m.mu)
 	slices.SortFunc(leases, byCreation)
 	for _, l := range leases {
 		e := newEntry(l, stateLive)
@@ -249,7 +249,7 @@ func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Leas
 // time (for activity recorded by Touch), compacted, and gives up the uid range. A Manager used after Close keeps working: the journal reopens on
 // the next write.
 func (m *Manager) Close() error {
-	m.WaitRetired()
+	_ = m.waitRetired(context.Background())
 	m.persistMu.Lock()
 	defer m.persistMu.Unlock()
 	err := m.compactLocked()

@@ -113,7 +113,8 @@ func (m *Manager) retire(r *retiree) {
 			delete(m.retiring, r.lease.ID)
 			m.uids.free(r.lease.UID)
 		}
-		m.retired.Broadcast()
+		close(m.retired)
+		m.retired = make(chan struct{})
 		m.mu.Unlock()
 		if err != nil {
 			m.log.Error("released lease's directory not removed; retrying later", "lease", r.lease.ID, "dir", r.lease.Dir, "err", err)
@@ -147,11 +148,22 @@ func (m *Manager) Retiring() int {
 
 // WaitRetired waits until no released lease's directory is being removed: each is gone,
 // or its removal failed and waits for Run's retry.
-func (m *Manager) WaitRetired() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for m.retiringLocked() {
-		m.retired.Wait()
+func (m *Manager) WaitRetired() { _ = m.waitRetired(context.Background()) }
+
+// waitRetired is WaitRetired until ctx ends.
+func (m *Manager) waitRetired(ctx context.Context) error {
+	for {
+		m.mu.RLock()
+		running, ended := m.retiringLocked(), m.retired
+		m.mu.RUnlock()
+		if !running {
+			return nil
+		}
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
