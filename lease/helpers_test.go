@@ -202,3 +202,7 @@ func assertGone(t *testing.T, path string) {
 		t.Errorf("%s still exists (err %v)", path, err)
 	}
 }
+
+// WaitRetired waits for the directories of the leases released so far to be removed (or
+// their removal to fail).
+func (m *Manager) WaitRetired() { _ = m.waitRetired(context.Background()) }

@@ -246,8 +246,8 @@ func (m *Manager) Renew(ctx context.Context, id string, ttl time.Duration) (Leas
 }
 
 // Close waits for released leases' directories being removed, writes the state one last
-// time (for activity recorded by Touch), compacted, and gives up the uid range. A Manager used after Close keeps working: the journal reopens on
-// the next write.
+// time (for activity recorded by Touch), compacted, and gives up the uid range. A Manager
+// used after Close keeps working: the journal reopens on the next write.
 func (m *Manager) Close() error {
 	_ = m.waitRetired(context.Background())
 	m.persistMu.Lock()

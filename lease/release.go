@@ -146,11 +146,8 @@ func (m *Manager) Retiring() int {
 	return len(m.retiring)
 }
 
-// WaitRetired waits until no released lease's directory is being removed: each is gone,
-// or its removal failed and waits for Run's retry.
-func (m *Manager) WaitRetired() { _ = m.waitRetired(context.Background()) }
-
-// waitRetired is WaitRetired until ctx ends.
+// waitRetired waits, until ctx ends, for no released lease's directory to be being removed:
+// each is gone, or its removal failed and waits for Run's retry.
 func (m *Manager) waitRetired(ctx context.Context) error {
 	for {
 		m.mu.RLock()
@@ -178,7 +175,8 @@ func (m *Manager) retiringLocked() bool {
 }
 
 // Run reaps expired leases, retries failed directory removals and writes recorded
-// activity every interval until ctx ends (interval <= 0: every 30 seconds). Errors are logged: the next round tries again.
+// activity every interval until ctx ends (interval <= 0: every 30 seconds). Errors are
+// logged: the next round tries again.
 func (m *Manager) Run(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 30 * time.Second
