@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // Acquire returns the active lease of r.SessionID (created false, nothing renewed) or
-// creates one: its directories, then Provisioner.Provision, then the state file. If any step
+// creates one: its directories, then Provisioner.Provision, then the state file; or, for a
+// request of the default shape, it takes a spare made ahead (spare.go). If any step
 // fails, everything done so far is undone and the error returned: no stray lease or
 // directory is left. Concurrent calls for one session return the same lease.
 func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool, err error) {
@@ -48,7 +50,21 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 			}
 			return Lease{}, false, fmt.Errorf("%w: %d leases, the maximum", ErrLimit, m.cfg.MaxLeases)
 		}
+		if spare, ok := m.takeSpareLocked(r); ok {
+			c := &creation{id: spare.ID, done: make(chan struct{})}
+			m.creating[r.SessionID] = c
+			m.mu.Unlock()
+			l, err := m.adopt(ctx, spare, r)
+			close(c.done)
+			return l, err == nil, err
+		}
 		uid, err := m.uids.take()
+		if err != nil && m.dropSpareLocked() {
+			// A spare holds a uid a lease of another shape needs: it goes, and its uid
+			// with its directory (waited for below).
+			m.mu.Unlock()
+			continue
+		}
 		if err != nil {
 			retiring := m.retiringLocked()
 			m.mu.Unlock()
@@ -100,61 +116,80 @@ func (m *Manager) anyExpiredLocked() bool {
 // create builds the lease reserved by Acquire: id and uid are taken, and
 // m.creating[r.SessionID] is set; create clears it.
 func (m *Manager) create(ctx context.Context, id string, uid int, r Request) (Lease, error) {
+	l := m.newLease(id, uid, r)
+	if err := m.build(ctx, l); err != nil {
+		m.forget(l, r.SessionID)
+		return Lease{}, err
+	}
+	return m.enter(ctx, l, r)
+}
+
+// newLease is the lease of request r, with its id and uid, created now.
+func (m *Manager) newLease(id string, uid int, r Request) Lease {
 	now := m.cfg.Now()
-	l := Lease{
+	return Lease{
 		ID: id, SessionID: r.SessionID, Labels: cloneLabels(r.Labels), Network: r.Network, Image: r.Image,
 		Limits: r.Limits, UID: uid, GID: uid, Dir: filepath.Join(m.cfg.WorkRoot, id),
 		CreatedAt: now, ExpiresAt: now.Add(r.TTL), LastActivityAt: now,
 	}
-	forget := func() {
-		m.mu.Lock()
-		delete(m.leases, id)
-		delete(m.creating, r.SessionID)
-		m.uids.free(uid)
-		m.mu.Unlock()
-	}
+}
+
+// build makes the lease's directory, filesystem and subdirectories and provisions it. On
+// an error whatever it made is undone.
+func (m *Manager) build(ctx context.Context, l Lease) error {
 	// An existing Dir is not ours to take over, nor to remove on rollback.
 	if err := os.Mkdir(l.Dir, dirMode); err != nil {
-		forget()
-		return Lease{}, fmt.Errorf("lease: create directory: %w", err)
+		return fmt.Errorf("lease: create directory: %w", err)
 	}
 	if d := m.cfg.Disk; d != nil {
 		if err := d.Attach(ctx, l.Dir, l.Limits.DiskBytes); err != nil {
 			if rmErr := m.dropDir(ctx, l.Dir); rmErr != nil {
-				m.log.Error("lease rollback: remove dir", "lease", id, "err", rmErr)
+				m.log.Error("lease rollback: remove dir", "lease", l.ID, "err", rmErr)
 			}
-			forget()
-			return Lease{}, fmt.Errorf("lease: disk: %w", err)
+			return fmt.Errorf("lease: disk: %w", err)
 		}
 	}
 	if err := ensureDirs(l); err != nil {
 		if rmErr := m.dropDir(ctx, l.Dir); rmErr != nil {
-			m.log.Error("lease rollback: remove dir", "lease", id, "err", rmErr)
+			m.log.Error("lease rollback: remove dir", "lease", l.ID, "err", rmErr)
 		}
-		forget()
-		return Lease{}, fmt.Errorf("lease: create directories: %w", err)
+		return fmt.Errorf("lease: create directories: %w", err)
 	}
 	if p := m.cfg.Provisioner; p != nil {
 		if err := p.Provision(ctx, l); err != nil {
 			m.undo(ctx, l)
-			forget()
-			return Lease{}, fmt.Errorf("lease: provision: %w", err)
+			return fmt.Errorf("lease: provision: %w", err)
 		}
 	}
+	return nil
+}
 
+// forget gives up a lease that was reserved or built but never became live: its id, the
+// session's creation and its uid.
+func (m *Manager) forget(l Lease, session string) {
+	m.mu.Lock()
+	delete(m.leases, l.ID)
+	delete(m.creating, session)
+	m.uids.free(l.UID)
+	m.mu.Unlock()
+}
+
+// enter makes a built lease live for session r.SessionID: it enters the table, the journal
+// records it, and the session finds it. A failed write undoes the lease.
+func (m *Manager) enter(ctx context.Context, l Lease, r Request) (Lease, error) {
 	e := newEntry(l, stateCreating)
 	m.mu.Lock()
-	m.leases[id] = e
+	m.leases[l.ID] = e
 	m.mu.Unlock()
 	compactions := m.compactions()
-	if err := m.persistLease(id); err != nil {
+	if err := m.persistLease(l.ID); err != nil {
 		m.undo(ctx, l)
-		forget()
+		m.forget(l, r.SessionID)
 		// A compaction meanwhile may have recorded the lease; record that it is gone.
 		// Otherwise the journal is as it was: a failed append is cut back.
 		if m.compactions() != compactions {
-			if err2 := m.persistLease(id); err2 != nil {
-				m.log.Error("lease rollback: persist", "lease", id, "err", err2)
+			if err2 := m.persistLease(l.ID); err2 != nil {
+				m.log.Error("lease rollback: persist", "lease", l.ID, "err", err2)
 			}
 		}
 		return Lease{}, err
@@ -166,6 +201,14 @@ func (m *Manager) create(ctx context.Context, id string, uid int, r Request) (Le
 	m.mu.Unlock()
 	m.emit(EventCreated, l.clone())
 	return l.clone(), nil
+}
+
+// adopt makes a spare the lease of request r: the session's, created now. The next spare
+// is made spareAfterTake later.
+func (m *Manager) adopt(ctx context.Context, spare Lease, r Request) (Lease, error) {
+	l := m.newLease(spare.ID, spare.UID, r)
+	defer time.AfterFunc(spareAfterTake, m.wakeSpares)
+	return m.enter(ctx, l, r)
 }
 
 // undo tears down a half-made lease. It must finish even if the caller gave up.

@@ -34,6 +34,9 @@ type Config struct {
 	StateDir, WorkRoot string
 	DefaultTTL, MaxTTL time.Duration // defaults 15m and 24h if zero
 	MaxLeases          int           // default 64
+	// Spares is how many leases Run keeps made ahead for requests of the default shape
+	// (spare.go); 0: none.
+	Spares int
 	// DefaultLimits fill a request's zero fields; a request field over the matching
 	// MaxLimits field is ErrInvalid. A zero MaxLimits field means no maximum.
 	DefaultLimits, MaxLimits Limits
@@ -113,6 +116,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxLeases < 0 {
 		return c, fmt.Errorf("lease: MaxLeases must be positive, got %d", c.MaxLeases)
+	}
+	if c.Spares < 0 || c.Spares > c.MaxLeases {
+		return c, fmt.Errorf("lease: Spares must be 0 to MaxLeases (%d), got %d", c.MaxLeases, c.Spares)
 	}
 	if err := checkLimits(c.DefaultLimits, c.MaxLimits); err != nil {
 		return c, fmt.Errorf("lease: DefaultLimits: %w", err)

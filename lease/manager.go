@@ -66,6 +66,11 @@ type Manager struct {
 	// and their uids taken until the directory is gone.
 	retiring map[string]*retiree
 	retired  chan struct{} // closed, and replaced, when a retire goroutine ends; guarded by mu
+	// spares are leases made ahead for the default request (spare.go); making are the ids
+	// of those being made. spareWake asks keepSpares to look again.
+	spares    []Lease
+	making    []string
+	spareWake chan struct{}
 
 	persistMu sync.Mutex  // serialises state writes; taken before mu, never inside it
 	journal   *journal    // guarded by persistMu
@@ -98,16 +103,17 @@ func Open(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		journal:  jr,
-		leases:   make(map[string]*entry, len(leases)),
-		sessions: map[string]*entry{},
-		creating: map[string]*creation{},
-		retiring: map[string]*retiree{},
-		retired:  make(chan struct{}),
-		uids:     newUIDPool(cfg.UIDFirst, cfg.UIDLast),
-		uidClaim: claim,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		journal:   jr,
+		leases:    make(map[string]*entry, len(leases)),
+		sessions:  map[string]*entry{},
+		creating:  map[string]*creation{},
+		retiring:  map[string]*retiree{},
+		retired:   make(chan struct{}),
+		spareWake: make(chan struct{}, 1),
+		uids:      newUIDPool(cfg.UIDFirst, cfg.UIDLast),
+		uidClaim:  claim,
 	}
 	slices.SortFunc(leases, byCreation)
 	for _, l := range leases {

@@ -24,7 +24,7 @@ func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
 		name := de.Name()
 		// The id is reserved before its directory is made, so a directory we can see
 		// whose id is not owned now is not going to become owned.
-		if !de.IsDir() || !validID(name) || m.owns(name) {
+		if !de.IsDir() || !validID(name) || m.Owns(name) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
@@ -40,7 +40,7 @@ func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
 	}
 	// Filesystems of leases whose directory is already gone (a crash between the two).
 	if d := m.cfg.Disk; d != nil {
-		swept, err := d.Sweep(ctx, m.owns)
+		swept, err := d.Sweep(ctx, m.Owns)
 		errs = append(errs, err)
 		for _, id := range swept {
 			if !slices.Contains(removed, id) {
@@ -51,12 +51,14 @@ func (m *Manager) Orphans(ctx context.Context) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// owns reports whether id belongs to a lease in any state, to one being created, or to a
-// released one whose directory is being removed.
-func (m *Manager) owns(id string) bool {
+// Owns reports whether id belongs to a lease in any state, to one being created, to a
+// spare, or to a released one whose directory is being removed: whether what is named
+// after id is in use.
+func (m *Manager) Owns(id string) bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	if m.leases[id] != nil || m.retiring[id] != nil {
+	if m.leases[id] != nil || m.retiring[id] != nil || slices.Contains(m.making, id) ||
+		slices.ContainsFunc(m.spares, func(l Lease) bool { return l.ID == id }) {
 		return true
 	}
 	for _, c := range m.creating {

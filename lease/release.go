@@ -174,8 +174,8 @@ func (m *Manager) retiringLocked() bool {
 	return false
 }
 
-// Run reaps expired leases, retries failed directory removals and writes recorded
-// activity every interval until ctx ends (interval <= 0: every 30 seconds). Errors are
+// Run reaps expired leases, retries failed directory removals, keeps the spares
+// (spare.go) and writes recorded activity every interval until ctx ends (interval <= 0: every 30 seconds). Errors are
 // logged: the next round tries again.
 func (m *Manager) Run(ctx context.Context, every time.Duration) {
 	if every <= 0 {
@@ -183,6 +183,9 @@ func (m *Manager) Run(ctx context.Context, every time.Duration) {
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	spares := make(chan struct{})
+	go func() { defer close(spares); m.keepSpares(ctx) }()
+	defer func() { <-spares }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -193,6 +196,7 @@ func (m *Manager) Run(ctx context.Context, every time.Duration) {
 			m.log.Error("reap failed", "err", err)
 		}
 		m.retryRetires()
+		m.wakeSpares()
 		if err := m.flush(); err != nil {
 			m.log.Error("persist lease activity failed", "err", err)
 		}

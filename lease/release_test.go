@@ -311,7 +311,7 @@ func TestReleaseRetiresInTheBackground(t *testing.T) {
 	if _, err := os.Lstat(l.Dir); err != nil {
 		t.Errorf("the directory went before its removal ran: %v", err)
 	}
-	if !m.owns(l.ID) {
+	if !m.Owns(l.ID) {
 		t.Error("the directory being removed is not owned: Orphans would race its removal")
 	}
 

@@ -74,7 +74,7 @@ func TestReleaseRefusesMountPoint(t *testing.T) {
 	if _, err := os.Stat(inMount); err != nil {
 		t.Errorf("a file inside the mount is gone: %v", err)
 	}
-	if !m.owns(l.ID) {
+	if !m.Owns(l.ID) {
 		t.Error("the released lease's directory is no longer owned: Orphans would take it")
 	}
 
@@ -84,7 +84,7 @@ func TestReleaseRefusesMountPoint(t *testing.T) {
 	m.retryRetires()
 	m.WaitRetired()
 	assertGone(t, l.Dir)
-	if m.owns(l.ID) {
+	if m.Owns(l.ID) {
 		t.Error("the lease id is still owned once its directory is gone")
 	}
 }

@@ -78,6 +78,7 @@ func (f *fakeLeases) List() []lease.Lease {
 func (f *fakeLeases) Touch(string) {}
 
 func (f *fakeLeases) Retiring() int { return 0 }
+func (f *fakeLeases) Spares() int   { return 0 }
 
 func (f *fakeLeases) Renew(_ context.Context, id string, ttl time.Duration) (lease.Lease, error) {
 	return f.Get(id)

@@ -197,6 +197,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, active, "active")
 	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, expired, "expired")
 	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(s.opts.Leases.Retiring()), "retiring")
+	ch <- prometheus.MustNewConstMetric(c.leases, prometheus.GaugeValue, float64(s.opts.Leases.Spares()), "spare")
 	ch <- prometheus.MustNewConstMetric(c.memory, prometheus.GaugeValue, mem)
 	ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, cpu)
 	ch <- prometheus.MustNewConstMetric(c.pids, prometheus.GaugeValue, pids)

@@ -70,6 +70,7 @@ type Leases interface {
 	Get(id string) (lease.Lease, error)
 	List() []lease.Lease
 	Retiring() int
+	Spares() int
 	Touch(id string)
 	Renew(ctx context.Context, id string, ttl time.Duration) (lease.Lease, error)
 	Release(ctx context.Context, id string) error

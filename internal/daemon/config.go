@@ -33,7 +33,10 @@ type Config struct {
 	StateDir string `env:"SIDECAR_STATE_DIR"`
 	WorkRoot string `env:"SIDECAR_WORK_ROOT"`
 
-	MaxLeases         int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
+	MaxLeases int `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
+	// LeaseSpares is how many leases of the default shape are kept made ahead, so that
+	// acquiring one only names and journals it (lease/spare.go); 0: none.
+	LeaseSpares       int           `env:"SIDECAR_LEASE_SPARES" envDefault:"1"`
 	DefaultTTL        time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
 	MaxTTL            time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
 	DefaultLimits     lease.Limits  `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
@@ -152,6 +155,9 @@ func (c *Config) Check() error {
 	}
 	if c.MaxLeases < 1 {
 		bad("SIDECAR_MAX_LEASES", "must be at least 1")
+	}
+	if c.LeaseSpares < 0 || c.LeaseSpares > c.MaxLeases {
+		bad("SIDECAR_LEASE_SPARES", "must be 0 to SIDECAR_MAX_LEASES (%d), not %d", c.MaxLeases, c.LeaseSpares)
 	}
 	if c.CapacityMemoryBytes < 0 {
 		bad("SIDECAR_CAPACITY_MEMORY_BYTES", "must not be negative (0 or unset: the host's MemTotal)")

@@ -220,6 +220,7 @@ func (d *Daemon) open(ctx context.Context) error {
 		DefaultTTL:     cfg.DefaultTTL,
 		MaxTTL:         cfg.MaxTTL,
 		MaxLeases:      cfg.MaxLeases,
+		Spares:         cfg.LeaseSpares,
 		DefaultLimits:  cfg.DefaultLimits,
 		MaxLimits:      cfg.MaxLimits,
 		UIDFirst:       cfg.UIDFirst,
@@ -428,6 +429,9 @@ func (d *Daemon) Close(ctx context.Context) error {
 		}
 		d.cancel()
 		d.wg.Wait()
+		if d.leases != nil {
+			err = errors.Join(err, d.leases.DropSpares(sctx)) // not leases yet: nothing keeps them
+		}
 		if d.procs != nil {
 			d.procs.Shutdown(sctx)
 		}

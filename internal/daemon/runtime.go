@@ -377,11 +377,7 @@ func (h host) Cleanup(ctx context.Context) (apitype.CleanupResult, error) {
 	for _, l := range reaped {
 		res.Leases = append(res.Leases, l.ID)
 	}
-	known := func(id string) bool {
-		_, err := leases.Get(id)
-		return err == nil
-	}
-	cgroups, pids, err := rt.Sandbox.Sweep(ctx, known)
+	cgroups, pids, err := rt.Sandbox.Sweep(ctx, leases.Owns)
 	if err != nil {
 		return res, err
 	}
