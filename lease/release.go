@@ -96,7 +96,8 @@ func (m *Manager) release(ctx context.Context, id, kind string) (Lease, error) {
 // retiree is a released lease whose filesystem and directory are being removed.
 type retiree struct {
 	lease   Lease
-	running bool // a retire goroutine has it; guarded by Manager.mu
+	running bool  // a retire goroutine has it; guarded by Manager.mu
+	err     error // why its last removal failed; guarded by Manager.mu
 }
 
 // retire detaches a released lease's filesystem and removes its directory in the
@@ -108,7 +109,7 @@ func (m *Manager) retire(r *retiree) {
 	go func() {
 		err := m.dropDir(context.Background(), r.lease.Dir)
 		m.mu.Lock()
-		r.running = false
+		r.running, r.err = false, err
 		if err == nil {
 			delete(m.retiring, r.lease.ID)
 			m.uids.free(r.lease.UID)

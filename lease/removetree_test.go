@@ -3,12 +3,15 @@ package lease
 import (
 	"bufio"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/fsxfer"
 )
 
 // The default remover, fsxfer.RemoveTree: a release removes the whole tree, and a symlink
@@ -76,6 +79,12 @@ func TestReleaseRefusesMountPoint(t *testing.T) {
 	}
 	if !m.Owns(l.ID) {
 		t.Error("the released lease's directory is no longer owned: Orphans would take it")
+	}
+	m.mu.RLock()
+	err := m.retiring[l.ID].err
+	m.mu.RUnlock()
+	if !errors.Is(err, fsxfer.ErrMountPoint) {
+		t.Errorf("the removal failed with %v, want ErrMountPoint", err)
 	}
 
 	if err := unix.Unmount(mnt, 0); err != nil {
