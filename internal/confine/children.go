@@ -65,9 +65,12 @@ func (e *Engine) makeSpare(c *cell) {
 	name, err := e.newChild(c.id)
 	e.mu.Lock()
 	c.filling--
+	gone := e.live(c.id) != c
 	e.mu.Unlock()
 	if err != nil {
-		e.log.Warn("spare child cgroup", "cell", c.id, "err", err)
+		if !gone { // a cell removed meanwhile needs no spare
+			e.log.Warn("spare child cgroup", "cell", c.id, "err", err)
+		}
 		return
 	}
 	e.returnSpare(c.id, name)
