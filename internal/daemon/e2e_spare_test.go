@@ -24,9 +24,6 @@ func TestSpareLease(t *testing.T) {
 	d := startDaemon(t, func(c *daemon.Config) { c.LeaseSpares = 1 })
 	ctx := t.Context()
 	spare := waitSpare(t, d, nil)
-	if _, _, metrics := d.raw("GET", "/metrics", testToken, nil, nil); !strings.Contains(string(metrics), "\nsidecar_leases{state=\"spare\"} 1\n") {
-		t.Errorf("metrics do not count the spare:\n%s", metrics)
-	}
 	res := must(d.client.Cleanup(ctx))(t)
 	if slices.Contains(res.Cgroups, spare) || slices.Contains(res.Workdirs, spare) {
 		t.Fatalf("cleanup took the spare: %+v", res)
@@ -66,8 +63,8 @@ func TestSpareLease(t *testing.T) {
 	}
 }
 
-// waitSpare waits (10 s at most) for one lease, besides those in known, with a directory
-// and a cgroup, and returns its id.
+// waitSpare waits (10 s at most) for the metrics to count one spare, and one lease
+// besides those in known with a directory and a cgroup, and returns its id.
 func waitSpare(t *testing.T, d *testDaemon, known []string) string {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
@@ -77,11 +74,13 @@ func waitSpare(t *testing.T, d *testDaemon, known []string) string {
 				got = append(got, e)
 			}
 		}
-		if len(got) == 1 && slices.Contains(leaseCgroups(d.cfg.CgroupParent), got[0]) {
+		_, _, metrics := d.raw("GET", "/metrics", testToken, nil, nil)
+		ready := strings.Contains(string(metrics), "\nsidecar_leases{state=\"spare\"} 1\n")
+		if ready && len(got) == 1 && slices.Contains(leaseCgroups(d.cfg.CgroupParent), got[0]) {
 			return got[0]
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("lease directories %v besides %v; want one spare with a cgroup", got, known)
+			t.Fatalf("lease directories %v besides %v (spare counted: %v); want one spare with a cgroup", got, known, ready)
 		}
 	}
 }
