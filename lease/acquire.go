@@ -54,6 +54,16 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 			c := &creation{id: spare.ID, done: make(chan struct{})}
 			m.creating[r.SessionID] = c
 			m.mu.Unlock()
+			if !m.spareCurrent(spare) {
+				// Made on an image since replaced: a lease made now gets the new one.
+				m.mu.Lock()
+				delete(m.creating, r.SessionID)
+				m.discardLocked(spare)
+				m.mu.Unlock()
+				close(c.done)
+				time.AfterFunc(spareAfterTake, m.wakeSpares)
+				continue
+			}
 			l, err := m.adopt(ctx, spare, r)
 			close(c.done)
 			return l, err == nil, err

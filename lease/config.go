@@ -37,6 +37,9 @@ type Config struct {
 	// Spares is how many leases Run keeps made ahead for requests of the default shape
 	// (spare.go); 0: none.
 	Spares int
+	// SpareCurrent says whether a spare still gets what a lease made now would (the
+	// daemon: its image was not replaced since); nil: always.
+	SpareCurrent func(Lease) bool
 	// DefaultLimits fill a request's zero fields; a request field over the matching
 	// MaxLimits field is ErrInvalid. A zero MaxLimits field means no maximum.
 	DefaultLimits, MaxLimits Limits

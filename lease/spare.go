@@ -9,72 +9,87 @@ import (
 
 // Spare leases take a lease's whole set-up off the acquire path. A spare is made ahead for
 // a request of the default shape (default limits, network and image): its directory,
-// filesystem and Provisioner.Provision (cgroup, network namespace, its first launcher)
-// are done, so an acquire of that shape only gives it a session and journals it. A spare is
-// not a lease yet: Get and List do not see it, it holds no slot of MaxLeases, no journal
-// records it (a crash leaves an orphan the startup sweep removes) and DropSpares takes it
-// down. It does hold a uid: an acquire that finds none free takes a spare down first.
-// Spares are kept for leases on the host's root only: an image's content may change
-// under its name while a spare waits.
+// filesystem and Provisioner.Provision (cgroup, network namespace, image root, its first
+// launcher) are done, so an acquire of that shape only gives it a session and journals it.
+// A spare is not a lease yet: Get and List do not see it, it holds no slot of MaxLeases,
+// no journal records it (a crash leaves an orphan the startup sweep removes) and
+// DropSpares takes it down. It does hold a uid: an acquire that finds none free takes a
+// spare down first. A spare whose image changed since it was made (Config.SpareCurrent)
+// is taken down instead of handed out.
 
 // spareAfterTake is how long after a spare is taken the next one is made: not beside the
 // new lease's first commands, which would share the CPUs with its set-up (about what a
 // lease's acquire costs).
 const spareAfterTake = 250 * time.Millisecond
 
-// spareRequest is the normalized request spares are made for; ok false when the default
-// shape runs on an image or no spare is wanted.
+// spareRetry is how often keepSpares looks again while no spare can be made.
+const spareRetry = time.Second
+
+// spareRequest is the normalized request spares are made for now; ok false when no spare
+// is wanted or the default request cannot be served now (its image is being pulled).
 func (m *Manager) spareRequest() (Request, bool) {
 	if m.cfg.Spares <= 0 {
 		return Request{}, false
 	}
 	r, err := m.cfg.normalize(Request{SessionID: "spare"})
-	if err != nil || r.Image != "" {
-		return Request{}, false
-	}
-	return r, true
+	return r, err == nil
 }
 
-// fitsSpare says whether a normalized request gets what a spare was provisioned with.
-func fitsSpare(r, spare Request) bool {
+// fitsSpare says whether normalized request r gets what spare was provisioned with.
+func fitsSpare(r Request, spare Lease) bool {
 	return r.Image == spare.Image && r.Limits == spare.Limits &&
 		r.Network.Egress == spare.Network.Egress &&
 		slices.Equal(r.Network.AllowOut, spare.Network.AllowOut) &&
 		slices.Equal(r.Network.DenyOut, spare.Network.DenyOut)
 }
 
-// takeSpareLocked hands out a spare for r, if there is one that fits. Call with mu held.
+// takeSpareLocked hands out a spare that fits r, if there is one. Call with mu held.
 func (m *Manager) takeSpareLocked(r Request) (Lease, bool) {
-	want, ok := m.spareRequest()
-	if !ok || len(m.spares) == 0 || !fitsSpare(r, want) {
+	i := slices.IndexFunc(m.spares, func(l Lease) bool { return fitsSpare(r, l) })
+	if i < 0 {
 		return Lease{}, false
 	}
-	l := m.spares[len(m.spares)-1]
-	m.spares = m.spares[:len(m.spares)-1]
+	l := m.spares[i]
+	m.spares = slices.Delete(m.spares, i, i+1)
 	return l, true
 }
 
+// spareCurrent says whether spare still gets what a lease made now would.
+func (m *Manager) spareCurrent(spare Lease) bool {
+	return m.cfg.SpareCurrent == nil || m.cfg.SpareCurrent(spare)
+}
+
 // keepSpares makes spares until there are Config.Spares, each time it is woken (at the
-// start, after a spare is taken, at every Run round), until ctx ends.
+// start, after a spare is taken, at every Run round), until ctx ends. While the default
+// request cannot be served (its image is being pulled) or a spare could not be made, it
+// looks again every spareRetry.
 func (m *Manager) keepSpares(ctx context.Context) {
-	r, ok := m.spareRequest()
-	if !ok {
-		return
-	}
 	for {
+		retry := false
 		for ctx.Err() == nil {
+			r, ok := m.spareRequest()
+			if !ok {
+				retry = m.cfg.Spares > 0
+				break
+			}
 			made, err := m.makeSpare(ctx, r)
 			if err != nil && ctx.Err() == nil {
 				m.log.Warn("spare lease not made; trying again later", "err", err)
+				retry = true
 			}
 			if !made {
 				break
 			}
 		}
+		var again <-chan time.Time
+		if retry {
+			again = time.After(spareRetry)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-m.spareWake:
+		case <-again:
 		}
 	}
 }
@@ -116,15 +131,21 @@ func (m *Manager) makeSpare(ctx context.Context, r Request) (bool, error) {
 	return err == nil, err
 }
 
-// dropSpareLocked takes one spare out of the pool and tears it down in the background:
-// its uid is free once its directory is gone (retire). Call with mu held; false when
-// there was none.
+// dropSpareLocked takes one spare out of the pool and down (discardLocked). Call with mu
+// held; false when there was none.
 func (m *Manager) dropSpareLocked() bool {
 	if len(m.spares) == 0 {
 		return false
 	}
 	l := m.spares[0]
 	m.spares = m.spares[1:]
+	m.discardLocked(l)
+	return true
+}
+
+// discardLocked tears spare l down in the background: its id stays owned, and its uid
+// taken, until its directory is gone (retire). Call with mu held.
+func (m *Manager) discardLocked(l Lease) {
 	r := &retiree{lease: l, running: true}
 	m.retiring[l.ID] = r
 	go func() {
@@ -135,7 +156,6 @@ func (m *Manager) dropSpareLocked() bool {
 		}
 		m.retire(r)
 	}()
-	return true
 }
 
 // Spares is how many spare leases are ready.
@@ -143,6 +163,19 @@ func (m *Manager) Spares() int {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return len(m.spares)
+}
+
+// SparesOn is how many spare leases are ready on image (a lease's Image).
+func (m *Manager) SparesOn(image string) int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	n := 0
+	for _, l := range m.spares {
+		if l.Image == image {
+			n++
+		}
+	}
+	return n
 }
 
 // DropSpares tears every spare down and waits for their directories to go. Call it once

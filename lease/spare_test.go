@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 )
@@ -137,19 +138,48 @@ func TestSpareIsAnOrphanAfterACrash(t *testing.T) {
 	}
 }
 
-// TestSparesOnlyWhereTheyFit: none for an image (its content may change under its name),
-// none past the lease limit, and the count bounded by MaxLeases.
-func TestSparesOnlyWhereTheyFit(t *testing.T) {
+// TestSpareOnAnImage: a spare is made on the default image; one whose image was replaced
+// since is taken down, and the acquire gets a lease made on the spot.
+func TestSpareOnAnImage(t *testing.T) {
+	current := true
+	var mu sync.Mutex
 	e := newEnv(t, func(c *Config) {
 		c.Spares, c.DefaultImage = 1, "base"
 		c.CheckImage = func(string) error { return nil }
+		c.SpareCurrent = func(Lease) bool { mu.Lock(); defer mu.Unlock(); return current }
 	})
 	m := e.open()
-	if _, ok := m.spareRequest(); ok {
-		t.Fatal("spares for a default image")
+	runManager(t, m)
+	spare := waitSpares(t, m, 1)[0]
+	if m.SparesOn("base") != 1 || m.SparesOn("") != 0 {
+		t.Fatalf("SparesOn: base %d, host %d", m.SparesOn("base"), m.SparesOn(""))
 	}
-	e = newEnv(t, func(c *Config) { c.Spares, c.MaxLeases = 1, 1 })
-	m = e.open()
+	if l := mustAcquire(t, m, Request{SessionID: "a"}); l.ID != spare || l.Image != "base" {
+		t.Fatalf("acquire: %s on %q; want the spare %s on base", l.ID, l.Image, spare)
+	}
+	stale := waitSpares(t, m, 1)[0]
+	mu.Lock()
+	current = false
+	mu.Unlock()
+	l := mustAcquire(t, m, Request{SessionID: "b"})
+	if l.ID == stale {
+		t.Fatal("a spare on a replaced image was handed out")
+	}
+	if p, _ := e.prov.counts(l.ID); p != 1 {
+		t.Fatalf("the lease made instead was provisioned %d times", p)
+	}
+	m.WaitRetired()
+	if _, torn := e.prov.counts(stale); torn != 1 {
+		t.Fatalf("the stale spare torn down %d times, want 1", torn)
+	}
+	assertGone(t, e.cfg.WorkRoot+"/"+stale)
+}
+
+// TestSparesOnlyWhereTheyFit: none past the lease limit, and the count bounded by
+// MaxLeases.
+func TestSparesOnlyWhereTheyFit(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.Spares, c.MaxLeases = 1, 1 })
+	m := e.open()
 	runManager(t, m)
 	waitSpares(t, m, 1)
 	l := mustAcquire(t, m, Request{SessionID: "only"})

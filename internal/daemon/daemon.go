@@ -231,6 +231,7 @@ func (d *Daemon) open(ctx context.Context) error {
 		CheckNetwork:   d.network.check,
 		DefaultImage:   d.defaultImage,
 		CheckImage:     d.images.Check,
+		SpareCurrent:   d.rt.SpareCurrent,
 		Now:            cfg.Now,
 		Logger:         log.With("component", "lease"),
 		OnEvent:        d.leaseMetrics.Observe,
@@ -364,7 +365,7 @@ func (d *Daemon) serve(ctx context.Context) error {
 	if d.network.manager != nil {
 		opts.Network = d.network.manager
 	}
-	opts.Images = imageAPI{store: d.images, rt: d.rt, defaultImage: d.defaultImage, root: d.rootImages}
+	opts.Images = imageAPI{store: d.images, rt: d.rt, leases: d.leases, defaultImage: d.defaultImage, root: d.rootImages}
 	srv := sidecar.NewServer(opts)
 	if err := srv.Listen(cfg.ListenAddr, cfg.TLS); err != nil {
 		return listenError(cfg.ListenAddr, err)

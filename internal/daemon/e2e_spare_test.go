@@ -9,6 +9,11 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/match"
+
+	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/internal/daemon"
 	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
@@ -99,4 +104,59 @@ func leaseCgroups(parent string) []string {
 		}
 	}
 	return names
+}
+
+// TestSpareOnImage: with a default image, the spare runs on it and the image's listing
+// does not count it as a lease using it. Once the image is pulled again with new content,
+// the spare made on the old one is taken down and the acquire gets a lease on the new one;
+// removing the image takes the spare on it down instead of refusing.
+func TestSpareOnImage(t *testing.T) {
+	needRoot(t)
+	ctx := t.Context()
+	dir := imageLayout(t, map[string]v1.Image{"a": runnableImage(t, "alpha")})
+	d := startDaemon(t, func(c *daemon.Config) {
+		c.Images = daemon.ImageConfig{Images: "alpha=oci-layout:" + dir + ":a", Default: "alpha", StoreBytes: 256 << 20}
+		c.LeaseSpares = 1
+	})
+	if in := waitImages(t, d.client)["alpha"]; in.State != apitype.ImageReady {
+		t.Fatalf("image: %+v", in)
+	}
+	spare := waitSpare(t, d, nil)
+	if in := waitImages(t, d.client)["alpha"]; in.InUse != 0 {
+		t.Fatalf("the spare counted as a lease using the image: %+v", in)
+	}
+	osRelease := func(l *client.Lease) string {
+		return must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"cat", "/etc/os-release"}}))(t).Stdout
+	}
+	a := d.acquire("a")
+	if a.ID() != spare || osRelease(a) != "ID=alpha\n" {
+		t.Fatalf("lease %s (spare %s) runs on %q", a.ID(), spare, osRelease(a))
+	}
+	stale := waitSpare(t, d, []string{spare})
+
+	p, err := layout.FromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.ReplaceImage(runnableImage(t, "alpha2"), match.Annotation("org.opencontainers.image.ref.name", "a"),
+		layout.WithAnnotations(map[string]string{"org.opencontainers.image.ref.name": "a"})); err != nil {
+		t.Fatal(err)
+	}
+	must(d.client.PullImage(ctx, "alpha"))(t)
+	waitImages(t, d.client)
+	b := d.acquire("b")
+	if b.ID() == stale || osRelease(b) != "ID=alpha2\n" {
+		t.Fatalf("lease %s (stale spare %s) runs on %q; want a new lease on the new image", b.ID(), stale, osRelease(b))
+	}
+
+	for _, l := range []*client.Lease{a, b} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spare = waitSpare(t, d, []string{stale})
+	if err := d.client.RemoveImage(ctx, "alpha"); err != nil {
+		t.Fatalf("remove an image only a spare holds: %v", err)
+	}
+	waitRetired(t, d.cfg.WorkRoot, spare)
 }

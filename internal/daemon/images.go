@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -101,6 +102,7 @@ func (c ImageConfig) open(stateDir string, log *slog.Logger) (*image.Store, stri
 type imageAPI struct {
 	store        *image.Store
 	rt           *Runtime        // whose leases snapshots are taken of
+	leases       *lease.Manager  // whose spares hold images too
 	defaultImage string          // "": the host's root
 	root         map[string]bool // SIDECAR_ROOT_IMAGES
 }
@@ -127,7 +129,18 @@ func (a imageAPI) Pull(name string) (apitype.ImageInfo, error) {
 	return a.apiImage(in), err
 }
 
-func (a imageAPI) Remove(name string) error { return a.store.Remove(name) }
+// Remove removes the image; spare leases on it (lease/spare.go), which no one can release,
+// are taken down first.
+func (a imageAPI) Remove(name string) error {
+	err := a.store.Remove(name)
+	if errors.Is(err, image.ErrInUse) && a.leases.SparesOn(name) > 0 {
+		if err := a.leases.DropSpares(context.Background()); err != nil {
+			return err
+		}
+		err = a.store.Remove(name)
+	}
+	return err
+}
 
 func (a imageAPI) Snapshot(ctx context.Context, l lease.Lease, name string) (apitype.ImageInfo, error) {
 	in, err := a.rt.Snapshot(ctx, l, name)
@@ -139,7 +152,7 @@ func (a imageAPI) Snapshot(ctx context.Context, l lease.Lease, name string) (api
 
 func (a imageAPI) apiImage(in image.Info) apitype.ImageInfo {
 	out := apitype.ImageInfo{Name: in.Name, Ref: in.Ref, Digest: in.Digest, SizeBytes: in.Size, State: in.State,
-		Progress: in.Progress, InUse: in.InUse, Error: in.Error, Root: a.root[in.Name], Owned: a.rt.OwnedImages}
+		Progress: in.Progress, InUse: max(in.InUse-a.leases.SparesOn(in.Name), 0), Error: in.Error, Root: a.root[in.Name], Owned: a.rt.OwnedImages}
 	if sn := in.Snapshot; sn != nil {
 		out.Root = a.root[sn.Base] // as its base's, which the operator's setting names
 		out.Snapshot = &apitype.SnapshotInfo{Base: sn.Base, Lease: sn.Lease, CreatedAt: sn.Created}

@@ -229,6 +229,17 @@ func (rt *Runtime) Snapshot(ctx context.Context, l lease.Lease, name string) (im
 	})
 }
 
+// SpareCurrent says whether a spare lease (lease/spare.go) still runs on what its image's
+// name holds now: not when the image was pulled again or removed since it was made.
+func (rt *Runtime) SpareCurrent(l lease.Lease) bool {
+	r := rt.rootFor(l.ID)
+	if r == nil {
+		return true
+	}
+	in, err := rt.Images.Get(r.Name)
+	return err == nil && in.Digest == r.Digest
+}
+
 // rootFor is the image root the lease with this id runs on: its layers (top first) and
 // the image's Env, WorkingDir and User; nil for the host's root. It is the seam the
 // sandbox's lease spec takes its root from.
