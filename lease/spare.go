@@ -2,7 +2,6 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"time"
 )
@@ -22,7 +21,7 @@ import (
 // lease's acquire costs).
 const spareAfterTake = 250 * time.Millisecond
 
-// spareRetry is how often keepSpares looks again while no spare can be made.
+// spareRetry is how often keepSpares looks again while the default image is not ready.
 const spareRetry = time.Second
 
 // spareRequest is the normalized request spares are made for now; ok false when no spare
@@ -61,8 +60,7 @@ func (m *Manager) spareCurrent(spare Lease) bool {
 
 // keepSpares makes spares until there are Config.Spares, each time it is woken (at the
 // start, after a spare is taken, at every Run round), until ctx ends. While the default
-// request cannot be served (its image is being pulled) or a spare could not be made, it
-// looks again every spareRetry.
+// request cannot be served (its image is being pulled), it looks again every spareRetry.
 func (m *Manager) keepSpares(ctx context.Context) {
 	for {
 		retry := false
@@ -74,8 +72,8 @@ func (m *Manager) keepSpares(ctx context.Context) {
 			}
 			made, err := m.makeSpare(ctx, r)
 			if err != nil && ctx.Err() == nil {
+				// Tried again at the next wake: a Run round at the latest.
 				m.log.Warn("spare lease not made; trying again later", "err", err)
-				retry = true
 			}
 			if !made {
 				break
@@ -178,25 +176,13 @@ func (m *Manager) SparesOn(image string) int {
 	return n
 }
 
-// DropSpares tears every spare down and waits for their directories to go. Call it once
-// nothing makes spares any more (Run has returned) and while the Provisioner still works.
+// DropSpares takes every ready spare down and waits until their directories are gone
+// (and any other released lease's being removed). Teardown errors are logged: what they
+// leave is an orphan to the next sweep.
 func (m *Manager) DropSpares(ctx context.Context) error {
 	m.mu.Lock()
-	spares := m.spares
-	m.spares = nil
-	m.mu.Unlock()
-	var errs []error
-	for _, l := range spares {
-		if p := m.cfg.Provisioner; p != nil {
-			errs = append(errs, p.Teardown(ctx, l))
-		}
-		if err := m.dropDir(ctx, l.Dir); err != nil {
-			errs = append(errs, err) // its uid stays taken, as a retiree's would
-			continue
-		}
-		m.mu.Lock()
-		m.uids.free(l.UID)
-		m.mu.Unlock()
+	for m.dropSpareLocked() {
 	}
-	return errors.Join(errs...)
+	m.mu.Unlock()
+	return m.waitRetired(ctx)
 }
