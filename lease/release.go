@@ -176,8 +176,8 @@ func (m *Manager) retiringLocked() bool {
 }
 
 // Run reaps expired leases, retries failed directory removals, keeps the spares
-// (spare.go) and writes recorded activity every interval until ctx ends (interval <= 0: every 30 seconds). Errors are
-// logged: the next round tries again.
+// (spare.go) and writes recorded activity every interval until ctx ends (interval <= 0:
+// every 30 seconds). Errors are logged: the next round tries again.
 func (m *Manager) Run(ctx context.Context, every time.Duration) {
 	if every <= 0 {
 		every = 30 * time.Second

@@ -159,36 +159,60 @@ func BenchmarkAcquireImage(b *testing.B) {
 		c.Images = daemon.ImageConfig{Images: "img=oci-layout:" + dir + ":img,root=oci-layout:" + dir + ":img", Root: "root", StoreBytes: 256 << 20}
 	})
 	waitImages(b, d.client)
-	took := leaseLives(b, d, lease.HostImage, "img", "root")
+	took := leaseLives(b, shTrue, 0, life{d, lease.HostImage}, life{d, "img"}, life{d, "root"})
 	n := float64(b.N)
-	b.ReportMetric(float64(took[0])/n, "host-ns/op")
-	b.ReportMetric(float64(took[1])/n, "image-ns/op")
-	b.ReportMetric(float64(took[2])/n, "root-ns/op")
-	b.ReportMetric(float64(took[1])/float64(took[0]), "image/host")
-	b.ReportMetric(float64(took[2])/float64(took[1]), "root/image")
+	b.ReportMetric(float64(took[0].total())/n, "host-ns/op")
+	b.ReportMetric(float64(took[1].total())/n, "image-ns/op")
+	b.ReportMetric(float64(took[2].total())/n, "root-ns/op")
+	b.ReportMetric(float64(took[1].total())/float64(took[0].total()), "image/host")
+	b.ReportMetric(float64(took[2].total())/float64(took[1].total()), "root/image")
 }
 
-// leaseLives runs a lease's whole life (acquire on an image, `sh -c true`, release) on
-// each image per iteration, interleaved, each iteration starting with the next, and
-// returns the time spent on each.
-func leaseLives(b *testing.B, d *testDaemon, images ...string) []time.Duration {
+// life is one kind of lease life a benchmark times: on daemon d, on image ("": the
+// daemon's default).
+type life struct {
+	d     *testDaemon
+	image string
+}
+
+// phases is what lives of one kind spent acquiring, running their command and releasing.
+type phases [3]time.Duration
+
+func (p phases) total() time.Duration { return p[0] + p[1] + p[2] }
+
+// shTrue is the command of a lease life: images have sh, not true.
+var shTrue = []string{"sh", "-c", "true"}
+
+// leaseLives runs a lease's whole life (acquire, argv, release) of each kind per
+// iteration, interleaved, each iteration starting with the next kind and each life gap
+// after the one before (untimed), and returns the time each kind spent in each phase.
+func leaseLives(b *testing.B, argv []string, gap time.Duration, lives ...life) []phases {
 	ctx := context.Background()
-	took := make([]time.Duration, len(images))
+	took := make([]phases, len(lives))
 	for iter := 0; b.Loop(); iter++ {
-		for k := range images {
-			i := (iter + k) % len(images)
-			start := time.Now()
-			l, err := d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", iter, "-", i), Image: images[i]})
+		for k := range lives {
+			i := (iter + k) % len(lives)
+			if gap > 0 {
+				b.StopTimer()
+				time.Sleep(gap)
+				b.StartTimer()
+			}
+			t0 := time.Now()
+			l, err := lives[i].d.client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", iter, "-", i), Image: lives[i].image})
 			if err != nil {
 				b.Fatal(err)
 			}
-			if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c", "true"}}); err != nil || r.ExitCode != 0 {
+			t1 := time.Now()
+			if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: argv}); err != nil || r.ExitCode != 0 {
 				b.Fatal(r, err)
 			}
+			t2 := time.Now()
 			if err := l.Release(ctx); err != nil {
 				b.Fatal(err)
 			}
-			took[i] += time.Since(start)
+			took[i][0] += t1.Sub(t0)
+			took[i][1] += t2.Sub(t1)
+			took[i][2] += time.Since(t2)
 		}
 	}
 	return took
@@ -243,7 +267,7 @@ func BenchmarkAcquireSnapshot(b *testing.B) {
 	}
 	save := time.Since(start)
 
-	took := leaseLives(b, d, "img", "snap")
+	took := leaseLives(b, shTrue, 0, life{d, "img"}, life{d, "snap"})
 	b.StopTimer()
 	var disk int64
 	for i := range 10 {
@@ -263,9 +287,9 @@ func BenchmarkAcquireSnapshot(b *testing.B) {
 	}
 	n := float64(b.N)
 	b.ReportMetric(save.Seconds(), "save-s")
-	b.ReportMetric(float64(took[0])/n, "image-ns/op")
-	b.ReportMetric(float64(took[1])/n, "snapshot-ns/op")
-	b.ReportMetric(float64(took[1])/float64(took[0]), "snapshot/image")
+	b.ReportMetric(float64(took[0].total())/n, "image-ns/op")
+	b.ReportMetric(float64(took[1].total())/n, "snapshot-ns/op")
+	b.ReportMetric(float64(took[1].total())/float64(took[0].total()), "snapshot/image")
 	b.ReportMetric(float64(disk)/float64(10*int64(mib)<<20), "disk-share")
 }
 
@@ -281,59 +305,31 @@ func BenchmarkLeaseLife(b *testing.B) {
 			b.Skip("images need root")
 		}
 		dir := imageLayout(b, map[string]v1.Image{"img": runnableImage(b, "bench")})
-		leaseLife(b, []string{"sh", "-c", "true"}, func(c *daemon.Config) {
+		leaseLife(b, shTrue, func(c *daemon.Config) {
 			c.Images = daemon.ImageConfig{Images: "img=oci-layout:" + dir + ":img", Default: "img", StoreBytes: 256 << 20}
 		})
 	})
 }
 
 func leaseLife(b *testing.B, argv []string, configure func(*daemon.Config)) {
-	daemons := []*testDaemon{
-		startDaemon(b, configure, func(c *daemon.Config) { c.CgroupParent += "-plain" }),
-		startDaemon(b, configure, func(c *daemon.Config) {
-			c.CgroupParent += "-spare"
-			c.LeaseSpares = 1
-			c.UIDFirst, c.UIDLast = 232000, 232999
-		}),
-	}
-	for _, d := range daemons {
+	plain := startDaemon(b, configure, func(c *daemon.Config) { c.CgroupParent += "-plain" })
+	spare := startDaemon(b, configure, func(c *daemon.Config) {
+		c.CgroupParent += "-spare"
+		c.LeaseSpares = 1
+		c.UIDFirst, c.UIDLast = 232000, 232999
+	})
+	for _, d := range []*testDaemon{plain, spare} {
 		if d.cfg.Images.Images != "" {
 			waitImages(b, d.client)
 		}
 	}
-	ctx := context.Background()
-	var took [2][3]time.Duration // per daemon: acquire, exec, release
-	for iter := 0; b.Loop(); iter++ {
-		for k := range daemons {
-			i := (iter + k) % len(daemons)
-			b.StopTimer()
-			time.Sleep(300 * time.Millisecond)
-			b.StartTimer()
-			t0 := time.Now()
-			l, err := daemons[i].client.Acquire(ctx, apitype.AcquireRequest{SessionID: fmt.Sprint("bench-", iter)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			t1 := time.Now()
-			if r, err := l.Exec(ctx, apitype.ExecRequest{Argv: argv}); err != nil || r.ExitCode != 0 {
-				b.Fatal(r, err)
-			}
-			t2 := time.Now()
-			if err := l.Release(ctx); err != nil {
-				b.Fatal(err)
-			}
-			took[i][0] += t1.Sub(t0)
-			took[i][1] += t2.Sub(t1)
-			took[i][2] += time.Since(t2)
-		}
-	}
+	took := leaseLives(b, argv, 300*time.Millisecond, life{d: plain}, life{d: spare})
 	n := float64(b.N)
-	total := func(i int) float64 { return float64(took[i][0] + took[i][1] + took[i][2]) }
 	for i, name := range []string{"plain", "spare"} {
-		b.ReportMetric(total(i)/n/1e6, name+"-ms")
+		b.ReportMetric(float64(took[i].total())/n/1e6, name+"-ms")
 		for p, phase := range []string{"acquire", "exec", "release"} {
 			b.ReportMetric(float64(took[i][p])/n/1e6, name+"-"+phase+"-ms")
 		}
 	}
-	b.ReportMetric(total(1)/total(0), "spare/plain")
+	b.ReportMetric(float64(took[1].total())/float64(took[0].total()), "spare/plain")
 }

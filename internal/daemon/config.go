@@ -33,10 +33,8 @@ type Config struct {
 	StateDir string `env:"SIDECAR_STATE_DIR"`
 	WorkRoot string `env:"SIDECAR_WORK_ROOT"`
 
-	MaxLeases int `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
-	// LeaseSpares is how many leases of the default shape are kept made ahead, so that
-	// acquiring one only names and journals it (lease/spare.go); 0: none.
-	LeaseSpares       int           `env:"SIDECAR_LEASE_SPARES" envDefault:"1"`
+	MaxLeases         int           `env:"SIDECAR_MAX_LEASES" envDefault:"64"`
+	LeaseSpares       int           `env:"SIDECAR_LEASE_SPARES" envDefault:"1"` // leases of the default shape made ahead (lease/spare.go); 0 none
 	DefaultTTL        time.Duration `env:"SIDECAR_LEASE_TTL" envDefault:"15m"`
 	MaxTTL            time.Duration `env:"SIDECAR_LEASE_MAX_TTL" envDefault:"24h"`
 	DefaultLimits     lease.Limits  `envPrefix:"SIDECAR_DEFAULT_LIMITS_"`
