@@ -36,7 +36,7 @@ SOAK_LEASES   ?= 32
 SOAK_DURATION ?= 30m
 FUZZTIME      ?= 10s
 
-.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test fresh-test chart-test console console-test image image-name ts-pack ts-pack-test
+.PHONY: all build run env test check tidy vet staticcheck fmt race fuzz soak bench bench-quick clean tools install uninstall vm-test vm-bench fresh-test chart-test console console-test image image-name ts-pack ts-pack-test
 
 all: build
 
@@ -220,6 +220,12 @@ fresh-test:
 # qemu-system-x86, busybox-static, cpio, e2fsprogs and python3 (.ci/run installs them). See test/vm/run.
 vm-test:
 	test/vm/run $(VM_VARIANTS)
+
+# vm-bench: the load case inside the VM, cgroup v2 and v1, sidecar against as many local
+# fork/execs in the same VM (ratios; times under emulation are slow); what vm-test needs.
+VM_BENCH_ARGS ?= -only load
+vm-bench:
+	VM_BENCH='$(VM_BENCH_ARGS)' test/vm/run $(or $(VM_VARIANTS),v2 v1)
 
 # soak: many leases acquiring, running, transferring and releasing against the built
 # daemon for a long time, with a progress line a minute; exits non-zero on any error or

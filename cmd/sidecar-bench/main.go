@@ -30,6 +30,10 @@ import (
 // caseNames are the cases -only accepts, in the order they run.
 var caseNames = []string{"exec", "idle", "lease", "scale", "file", "tree", "stream", "pty", "script", "load"}
 
+// sshFree are the cases with no ssh contender: a run of only these starts no sshd (the
+// VM's ratio benchmark, test/vm/run with VM_BENCH, has none).
+var sshFree = []string{"scale", "script", "load"}
+
 func main() {
 	var (
 		quick   = flag.Bool("quick", false, "reduced sizes and repetitions (under two minutes)")
@@ -39,6 +43,8 @@ func main() {
 		verbose = flag.Bool("v", false, "log progress at debug level")
 		http1   = flag.Bool("http1", false, "make the client speak HTTP/1.1 instead of HTTP/2 (to attribute transfer costs)")
 		tree    = flag.Int("tree-files", 0, "files in the tree case (0: the size's default; 50 per directory)")
+		leases  = flag.Int("leases", 0, "leases in the load case (0: the size's default)")
+		loadFor = flag.Duration("load-for", 0, "how long each phase of the load case runs (0: the size's default)")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -60,6 +66,12 @@ func main() {
 	}
 	if *tree > 0 {
 		sz.treeFiles, sz.treeDirs = *tree, max(1, *tree/50)
+	}
+	if *leases > 0 {
+		sz.leases = *leases
+	}
+	if *loadFor > 0 {
+		sz.loadFor = *loadFor
 	}
 	if err := run(ctx, log, runConfig{bin: *bin, sizes: sz, cases: cases, out: *out, quick: *quick, http1: *http1}); err != nil {
 		log.Error("benchmark failed", "err", err)
@@ -88,6 +100,16 @@ func selectCases(only string) (map[string]bool, error) {
 		sel[n] = true
 	}
 	return sel, nil
+}
+
+// needsSSH says whether any selected case has an ssh contender.
+func needsSSH(cases map[string]bool) bool {
+	for n := range cases {
+		if !slices.Contains(sshFree, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // runConfig is what the flags decided.
@@ -135,18 +157,21 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 	if b.c, err = b.d.client(rc.http1); err != nil {
 		return err
 	}
-	log.Info("starting sshd")
-	b.ssh, err = startSSHD(ctx, log, dir)
-	if err != nil {
-		return err
-	}
-	defer b.ssh.stop(log)
-	if err := b.ssh.pickCipher(ctx, rc.sizes.cipherProbeBytes); err != nil {
-		return err
-	}
-	log.Info("cipher chosen", "cipher", b.ssh.cipher, "probe", b.ssh.cipherNote)
-	if err := b.ssh.startMaster(ctx); err != nil {
-		return err
+	b.ssh = &sshd{cipher: "none (no ssh case)"}
+	if needsSSH(rc.cases) {
+		log.Info("starting sshd")
+		b.ssh, err = startSSHD(ctx, log, dir)
+		if err != nil {
+			return err
+		}
+		defer b.ssh.stop(log)
+		if err := b.ssh.pickCipher(ctx, rc.sizes.cipherProbeBytes); err != nil {
+			return err
+		}
+		log.Info("cipher chosen", "cipher", b.ssh.cipher, "probe", b.ssh.cipherNote)
+		if err := b.ssh.startMaster(ctx); err != nil {
+			return err
+		}
 	}
 
 	steps := map[string]func(context.Context) error{
