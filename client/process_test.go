@@ -391,3 +391,49 @@ func TestOffsetResumesAtEveryPosition(t *testing.T) {
 		}
 	}
 }
+
+// limitedWriter takes n bytes, then fails.
+type limitedWriter struct {
+	buf bytes.Buffer
+	n   int
+}
+
+var errWriterFull = errors.New("writer full")
+
+func (w *limitedWriter) Write(b []byte) (int, error) {
+	k := min(len(b), w.n-w.buf.Len())
+	w.buf.Write(b[:k])
+	if k < len(b) {
+		return k, errWriterFull
+	}
+	return k, nil
+}
+
+// io.Copy from Stdout (through its WriteTo) counts in Offset exactly what the destination
+// took, also when the destination fails mid-frame, so an attach from Offset resumes at
+// the next byte.
+func TestCopyFromStdoutCountsWhatTheWriterTook(t *testing.T) {
+	out := countedOutput(20000)
+	f := &fakeAttach{t: t, out: out}
+	c, _ := newTestClient(t, f)
+	lease := c.OpenLease("L1", "tok")
+	p, err := lease.Attach(context.Background(), "p1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &limitedWriter{n: 70001}
+	n, err := io.Copy(w, p.Stdout)
+	if !errors.Is(err, errWriterFull) || n != 70001 || p.Offset() != 70001 {
+		t.Fatalf("copied %d (err %v), offset %d; want 70001 and the writer's error", n, err, p.Offset())
+	}
+	p.Close()
+	rest, err := lease.Attach(context.Background(), "p1", p.Offset())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rest.Close()
+	got, _ := readAll(t, rest)
+	if !bytes.Equal(append(w.buf.Bytes(), got...), out) {
+		t.Fatalf("%d + %d bytes do not make the output (%d bytes)", w.buf.Len(), len(got), len(out))
+	}
+}
