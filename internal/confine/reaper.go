@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -89,36 +88,34 @@ func ReapOrphans() int {
 	return n
 }
 
-// zombieChildren lists this process's children (of every thread) that have exited.
+// zombieChildren lists the orphans reparented to this process that have exited (and, in
+// passing, any other exited child). An orphan goes to the subreaper's first live thread
+// (the kernel's find_alive_thread), the thread group leader, which in a Go program lives
+// as long as the process: only its children are listed, not every thread's. A pass costs
+// one read and a waitid per child (each lease's launcher is one): reading each child's
+// /proc stat instead cost ten times more (BenchmarkReapPass: 26 ms a pass with 1,000
+// children).
 func zombieChildren() []int {
-	files, _ := filepath.Glob("/proc/self/task/*/children")
+	b, err := os.ReadFile("/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children")
+	if err != nil {
+		return nil
+	}
 	var pids []int
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		for s := range strings.FieldsSeq(string(b)) {
-			pid, err := strconv.Atoi(s)
-			if err == nil && isZombie(pid) {
-				pids = append(pids, pid)
-			}
+	for s := range strings.FieldsSeq(string(b)) {
+		pid, err := strconv.Atoi(s)
+		if err == nil && exited(pid) {
+			pids = append(pids, pid)
 		}
 	}
 	return pids
 }
 
-func isZombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
-	if i < 0 {
-		return false
-	}
-	rest := string(b)[i+2:]
-	return strings.HasPrefix(rest, "Z") || strings.HasPrefix(rest, "X")
+// exited says whether the child pid has exited, without reaping it (WNOWAIT): os/exec
+// may still be about to wait for it. Linux zeroes info when no child is waitable.
+func exited(pid int) bool {
+	var info unix.Siginfo
+	err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT|unix.WALL, nil)
+	return err == nil && info.Signo == int32(unix.SIGCHLD)
 }
 
 // heldPidfds is the set of pids the daemon holds a pidfd for ("Pid:" in fdinfo).
