@@ -42,33 +42,6 @@ func (p *outPipe) Read(b []byte) (int, error) {
 	}
 }
 
-// WriteTo hands each write to w whole, counting what w took in the offset: io.Copy from
-// Stdout then moves a frame per call instead of its own buffer's worth (io.Discard's is
-// 8 KiB, an eighth of a frame), each a goroutine handoff.
-func (p *outPipe) WriteTo(w io.Writer) (int64, error) {
-	var total int64
-	for {
-		select {
-		case bw := <-p.wrCh:
-			n, err := w.Write(bw)
-			p.offset.Add(int64(n))
-			total += int64(n)
-			p.rdCh <- n
-			if err == nil && n < len(bw) {
-				err = io.ErrShortWrite
-			}
-			if err != nil {
-				return total, err
-			}
-		case <-p.done:
-			if p.err == io.EOF {
-				return total, nil
-			}
-			return total, p.err
-		}
-	}
-}
-
 // write returns once readers took all of b, or with io.ErrClosedPipe once the pipe is closed.
 func (p *outPipe) write(b []byte) (int, error) {
 	n := 0
