@@ -102,3 +102,17 @@ func TestParseV1Mounts(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkChildCgroup is what each command's own cgroup costs: made in every hierarchy
+// (on v1, each controller's) and removed after.
+func BenchmarkChildCgroup(b *testing.B) {
+	e := newTestEngine(b, "bench-child")
+	for b.Loop() {
+		if err := e.cg.NewChild("bench-child", "c"); err != nil {
+			b.Fatal(err)
+		}
+		if err := e.cg.RemoveChild("bench-child", "c"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

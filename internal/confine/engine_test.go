@@ -15,7 +15,7 @@ import (
 
 // newTestEngine is an engine on the test parent with the cell id open, removed at the end
 // of the test; it skips unless the test runs as root on a host with cgroups.
-func newTestEngine(t *testing.T, id string) *Engine {
+func newTestEngine(t testing.TB, id string) *Engine {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("cgroups need root")

@@ -79,21 +79,33 @@ func ReadKey(path, key string) (int64, error) {
 
 // RemoveTree removes a cgroup directory and its descendants, deepest first; cgroupfs
 // directories hold only control files, which rmdir takes with them. A cgroup that still
-// has processes stays, with an error.
+// has processes stays, with an error. The rmdir is tried first: a command's cgroup has no
+// descendants, and listing a cgroup directory (its dozens of control files) cost more
+// than the rmdir itself.
 func RemoveTree(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
+	err := syscall.Rmdir(dir)
+	if err == nil || errors.Is(err, syscall.ENOENT) {
 		return nil
 	}
-	if err != nil {
-		return err
+	if !errors.Is(err, syscall.EBUSY) {
+		return fmt.Errorf("rmdir %s: %w", dir, err)
 	}
+	// Busy: child cgroups (removed here) or processes (which keep it).
+	entries, rerr := os.ReadDir(dir)
+	if rerr != nil {
+		return rerr
+	}
+	children := false
 	for _, e := range entries {
 		if e.IsDir() {
+			children = true
 			if err := RemoveTree(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		}
+	}
+	if !children {
+		return fmt.Errorf("rmdir %s: %w", dir, err)
 	}
 	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("rmdir %s: %w", dir, err)
