@@ -104,12 +104,16 @@ func TestParseV1Mounts(t *testing.T) {
 }
 
 // BenchmarkChildCgroup is what each command's own cgroup costs: made in every hierarchy
-// (on v1, each controller's) and removed after.
+// (on v1, each controller's), asked for its processes when the command ends (its
+// leftovers), removed after.
 func BenchmarkChildCgroup(b *testing.B) {
 	e := newTestEngine(b, "bench-child")
 	for b.Loop() {
 		if err := e.cg.NewChild("bench-child", "c"); err != nil {
 			b.Fatal(err)
+		}
+		if pids, err := e.cg.ChildPids("bench-child", "c"); err != nil || len(pids) != 0 {
+			b.Fatal(pids, err)
 		}
 		if err := e.cg.RemoveChild("bench-child", "c"); err != nil {
 			b.Fatal(err)

@@ -116,31 +116,32 @@ func RemoveTree(dir string) error {
 // Pids lists the processes in the cgroup dir and all its descendants (their cgroup.procs);
 // none if dir does not exist.
 func Pids(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
 	var pids []int
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return nil
-			}
-			return err
+	for f := range strings.FieldsSeq(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
 		}
-		if !d.IsDir() {
-			return nil
-		}
-		b, err := os.ReadFile(filepath.Join(path, "cgroup.procs"))
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		for f := range strings.FieldsSeq(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, pid)
-			}
-		}
-		return nil
-	})
+	}
+	// cgroupfs (kernfs) gives a directory 2 + its subdirectories as its link count: a
+	// cgroup without children, as a command's is, is not listed (its dozens of control
+	// files cost more to list than its processes to read).
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil || st.Nlink == 2 {
+		return pids, nil
+	}
+	children, err := Children(dir)
+	for _, c := range children {
+		more, cerr := Pids(filepath.Join(dir, c))
+		pids = append(pids, more...)
+		err = errors.Join(err, cerr)
+	}
 	return pids, err
 }
 
