@@ -90,22 +90,16 @@ func RemoveTree(dir string) error {
 	if !errors.Is(err, syscall.EBUSY) {
 		return fmt.Errorf("rmdir %s: %w", dir, err)
 	}
-	// Busy: child cgroups (removed here) or processes (which keep it).
-	entries, rerr := os.ReadDir(dir)
-	if rerr != nil {
-		return rerr
-	}
-	children := false
-	for _, e := range entries {
-		if e.IsDir() {
-			children = true
-			if err := RemoveTree(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
+	// Busy: child cgroups (removed here, then the rmdir again) or processes (which keep
+	// it: the second rmdir says so).
+	children, err := Children(dir)
+	for _, c := range children {
+		if err := RemoveTree(filepath.Join(dir, c)); err != nil {
+			return err
 		}
 	}
-	if !children {
-		return fmt.Errorf("rmdir %s: %w", dir, err)
+	if err != nil {
+		return err
 	}
 	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, syscall.ENOENT) {
 		return fmt.Errorf("rmdir %s: %w", dir, err)
