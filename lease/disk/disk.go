@@ -4,8 +4,9 @@
 // is the lease's disk quota. A process writing past it gets ENOSPC, and the sparse image
 // costs the host at most its size.
 //
-// Images of the default size are formatted ahead of time in the background (pool.go), so
-// an acquire only attaches and mounts one. Mounts outlive the daemon: after a restart
+// Images are clones of one formatted template per size (template.go), and those of the
+// default size are made ahead of time in the background (pool.go), so an acquire only
+// attaches and mounts one. Mounts outlive the daemon: after a restart
 // Attach adopts the mount already on a lease directory, and Sweep removes what belongs to
 // leases the daemon no longer knows. Detach unmounts (lazily if something still holds the
 // filesystem), detaches the loop device and deletes the image; only then may the caller
@@ -70,7 +71,7 @@ type Quotas struct {
 	cfg  Config
 	mode string
 	log  *slog.Logger
-	mkfs string
+	tpl  *templates
 	pool *pool // nil without a pool
 }
 
@@ -244,7 +245,7 @@ func (q *Quotas) newImage(ctx context.Context, img string, bytes int64) (*os.Fil
 			_ = os.Remove(r.path)
 		}
 	}
-	return nil, makeImage(ctx, q.mkfs, img, bytes)
+	return nil, q.tpl.format(ctx, img, bytes)
 }
 
 // ours reports whether the mount m is of the loop device backing img.

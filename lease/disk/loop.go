@@ -18,8 +18,11 @@ import (
 // runs there), no room kept for online growth (images never grow), and nothing written
 // that the kernel can initialise lazily, so a sparse image costs the host ~150 KiB at
 // first and mkfs takes ~20 ms whatever the size (measured: 64 MiB and 10 GiB alike).
-var mkfsArgs = []string{"-q", "-F", "-t", "ext4", "-b", "4096", "-T", "default", "-m", "0",
-	"-O", "^resize_inode", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"}
+// Templates (template.go) add features to these.
+func mkfsArgs(features, extended string) []string {
+	return []string{"-q", "-F", "-t", "ext4", "-b", "4096", "-T", "default", "-m", "0",
+		"-O", "^resize_inode" + features, "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1" + extended}
+}
 
 // mountFlags: nothing set-uid or device-like works from a lease's files. mountData (one
 // flag, as mountDetached sets it): space freed in the lease's filesystem is punched out of
@@ -43,9 +46,10 @@ func findMkfs() (string, error) {
 	return "", errors.New("mkfs.ext4 not found (install e2fsprogs)")
 }
 
-// makeImage makes a sparse image of size bytes and formats it. It writes under a
-// temporary name and renames, so img is either absent or whole.
-func makeImage(ctx context.Context, mkfs, img string, bytes int64) error {
+// makeImage makes a sparse image of size bytes and formats it with mkfs and args (nil:
+// mkfsArgs as they are). It writes under a temporary name and renames, so img is either
+// absent or whole.
+func makeImage(ctx context.Context, mkfs, img string, bytes int64, args []string) error {
 	tmp := img + ".new"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -56,8 +60,10 @@ func makeImage(ctx context.Context, mkfs, img string, bytes int64) error {
 		err = cerr
 	}
 	if err == nil {
-		args := append(append([]string(nil), mkfsArgs...), tmp)
-		if out, merr := exec.CommandContext(ctx, mkfs, args...).CombinedOutput(); merr != nil {
+		if args == nil {
+			args = mkfsArgs("", "")
+		}
+		if out, merr := exec.CommandContext(ctx, mkfs, append(args, tmp)...).CombinedOutput(); merr != nil {
 			err = fmt.Errorf("mkfs.ext4: %v: %s", merr, strings.TrimSpace(string(out)))
 		}
 	}
@@ -334,8 +340,8 @@ func mountAtFromMountinfo(dir string) (*mountinfo.Info, bool, error) {
 	return ms[len(ms)-1], true, nil
 }
 
-// probeLoop makes, mounts and removes a small filesystem in the image dir: what every
-// lease will need, tried once at startup.
+// probeLoop makes, mounts and removes a filesystem of the default size in the image dir:
+// what every lease will need, tried once at startup (and the pool's template made).
 func (q *Quotas) probeLoop(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return errors.New("loop devices and mounts need root")
@@ -344,7 +350,6 @@ func (q *Quotas) probeLoop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	q.mkfs = mkfs
 	if err := os.MkdirAll(q.cfg.ImageDir, 0o700); err != nil {
 		return fmt.Errorf("image dir: %w", err)
 	}
@@ -361,7 +366,8 @@ func (q *Quotas) probeLoop(ctx context.Context) error {
 		return fmt.Errorf("probe: %w", err)
 	}
 	defer os.Remove(point)
-	if err := makeImage(ctx, mkfs, img, MinBytes); err != nil {
+	q.tpl = newTemplates(mkfs, filepath.Join(q.cfg.ImageDir, "templates"), q.log)
+	if err := q.tpl.format(ctx, img, max(q.cfg.DefaultBytes, MinBytes)); err != nil {
 		return err
 	}
 	defer os.Remove(img)

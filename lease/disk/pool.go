@@ -99,7 +99,7 @@ func (p *pool) fill(ctx context.Context) {
 		}
 		n++
 		img := filepath.Join(p.dir, fmt.Sprintf("%d-%d.img", time.Now().UnixNano(), n))
-		if err := makeImage(ctx, p.q.mkfs, img, p.size); err != nil {
+		if err := p.q.tpl.format(ctx, img, p.size); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
