@@ -282,12 +282,12 @@ func detachImage(img string) error { return detachImageFrom(img, "") }
 // detachImageFrom is detachImage knowing the device img was mounted from ("": unknown,
 // every loop device is looked at).
 func detachImageFrom(img, dev string) error {
-	devs, err := loopsOf(img)
-	if dev != "" {
-		devs, err = nil, nil
-		if b, _ := loopBacking(dev); b == img {
-			devs = []string{dev}
-		}
+	var devs []string
+	var err error
+	if dev == "" {
+		devs, err = loopsOf(img) // reads every loop device the host has: as many as leases ever held at once
+	} else if b, _ := loopBacking(dev); b == img {
+		devs = []string{dev}
 	}
 	for _, dev := range devs {
 		_ = clearLoop(dev)
