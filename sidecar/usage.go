@@ -11,32 +11,36 @@ import (
 
 // usageHistory keeps, per lease, a ring of its last apitype.UsageHistorySamples usage
 // samples (an hour at one every apitype.UsageSampleInterval): what GET …/usage serves,
-// and the console draws. At most 360 samples × 64 bytes per lease: 23 KiB.
+// and the console draws. A ring grows with the samples it holds (most leases live
+// minutes), up to 360 × 64 bytes: 23 KiB.
 type usageHistory struct {
 	mu    sync.Mutex
 	rings map[string]*usageRing
 }
 
 type usageRing struct {
-	buf  [apitype.UsageHistorySamples]apitype.UsageSample
-	next int // where the next sample goes
-	n    int // samples held, up to len(buf)
+	buf  []apitype.UsageSample // grows to apitype.UsageHistorySamples, then wraps
+	next int                   // once full, where the next sample goes: the oldest
 }
 
 func (r *usageRing) add(s apitype.UsageSample) {
-	r.buf[r.next] = s
-	r.next = (r.next + 1) % len(r.buf)
-	r.n = min(r.n+1, len(r.buf))
+	const most = apitype.UsageHistorySamples
+	switch {
+	case len(r.buf) == most:
+		r.buf[r.next] = s
+		r.next = (r.next + 1) % most
+	case len(r.buf) == cap(r.buf): // doubling, but never past most
+		r.buf = append(make([]apitype.UsageSample, 0, min(2*len(r.buf)+4, most)), r.buf...)
+		fallthrough
+	default:
+		r.buf = append(r.buf, s)
+	}
 }
 
 // samples are the ring's samples, oldest first.
 func (r *usageRing) samples() []apitype.UsageSample {
-	out := make([]apitype.UsageSample, 0, r.n)
-	start := (r.next - r.n + len(r.buf)) % len(r.buf)
-	for i := range r.n {
-		out = append(out, r.buf[(start+i)%len(r.buf)])
-	}
-	return out
+	out := make([]apitype.UsageSample, 0, len(r.buf))
+	return append(append(out, r.buf[r.next:]...), r.buf[:r.next]...)
 }
 
 // RunUsageSampler samples every active lease's usage every apitype.UsageSampleInterval

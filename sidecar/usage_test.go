@@ -84,3 +84,19 @@ func TestUsageHistoryRing(t *testing.T) {
 	}
 	wantProblem(t, do(s, "GET", "/v1/leases/"+b.ID+"/usage", handlerToken, nil), http.StatusNotFound, apitype.CodeLeaseNotFound)
 }
+
+// A ring's memory follows the samples it holds, up to the hour it keeps.
+func TestUsageRingGrowsWithItsSamples(t *testing.T) {
+	const most = apitype.UsageHistorySamples
+	var r usageRing
+	for i := range most + 5 {
+		r.add(apitype.UsageSample{Usage: apitype.Usage{Pids: int64(i)}})
+		got, n := r.samples(), min(i+1, most)
+		if len(got) != n || got[0].Pids != int64(i+1-n) || got[n-1].Pids != int64(i) {
+			t.Fatalf("after %d samples: %d held, %d..%d, want %d held, %d..%d", i+1, len(got), got[0].Pids, got[len(got)-1].Pids, n, i+1-n, i)
+		}
+		if c := cap(r.buf); c > most || c > 2*n+4 {
+			t.Fatalf("after %d samples: room for %d", i+1, c)
+		}
+	}
+}
