@@ -78,7 +78,7 @@ type Quotas struct {
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
 // New probes the host for the mechanism cfg.Mode asks for. In loop mode (or auto) it
-// makes, mounts and removes a small test filesystem, so a host where loop devices or
+// makes, mounts and removes a test filesystem, so a host where loop devices or
 // mounts are refused (a container without the capability) is found now, not at the
 // first acquire.
 func New(ctx context.Context, cfg Config) (*Quotas, error) {
