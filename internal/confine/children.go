@@ -80,10 +80,14 @@ func (e *Engine) makeSpare(c *cell) {
 // OOM kills in the cell's tally (v1 counts them per cgroup): in the background while the
 // cell is live, else at once.
 func (e *Engine) dropChild(id, child string) error {
-	oom := e.cg.ChildOOMKills(id, child)
+	v1 := e.cg.Version() == "v1"
+	var oom int64
+	if v1 { // v2 counts them in the cell's memory.events too
+		oom = e.cg.ChildOOMKills(id, child)
+	}
 	e.mu.Lock()
 	c := e.cells[id]
-	if c != nil && e.cg.Version() == "v1" {
+	if c != nil && v1 {
 		c.oomKills += oom
 		if c.removing == nil {
 			c.removing = map[string]bool{}

@@ -37,35 +37,24 @@ func (e *Engine) SetTemplate(id string, template func() Start) {
 	e.refillLauncher(c, nil) // the first command's
 }
 
-// Command prepares s to start in cell id ("" or a cell not open: no cgroup, the tree is
-// its process group): the returned command starts the helper, which enters the tree's own
-// child cgroup and the view s.Config describes before it execs the target — or, when the
-// cell has a launcher ready, Tree.Start hands the command to that helper, which did all of
-// it ahead of time. The caller sets Stdin/Stdout/Stderr (or starts it with creack/pty,
-// which adds Setctty to the SysProcAttr set here), calls Tree.Start, Wait, then
-// Tree.Close.
+// Command makes the command that starts s in cell id ("" or a cell not open: no cgroup,
+// the tree is its process group). Tree.Start hands it to the cell's launcher when one is
+// ready, a helper that entered its own child cgroup and the view s.Config describes ahead
+// of time; else it starts a helper that does all of that before it execs the target, and
+// only then makes the helper's child cgroup, config and report pipe. The caller sets
+// Stdin/Stdout/Stderr (and Setctty for a terminal), calls Tree.Start, Wait, then
+// Tree.Close. A config the helper would refuse is ErrInvalid here, before anything starts.
 func (e *Engine) Command(id string, s Start) (*exec.Cmd, Tree, error) {
+	if _, err := initproc.Encode(&s.Config); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	e.mu.Lock()
 	c := e.cells[id]
 	e.mu.Unlock()
 	cfg := s.Config
-	cmd := e.helperCmd(s)
-	t := &tree{e: e, id: id, c: c, cmd: cmd, tty: s.TTY, ended: make(chan struct{}),
+	t := &tree{e: e, id: id, c: c, start: s, cmd: e.helperCmd(s), tty: s.TTY, ended: make(chan struct{}),
 		launch: initproc.Launch{Argv: cfg.Argv, Env: cfg.Env, Dir: cfg.Dir}}
-	if c != nil {
-		var err error
-		if t.child, err = e.takeChild(id); err != nil {
-			return nil, nil, fmt.Errorf("confine: cell %s: child cgroup: %w", id, err)
-		}
-	}
-	// Ready for cmd.Start too (tests use it): Tree.Start may still give the command to a
-	// launcher instead, and then undoes this.
-	var err error
-	if t.parentFiles, t.report, err = e.prepareHelper(id, cmd, s, t.child, nil); err != nil {
-		t.Close()
-		return nil, nil, err
-	}
-	return cmd, t, nil
+	return t.cmd, t, nil
 }
 
 // helperCmd is the helper's command for s, its config and files still to add.

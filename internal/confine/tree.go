@@ -3,6 +3,7 @@ package confine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -47,13 +48,13 @@ type tree struct {
 	e      *Engine
 	id     string          // the cell's
 	c      *cell           // nil without cgroups
+	start  Start           // the plain start's, made only when no launcher takes the command
 	launch initproc.Launch // the command
 	tty    bool
-	child  string // child cgroup name (the launcher's once Start gives it one); "" without cgroups
+	child  string // child cgroup name, once Start gave it one; "" without cgroups
 	cmd    *exec.Cmd
 
-	report      *os.File   // read end of the helper's report pipe
-	parentFiles []*os.File // the daemon's copies of what the helper inherits, until it starts
+	report *os.File // read end of the helper's report pipe
 
 	started   bool          // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
 	ended     chan struct{} // closed by Close: the command is over
@@ -78,14 +79,12 @@ func (t *tree) Start() error {
 			if err == nil {
 				return t.startLaunched(l)
 			}
-			// It died since it said it was ready: the plain start Command prepared.
+			// It died since it said it was ready: the plain start.
 			t.e.log.Debug("launcher gone before its command", "cell", t.id, "err", err)
 			t.e.discardLauncher(t.c, l)
 		}
 	}
-	err := t.e.startHelper(t.id, t.cmd, t.child, t.parentFiles)
-	t.parentFiles = nil
-	if err != nil {
+	if err := t.startPlain(); err != nil {
 		return err
 	}
 	if err := t.readReport(); err != nil {
@@ -97,6 +96,22 @@ func (t *tree) Start() error {
 		t.e.mu.Unlock()
 	}
 	return nil
+}
+
+// startPlain starts a helper for the command, in a child cgroup of its own.
+func (t *tree) startPlain() error {
+	if t.c != nil {
+		var err error
+		if t.child, err = t.e.takeChild(t.id); err != nil {
+			return fmt.Errorf("confine: cell %s: child cgroup: %w", t.id, err)
+		}
+	}
+	parentFiles, report, err := t.e.prepareHelper(t.id, t.cmd, t.start, t.child, nil)
+	if err != nil {
+		return err // Close removes the child cgroup, never entered
+	}
+	t.report = report
+	return t.e.startHelper(t.id, t.cmd, t.child, parentFiles)
 }
 
 // stdio is the command's standard descriptors as files (nil: /dev/null), which a launcher
@@ -117,12 +132,6 @@ func (t *tree) stdio() ([3]*os.File, bool) {
 
 // startLaunched makes launcher l, which has its command, the command's process.
 func (t *tree) startLaunched(l *launcher) error {
-	closeAll(t.parentFiles) // of the plain start prepared by Command
-	t.parentFiles = nil
-	t.report.Close()
-	if t.child != "" {
-		t.e.returnSpare(t.id, t.child) // never entered
-	}
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
 	return t.readReport()
@@ -210,7 +219,6 @@ func (t *tree) OOMKilled() bool {
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
 		defer close(t.ended)
-		closeAll(t.parentFiles)
 		if t.report != nil {
 			t.report.Close()
 		}

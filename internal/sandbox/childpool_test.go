@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
@@ -50,11 +51,15 @@ func TestChildCgroupsAheadAndBehind(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		cmd.Stdout = new(strings.Builder) // not a file: the plain start, not the launcher
+		if err := tr.Start(); err != nil {
+			t.Fatal(err)
+		}
 		child := treeCgroup(tr)
 		if i > 0 && !slices.Contains(spares, child) {
 			t.Errorf("command %d in %s, not one of the spares %q", i, child, spares)
 		}
-		if err := cmd.Run(); err != nil {
+		if err := cmd.Wait(); err != nil {
 			t.Fatal(err)
 		}
 		if err := tr.Close(); err != nil {

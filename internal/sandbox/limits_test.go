@@ -33,7 +33,7 @@ func testForkBombStopsAtPidsLimit(t *testing.T, s *Sandbox) {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	if err := cmd.Start(); err != nil {
+	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
 	// v1 counts refused forks in the forking cgroup: the command's child.
@@ -91,7 +91,7 @@ func testTreeKillTakesEverything(t *testing.T, s *Sandbox) {
 	}
 	defer tr.Close()
 	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
+	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
 	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
@@ -209,7 +209,7 @@ func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 	}
 	defer tr.Close()
 	out, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
+	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
 	bufio.NewReader(out).ReadString('\n')

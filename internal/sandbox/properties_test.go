@@ -132,6 +132,39 @@ func testLandlockConfines(t *testing.T, s *Sandbox) {
 	}
 }
 
+// removeSpares removes the child cgroups the engine made ahead for the lease's next plain
+// start, which then takes one that is gone. A plain start (output that is not a file: no
+// launcher takes it) has one made.
+func removeSpares(t *testing.T, s *Sandbox, id string) {
+	t.Helper()
+	cmd, tr, err := s.Command(id, Spec{Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = new(strings.Builder)
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s.settle()
+	launcher, _ := s.eng.Launcher(id)
+	removed := 0
+	for _, child := range children(t, s, id) {
+		if child != launcher.Cgroup {
+			if err := s.cg.RemoveChild(id, child); err != nil {
+				t.Fatal(err)
+			}
+			removed++
+		}
+	}
+	if removed == 0 {
+		t.Fatal("no spare child cgroup to remove")
+	}
+}
+
 // Setup failures after Command returned come back from Start as a *SetupError naming the
 // step: a child cgroup removed under the command (v1: the helper's join; v2: clone3) and a
 // working directory the lease's uid may no longer enter. A target no longer executable is
@@ -148,11 +181,7 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 		step   string // "": no SetupError, exit 126 with msg on stderr
 		msg    string
 	}{
-		{"cgroup removed", Spec{Argv: []string{"true"}}, func(tr Tree) {
-			if err := s.cg.RemoveChild(l.ID, treeCgroup(tr)); err != nil {
-				t.Fatal(err)
-			}
-		}, "join cgroup", ""},
+		{"cgroup removed", Spec{Argv: []string{"true"}}, func(Tree) { removeSpares(t, s, l.ID) }, "join cgroup", ""},
 		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(Tree) { os.Chmod(sub, 0o700) }, "chdir /workspace/sub", "setup: chdir"},
 		{"not executable", Spec{Argv: []string{"./prog"}}, func(Tree) { os.Chmod(exe, 0o644) }, "", "./prog"},
 	} {

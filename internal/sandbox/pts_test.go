@@ -47,7 +47,7 @@ sys.stdin.read()`}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := hog.Start(); err != nil {
+			if err := tr.Start(); err != nil {
 				t.Fatal(err)
 			}
 			defer hog.Wait()
