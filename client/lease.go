@@ -88,7 +88,8 @@ func (l *Lease) cred() string {
 	return l.Token()
 }
 
-// Info is the lease as last returned by acquire or renew.
+// Info is the lease as last returned by acquire or renew. After the acquire that created
+// the lease it has no Usage (nothing has run yet): Get reads the live figures.
 func (l *Lease) Info() apitype.Lease {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -78,7 +78,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ princip
 		if !ok {
 			return errDraining()
 		}
-		out, err := s.leaseWithToken(r.Context(), l)
+		out, err := s.leaseWithToken(r.Context(), l, false)
 		if err != nil {
 			return err
 		}
@@ -95,7 +95,7 @@ func (s *Server) handleAcquire(w http.ResponseWriter, r *http.Request, _ princip
 	if err != nil {
 		return err
 	}
-	out, err := s.leaseWithToken(r.Context(), l)
+	out, err := s.leaseWithToken(r.Context(), l, created)
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request, _ principal
 	if err != nil {
 		return err
 	}
-	out, err := s.leaseWithToken(r.Context(), l)
+	out, err := s.leaseWithToken(r.Context(), l, false)
 	if err != nil {
 		return err
 	}
@@ -186,18 +186,34 @@ func (s *Server) activeLease(r *http.Request) (lease.Lease, error) {
 	return l, nil
 }
 
-func (s *Server) leaseWithToken(ctx context.Context, l lease.Lease) (apitype.Lease, error) {
+// leaseWithToken is the lease with a fresh token: with its live usage and leftovers,
+// unless created now, when nothing has run in it yet and asking the kernel would only
+// slow the acquire.
+func (s *Server) leaseWithToken(ctx context.Context, l lease.Lease, created bool) (apitype.Lease, error) {
 	tok, err := s.opts.Tokens.Issue(l)
 	if err != nil {
 		return apitype.Lease{}, err
 	}
-	out := s.inspect(ctx, l)
+	var out apitype.Lease
+	if created {
+		out = s.describe(l)
+	} else {
+		out = s.inspect(ctx, l)
+	}
 	out.Token = tok
 	return out, nil
 }
 
 // inspect is the lease as the inspection endpoint shows it, with live usage.
 func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
+	out := s.describe(l)
+	out.Usage = s.opts.Host.Usage(ctx, l)
+	out.Leftovers, out.LeftoverCount = s.opts.Host.Leftovers(l)
+	return out
+}
+
+// describe is the lease without what the kernel is asked for: its usage and leftovers.
+func (s *Server) describe(l lease.Lease) apitype.Lease {
 	state := apitype.LeaseActive
 	if !l.Active(s.now()) {
 		state = apitype.LeaseExpired
@@ -222,7 +238,6 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 		Workdir:   sandbox.Workspace, // the workdir's name in the API (and, isolated, in the lease)
 		Processes: s.opts.Processes.Running(l.ID),
 	}
-	out.Usage = s.opts.Host.Usage(ctx, l)
 	if s.opts.Network != nil {
 		if st, ok := s.opts.Network.Stats(l.ID); ok {
 			out.NetworkStats = &apitype.NetworkStats{
@@ -231,7 +246,6 @@ func (s *Server) inspect(ctx context.Context, l lease.Lease) apitype.Lease {
 			}
 		}
 	}
-	out.Leftovers, out.LeftoverCount = s.opts.Host.Leftovers(l)
 	return out
 }
 
