@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -221,23 +220,18 @@ func (c *cgroupV1) Usage(id string, counted map[string]bool) (Usage, error) {
 		return u, err
 	}
 	// v1 counts OOM kills in the victim's own cgroup only (no propagation to parents), so
-	// the lease's count is the sum over its live cgroups; removed children are added by
-	// the caller.
+	// the lease's count is the sum over its live cgroups: its own and its children's (one
+	// level: the lease's uid cannot make cgroups); removed children are added by the
+	// caller. A child removed meanwhile (in the background) counts nothing.
 	root := c.Dir("memory", id)
-	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-		if err != nil && path != root && errors.Is(err, fs.ErrNotExist) {
-			return nil // a command's child cgroup removed (in the background) mid-walk
+	u.OOMKills, _ = cgroupfs.ReadKey(filepath.Join(root, "memory.oom_control"), "oom_kill")
+	children, err := cgroupfs.Children(root)
+	for _, name := range children {
+		if !counted[name] { // being removed: its kills are in the lease's tally
+			n, _ := cgroupfs.ReadKey(filepath.Join(root, name, "memory.oom_control"), "oom_kill")
+			u.OOMKills += n
 		}
-		if err != nil || !d.IsDir() {
-			return err
-		}
-		if path != root && counted[d.Name()] {
-			return filepath.SkipDir // being removed; its kills are in the lease's tally
-		}
-		n, _ := cgroupfs.ReadKey(filepath.Join(path, "memory.oom_control"), "oom_kill")
-		u.OOMKills += n
-		return nil
-	})
+	}
 	return u, err
 }
 

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,16 +45,59 @@ func join(t *testing.T, e *Engine, id, child string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() })
+	moveInto(t, e, id, child, sleeper.Process.Pid)
+	return sleeper
+}
+
+// moveInto moves pid into child of cell id.
+func moveInto(t *testing.T, e *Engine, id, child string, pid int) {
+	t.Helper()
 	files := e.cg.JoinFiles(id, child)
 	if d := e.cg.ChildDir(id, child); d != "" {
 		files = []string{d + "/cgroup.procs"}
 	}
 	for _, f := range files {
-		if err := cgroupfs.WriteFile(f, strconv.Itoa(sleeper.Process.Pid)); err != nil {
+		if err := cgroupfs.WriteFile(f, strconv.Itoa(pid)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return sleeper
+}
+
+// Usage counts an OOM kill in a child cgroup that is still there, once: v1 counts it in
+// the victim's own cgroup only, v2 in the cell's as well.
+func TestUsageCountsOOMKillsInLiveChildren(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 to allocate with")
+	}
+	e := newTestEngine(t, "t-usage-oom-other")
+	id := "t-usage-oom"
+	if err := e.Open(id, Limits{MemoryBytes: 32 << 20, Pids: 64}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Remove(context.Background(), id) })
+	child, err := e.takeChild(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Moved before it allocates: the shell reads its go-ahead from stdin.
+	hog := exec.Command("sh", "-c", "read go; exec python3 -c 'b = bytearray(128 << 20)'")
+	stdin, err := hog.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	moveInto(t, e, id, child, hog.Process.Pid)
+	stdin.Write([]byte("go\n"))
+	var ee *exec.ExitError
+	if err := hog.Wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("a process over its cell's 32 MiB: %v, want SIGKILL", err)
+	}
+	e.Settle(id)
+	if u, err := e.Usage(id); err != nil || u.OOMKills != 1 {
+		t.Errorf("Usage = %+v, %v; want 1 OOM kill", u, err)
+	}
 }
 
 // Children come from spares made ahead, each taken once; a returned spare is taken again;
