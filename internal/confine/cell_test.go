@@ -27,15 +27,7 @@ func TestCellUnderTheParent(t *testing.T) {
 	if err := cell.NewChild("w1", 32<<20); err != nil {
 		t.Fatal(err)
 	}
-	// Joined before it allocates: the shell reads its go-ahead from stdin.
-	hog := exec.Command("sh", "-c", "read go; exec python3 -c 'b = bytearray(128 << 20); print(len(b))'")
-	stdin, err := hog.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := hog.Start(); err != nil {
-		t.Fatal(err)
-	}
+	hog, allocate := startHog(t)
 	if err := cell.Join("w1", hog.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +37,7 @@ func TestCellUnderTheParent(t *testing.T) {
 			t.Errorf("process %d not in %s", hog.Process.Pid, d)
 		}
 	}
-	stdin.Write([]byte("go\n"))
-	err = hog.Wait()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		if _, lookErr := exec.LookPath("python3"); lookErr != nil {
-			t.Skip("no python3 to allocate with")
-		}
+	if err := allocate(); err != nil {
 		t.Fatalf("a process over its child's 32 MiB limit: %v, want SIGKILL", err)
 	}
 	if n := cell.OOMKills("w1"); n != 1 {
@@ -139,5 +125,36 @@ func TestCellNames(t *testing.T) {
 		if _, err := NewCell(testCgroupParent, name, nil); !errors.Is(err, ErrInvalid) {
 			t.Errorf("NewCell(%q) = %v, want ErrInvalid", name, err)
 		}
+	}
+}
+
+// startHog starts a shell that, once allocate is called, execs python3 to allocate 128
+// MiB: a test moves it into a cgroup first. allocate returns nil once the process died
+// of SIGKILL (the OOM killer), else what its wait returned.
+func startHog(t *testing.T) (hog *exec.Cmd, allocate func() error) {
+	t.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 to allocate with") // .ci/run installs it; the VM list must run these
+	}
+	hog = exec.Command("sh", "-c", "read go; exec python3 -c 'b = bytearray(128 << 20); print(len(b))'")
+	stdin, err := hog.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hog.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hog.Process.Kill(); _ = hog.Wait() })
+	return hog, func() error {
+		stdin.Write([]byte("go\n"))
+		err := hog.Wait()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signal() == syscall.SIGKILL {
+			return nil
+		}
+		if err == nil {
+			err = errors.New("exited 0")
+		}
+		return err
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,9 +65,6 @@ func moveInto(t *testing.T, e *Engine, id, child string, pid int) {
 // Usage counts an OOM kill in a child cgroup that is still there, once: v1 counts it in
 // the victim's own cgroup only, v2 in the cell's as well.
 func TestUsageCountsOOMKillsInLiveChildren(t *testing.T) {
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("no python3 to allocate with")
-	}
 	e := newTestEngine(t, "t-usage-oom-other")
 	id := "t-usage-oom"
 	if err := e.Open(id, Limits{MemoryBytes: 32 << 20, Pids: 64}); err != nil {
@@ -79,19 +75,9 @@ func TestUsageCountsOOMKillsInLiveChildren(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Moved before it allocates: the shell reads its go-ahead from stdin.
-	hog := exec.Command("sh", "-c", "read go; exec python3 -c 'b = bytearray(128 << 20)'")
-	stdin, err := hog.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := hog.Start(); err != nil {
-		t.Fatal(err)
-	}
+	hog, allocate := startHog(t)
 	moveInto(t, e, id, child, hog.Process.Pid)
-	stdin.Write([]byte("go\n"))
-	var ee *exec.ExitError
-	if err := hog.Wait(); !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+	if err := allocate(); err != nil {
 		t.Fatalf("a process over its cell's 32 MiB: %v, want SIGKILL", err)
 	}
 	e.Settle(id)
