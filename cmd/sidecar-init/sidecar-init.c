@@ -14,7 +14,8 @@
  *   fd 3  sealed memfd: "sidecar-init/1\0" (key "\0" value "\0")*
  *   fd 4  report pipe: on failure "<code> <stage>: <message>", then exit <code>
  *   fd 5  the lease's network namespace, when the config says "netns"
- *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below
+ *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below, or with
+ *         "await" "fork" the request socket of a zygote (serve_forks)
  *   fd 7  the lease's user namespace, when the config says "userns"
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the

@@ -383,7 +383,8 @@ func (e *Engine) dropLauncher(c *cell) {
 }
 
 // send gives the launcher its command: kind, then the sealed command and its standard
-// descriptors (nil ones /dev/null).
+// descriptors (nil ones /dev/null). The socket stays open until the launcher has exec'd
+// (startLaunched): one forked for the command may still have to say it is ready.
 func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error {
 	b, err := initproc.EncodeLaunch(cmd)
 	if err != nil {
@@ -410,12 +411,7 @@ func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error 
 	if tty {
 		kind[0] = initproc.LaunchTTY
 	}
-	if err := unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0); err != nil {
-		return err
-	}
-	l.sock.Close()
-	l.sock = nil
-	return nil
+	return unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0)
 }
 
 // LauncherState is what a cell's running launcher is doing, for tests and diagnostics.

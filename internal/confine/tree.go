@@ -141,6 +141,7 @@ func (t *tree) stdio() ([3]*os.File, bool) {
 func (t *tree) startLaunched(l *launcher) error {
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
+	defer l.sock.Close()
 	return t.readReport()
 }
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -79,17 +78,22 @@ func (e *Engine) zygoteFor(c *cell, st Start) *zygote {
 	}
 	z, err = e.startZygote(c, st, key)
 	e.mu.Lock()
-	defer e.mu.Unlock()
+	live := e.live(c.id) == c
 	if err != nil {
 		c.zygoteFailures++
-		e.log.Debug("zygote failed: launchers of this cell are made the plain way", "cell", c.id, "err", err, "failures", c.zygoteFailures)
+		failures = c.zygoteFailures
+	} else if live {
+		c.zygote = z
+	}
+	e.mu.Unlock()
+	switch {
+	case err != nil:
+		e.log.Debug("zygote failed: launchers of this cell are made the plain way", "cell", c.id, "err", err, "failures", failures)
+		return nil
+	case !live: // the cell went meanwhile
+		e.endZygote(c.id, z)
 		return nil
 	}
-	if e.live(c.id) != c {
-		go e.endZygote(c.id, z)
-		return nil
-	}
-	c.zygote = z
 	return z
 }
 
@@ -257,9 +261,10 @@ func awaitReadable(fd int, d time.Duration) (bool, error) {
 }
 
 // forkNow forks a launcher for a command that found none ready, when the cell has a
-// zygote, and waits until it is ready: nil, nil without a zygote or when the zygote
-// failed (the command then starts the plain way); a *SetupError when the launcher could
-// not be set up, as a plain start would report it.
+// zygote: nil, nil without one or when the zygote failed (the command then starts the
+// plain way); a *SetupError when the launcher's cgroup could not be given to it. The
+// command is sent at once: the launcher reads it once it is ready, and a set-up that
+// fails is reported as a plain start's (Tree.Start reads the report).
 func (e *Engine) forkNow(c *cell) (*launcher, error) {
 	e.mu.Lock()
 	z := c.zygote
@@ -272,16 +277,7 @@ func (e *Engine) forkNow(c *cell) (*launcher, error) {
 		return nil, fmt.Errorf("confine: cell %s: child cgroup: %w", c.id, err)
 	}
 	l := &launcher{child: child}
-	var report []byte
 	if err = e.forkLauncher(c, z, l); err == nil {
-		var ready bool
-		if ready, err = awaitReady(l.sock, zygoteWait); err == nil && !ready {
-			err = fmt.Errorf("%w: launcher not ready in time", errZygote)
-		} else if err != nil { // it exited: its report says why
-			report, _ = io.ReadAll(io.LimitReader(l.report, 4096))
-		}
-	}
-	if err == nil {
 		return l, nil
 	}
 	e.discardLauncher(c, l)
@@ -289,13 +285,10 @@ func (e *Engine) forkNow(c *cell) (*launcher, error) {
 	case errors.Is(err, errZygote):
 		e.log.Debug("zygote failed: the plain way", "cell", c.id, "err", err)
 		e.zygoteFailed(c, z)
-	case len(report) > 0:
-		_, rest, _ := strings.Cut(string(report), " ")
-		return nil, parseSetupError(rest)
-	case errors.As(err, new(*SetupError)): // its cgroup could not be opened, say
+	case errors.As(err, new(*SetupError)):
 		return nil, err
 	}
-	return nil, nil // killed before it was ready, say: the plain way
+	return nil, nil
 }
 
 // zygoteFailed counts a failure of the cell's zygote z and drops it; the next launcher
