@@ -397,15 +397,16 @@ func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error 
 	defer config.Close()
 	fds := []int{int(config.Fd())}
 	for _, f := range stdio {
-		if f == nil {
-			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-			if err != nil {
-				return err
-			}
-			defer null.Close()
-			f = null
+		if f != nil {
+			fds = append(fds, int(f.Fd()))
+			continue
 		}
-		fds = append(fds, int(f.Fd()))
+		null, err := unix.Open(os.DevNull, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "open", Path: os.DevNull, Err: err}
+		}
+		defer unix.Close(null)
+		fds = append(fds, null)
 	}
 	kind := []byte{initproc.LaunchPipes}
 	if tty {

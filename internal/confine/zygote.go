@@ -140,11 +140,15 @@ func (e *Engine) startZygote(c *cell, st Start, key []byte) (*zygote, error) {
 }
 
 // forkLauncher has the cell's zygote z fork launcher l in l.child, and fills in its
-// process, launch socket and report pipe.
+// process, launch socket and report pipe. What goes to the zygote is opened with bare
+// system calls: as files they would be added to the runtime's poller and taken out again.
 func (e *Engine) forkLauncher(c *cell, z *zygote, l *launcher) (err error) {
-	var keep, send []*os.File
+	var keep []*os.File
+	var send []int
 	defer func() {
-		closeAll(send)
+		for _, fd := range send {
+			unix.Close(fd)
+		}
 		if err != nil {
 			closeAll(keep)
 		}
@@ -154,35 +158,30 @@ func (e *Engine) forkLauncher(c *cell, z *zygote, l *launcher) (err error) {
 		return fmt.Errorf("launch socket: %w", err)
 	}
 	sock := os.NewFile(uintptr(pair[0]), "launch")
-	keep = append(keep, sock)
-	send = append(send, os.NewFile(uintptr(pair[1]), "launch"))
-	r, w, err := os.Pipe()
-	if err != nil {
-		return err
+	keep, send = append(keep, sock), append(send, pair[1])
+	var pipe [2]int
+	if err := unix.Pipe2(pipe[:], unix.O_CLOEXEC); err != nil {
+		return fmt.Errorf("report pipe: %w", err)
 	}
-	keep, send = append(keep, r), append(send, w)
-	kind := byte('f')
+	send = append(send, pipe[1])
+	if err := unix.SetNonblock(pipe[0], true); err != nil { // read through the poller
+		unix.Close(pipe[0])
+		return fmt.Errorf("report pipe: %w", err)
+	}
+	report := os.NewFile(uintptr(pipe[0]), "report")
+	keep = append(keep, report)
+	kind, paths, flags := byte('f'), e.cg.JoinFiles(c.id, l.child), unix.O_WRONLY
 	if d := e.cg.ChildDir(c.id, l.child); d != "" {
-		kind = 'c'
-		f, err := os.OpenFile(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		kind, paths, flags = 'c', []string{d}, unix.O_PATH|unix.O_DIRECTORY
+	}
+	for _, p := range paths {
+		fd, err := unix.Open(p, flags|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return &SetupError{Step: "join cgroup", Msg: err.Error()}
+			return &SetupError{Step: "join cgroup", Msg: (&os.PathError{Op: "open", Path: p, Err: err}).Error()}
 		}
-		send = append(send, f)
-	} else {
-		for _, p := range e.cg.JoinFiles(c.id, l.child) {
-			f, err := os.OpenFile(p, os.O_WRONLY, 0)
-			if err != nil {
-				return &SetupError{Step: "join cgroup", Msg: err.Error()}
-			}
-			send = append(send, f)
-		}
+		send = append(send, fd)
 	}
-	fds := make([]int, len(send))
-	for i, f := range send {
-		fds[i] = int(f.Fd())
-	}
-	pid, pidfd, err := z.request(kind, fds)
+	pid, pidfd, err := z.request(kind, send)
 	if err != nil {
 		return err
 	}
@@ -197,7 +196,7 @@ func (e *Engine) forkLauncher(c *cell, z *zygote, l *launcher) (err error) {
 	if err != nil {
 		return err
 	}
-	l.proc, l.sock, l.report = proc, sock, r
+	l.proc, l.sock, l.report = proc, sock, report
 	e.mu.Lock()
 	c.zygoteFailures = 0
 	e.mu.Unlock()
