@@ -14,7 +14,8 @@
  *   fd 3  sealed memfd: "sidecar-init/1\0" (key "\0" value "\0")*
  *   fd 4  report pipe: on failure "<code> <stage>: <message>", then exit <code>
  *   fd 5  the lease's network namespace, when the config says "netns"
- *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below
+ *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below, or with
+ *         "await" "fork" the request socket of a zygote (serve_forks)
  *   fd 7  the lease's user namespace, when the config says "userns"
  *
  * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
@@ -34,6 +35,10 @@
  * It takes them on 0-2, enters dir and execs. End of file instead: the daemon let it go;
  * it exits 0. So a command starts with no fork, cgroup move, mount or filter build on its
  * path, in the cgroup, namespaces and Landlock domain it was born into.
+ *
+ * A zygote (config "await" "fork") joins its cgroup and netns and makes the mounts, then
+ * stays, root, and forks a launcher on each request on fd 6 (serve_forks, below): each
+ * launcher takes the steps from the cgroup namespace on, in the zygote's view.
  *
  * Security rules: every system call is checked; every length is bounded; untrusted data
  * is only ever a "%s" argument; on any doubt the helper exits 125 with a report.
@@ -173,7 +178,7 @@ struct config {
 	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *home, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
-	int netns, landlock, have_uid, have_gid, await, userns;
+	int netns, landlock, have_uid, have_gid, await, fork, userns;
 	struct sock_fprog seccomp; /* .len 0: no filter */
 	long rlimit[NRLIMITS];
 	int have_rlimit[NRLIMITS];
@@ -387,9 +392,10 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 			} else if (strcmp(key, "await") == 0) {
 				const char *one;
 				set_once(&one, &seen_await, key, v);
-				if (strcmp(one, "1") != 0)
-					fail(EXIT_SETUP, "config", "bad config: await: not 1");
+				if (strcmp(one, "1") != 0 && strcmp(one, "fork") != 0)
+					fail(EXIT_SETUP, "config", "bad config: await: not 1 or fork");
 				c->await = 1;
+				c->fork = strcmp(one, "fork") == 0;
 			} else if (strcmp(key, "userns") == 0) {
 				const char *one;
 				set_once(&one, &seen_userns, key, v);
@@ -423,7 +429,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				lists[i]->n = 0;
 			}
 			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->home = c->work_dir = c->root = NULL;
-			c->netns = c->await = c->userns = 0;
+			c->netns = c->await = c->fork = c->userns = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
 		}
@@ -667,7 +673,7 @@ static void enter_root(const struct config *c)
  * tmpfs over /sys/fs/cgroup. */
 static void private_cgroups(const struct config *c)
 {
-	if (unshare(CLONE_NEWCGROUP) < 0)
+	if (!c->fork && unshare(CLONE_NEWCGROUP) < 0)
 		fail(EXIT_SETUP, "setup", "cgroup namespace: %s", strerror(errno));
 	if (has(c->root))
 		return;
@@ -829,20 +835,15 @@ static void enter_userns(void)
 		fail(EXIT_SETUP, "setup", "setresuid 0 in the user namespace: %s", strerror(errno));
 }
 
-/* setup runs the steps in the order that keeps each possible: cgroups, namespaces and
- * mounts need root; then the uid drop, no_new_privs (Landlock needs it), Landlock, and the
- * working directory, entered as the lease's uid under the policy. */
-static void setup(const struct config *c)
+/* setup_process runs the steps that are each process's own, after its cgroup and view:
+ * the uid drop, no_new_privs (Landlock needs it), Landlock, and the working directory,
+ * entered as the lease's uid under the policy; the seccomp filter last. */
+static void setup_process(const struct config *c)
 {
-	char pid[32];
-	int n = snprintf(pid, sizeof pid, "%ld", (long)getpid());
-	if (n < 0 || (size_t)n >= sizeof pid)
-		fail(EXIT_SETUP, "setup", "format pid");
-	for (size_t i = 0; i < c->cgroup_procs.n; i++)
-		write_file("setup: join cgroup", c->cgroup_procs.v[i], pid);
-	if (c->netns && syscall(SYS_setns, NETNS_FD, CLONE_NEWNET) < 0)
-		fail(EXIT_SETUP, "setup", "join network namespace: %s", strerror(errno));
-	private_mounts(c);
+	/* A zygote's child (below) makes the cgroup namespace its zygote could not have: one
+	 * rooted at the cgroup the child was just put in, as private_cgroups does. */
+	if (c->fork && has(c->tmp_dir) && (c->uid != 0 || has(c->root)) && unshare(CLONE_NEWCGROUP) < 0)
+		fail(EXIT_SETUP, "setup", "cgroup namespace: %s", strerror(errno));
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
 	set_rlimits(c);
@@ -870,6 +871,24 @@ static void setup(const struct config *c)
 	/* Last: the filter needs no_new_privs, and nothing above may need a denied call. */
 	if (c->seccomp.len > 0)
 		install_seccomp(c);
+}
+
+/* setup runs the steps in the order that keeps each possible: cgroups, namespaces and
+ * mounts need root, then the process's own steps. A zygote stops before those: its
+ * children take them. */
+static void setup(const struct config *c)
+{
+	char pid[32];
+	int n = snprintf(pid, sizeof pid, "%ld", (long)getpid());
+	if (n < 0 || (size_t)n >= sizeof pid)
+		fail(EXIT_SETUP, "setup", "format pid");
+	for (size_t i = 0; i < c->cgroup_procs.n; i++)
+		write_file("setup: join cgroup", c->cgroup_procs.v[i], pid);
+	if (c->netns && syscall(SYS_setns, NETNS_FD, CLONE_NEWNET) < 0)
+		fail(EXIT_SETUP, "setup", "join network namespace: %s", strerror(errno));
+	private_mounts(c);
+	if (!c->fork)
+		setup_process(c);
 }
 
 static int exec_code(int err) { return err == ENOENT || err == ENOTDIR ? EXIT_NOT_FOUND : EXIT_CANNOT_EXEC; }
@@ -967,6 +986,140 @@ static void await_launch(struct config *c)
 	(void)close(LAUNCH_FD);
 }
 
+#ifndef SYS_clone3
+#define SYS_clone3 435
+#endif
+#ifndef CLONE_PIDFD
+#define CLONE_PIDFD 0x00001000
+#endif
+#define CLONE_INTO_CGROUP_FLAG 0x200000000ULL
+
+struct clone3_args { /* struct clone_args as of Linux 5.7 (CLONE_ARGS_SIZE_VER2) */
+	uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size,
+		cgroup;
+};
+
+enum { MAX_FORK_FDS = 2 + 16 }; /* a launch socket, a report pipe, and v1's cgroup.procs files */
+
+/* fork_reply answers a fork request on fd 6: "P<pid>" with the child's pidfd, or "E<message>". */
+static void fork_reply(int pid, int pidfd, int err)
+{
+	char line[128];
+	int n = pid > 0 ? snprintf(line, sizeof line, "P%d", pid) : snprintf(line, sizeof line, "Eclone: %s", strerror(err));
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	memset(&u, 0, sizeof u);
+	struct iovec iov = {.iov_base = line, .iov_len = (size_t)n};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+	if (pid > 0) {
+		m.msg_control = u.buf;
+		m.msg_controllen = sizeof u.buf;
+		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		h->cmsg_level = SOL_SOCKET;
+		h->cmsg_type = SCM_RIGHTS;
+		h->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(h), &pidfd, sizeof pidfd);
+	}
+	if (sendmsg(LAUNCH_FD, &m, MSG_NOSIGNAL) != n)
+		fail(EXIT_SETUP, "zygote", "answer: %s", strerror(errno));
+}
+
+/* forked_child is a zygote's child: it takes its launch socket and report pipe, its cgroup
+ * (v1: it writes itself into the cgroup.procs files the daemon opened; v2: it was born
+ * there, or, if clone3 was refused, writes itself into the directory's cgroup.procs),
+ * takes the process's own steps and becomes a launcher. */
+__attribute__((noreturn)) static void forked_child(struct config *c, char kind, int born_in_cgroup, const int *fds,
+						   size_t nfds)
+{
+	if (dup2(fds[0], LAUNCH_FD) < 0 || dup2(fds[1], REPORT_FD) < 0)
+		fail(EXIT_SETUP, "setup", "launcher descriptors: %s", strerror(errno));
+	/* Its own session and process group, as the daemon starts every helper. */
+	if (setsid() < 0)
+		fail(EXIT_SETUP, "setup", "setsid: %s", strerror(errno));
+	(void)close(fds[0]);
+	(void)close(fds[1]);
+	for (size_t i = 2; i < nfds; i++) {
+		int procs = fds[i];
+		if (kind == 'c' && !born_in_cgroup)
+			procs = openat(fds[i], "cgroup.procs", O_WRONLY | O_CLOEXEC);
+		if ((kind == 'f' || !born_in_cgroup) && (procs < 0 || write(procs, "0", 1) != 1))
+			fail(EXIT_SETUP, "setup", "join cgroup: %s", strerror(errno));
+		if (procs != fds[i])
+			(void)close(procs);
+		(void)close(fds[i]);
+	}
+	setup_process(c);
+	await_launch(c);
+	exec_target(c);
+}
+
+/* serve_forks is a zygote's loop (config "await" "fork"): a helper that made the cell's
+ * view once (network namespace, mounts) and stays, root and unconfined, in it. It says
+ * "R" on fd 6, then for each request there forks a launcher with that view, so that
+ * making one costs a fork of this small process and the process's own steps, not a fork
+ * of the daemon, an exec of this helper and a mount namespace built again. A request is
+ * one byte and descriptors: 'f' with the launcher's launch socket, its report pipe, and
+ * the cgroup.procs files to join (v1, opened by the daemon as root; none without
+ * cgroups), or 'c' with the socket, the pipe and the cgroup directory it is born in
+ * (v2, CLONE_INTO_CGROUP). The child is the daemon's (CLONE_PARENT), which waits for it
+ * as for one it started; its pidfd goes back with the answer. End of file: exit 0. Only
+ * the daemon holds the other end: no lease process can ask anything of it. */
+__attribute__((noreturn)) static void serve_forks(struct config *c)
+{
+	char kind = 'R';
+	if (write(LAUNCH_FD, &kind, 1) != 1)
+		fail(EXIT_SETUP, "zygote", "ready: %s", strerror(errno));
+	for (;;) {
+		union {
+			char buf[CMSG_SPACE(MAX_FORK_FDS * sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = {.iov_base = &kind, .iov_len = 1};
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+		ssize_t n = recvmsg(LAUNCH_FD, &m, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0)
+			_exit(0); /* the daemon let it go */
+		if (n < 0)
+			fail(EXIT_SETUP, "zygote", "receive: %s", strerror(errno));
+		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || h == NULL || h->cmsg_level != SOL_SOCKET ||
+		    h->cmsg_type != SCM_RIGHTS || h->cmsg_len < CMSG_LEN(2 * sizeof(int)))
+			fail(EXIT_SETUP, "zygote", "bad request");
+		int fds[MAX_FORK_FDS];
+		size_t nfds = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		memcpy(fds, CMSG_DATA(h), nfds * sizeof(int));
+		if ((kind != 'f' && kind != 'c') || (kind == 'c' && nfds != 3))
+			fail(EXIT_SETUP, "zygote", "bad request");
+		int pidfd = -1, born_in_cgroup = 0;
+		long pid = -1;
+		errno = ENOSYS;
+		if (kind == 'c') {
+			struct clone3_args args = {.flags = CLONE_PARENT | CLONE_PIDFD | CLONE_INTO_CGROUP_FLAG,
+						   .pidfd = (uint64_t)(uintptr_t)&pidfd,
+						   .cgroup = (uint64_t)fds[2]};
+			pid = syscall(SYS_clone3, &args, sizeof args);
+			born_in_cgroup = pid >= 0;
+		}
+		/* v1, or clone3 refused (systemd's RestrictNamespaces= makes it ENOSYS, as the
+		 * lease's own filter does): clone, whose child joins its cgroup itself. The exit
+		 * signal is the zygote's (CLONE_PARENT); the pidfd comes back in parent_tid. */
+		if (pid < 0 && errno == ENOSYS)
+			pid = syscall(SYS_clone, CLONE_PARENT | CLONE_PIDFD, NULL, &pidfd, NULL, 0);
+		if (pid == 0)
+			forked_child(c, kind, born_in_cgroup, fds, nfds);
+		int err = errno;
+		for (size_t i = 0; i < nfds; i++)
+			(void)close(fds[i]);
+		fork_reply((int)pid, pidfd, err);
+		if (pid > 0)
+			(void)close(pidfd);
+	}
+}
+
 /* serve_userns is `sidecar-init userns`, no config: a user namespace factory for the
  * daemon, which cannot make one itself (only a single-threaded process can) and would pay
  * a fork and exec of this helper for each. For each 'N' on stdin it clones a child into a
@@ -1040,6 +1193,8 @@ int main(int argc, char **argv)
 	return 0;
 #endif
 	setup(&c);
+	if (c.fork)
+		serve_forks(&c);
 	if (c.await)
 		await_launch(&c);
 	exec_target(&c);

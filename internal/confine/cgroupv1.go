@@ -269,7 +269,7 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 		}
 		// A task stuck in the kernel may keep the cgroup FREEZING; kill what we see anyway.
 		_ = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
-			b, err := os.ReadFile(state)
+			b, err := cgroupfs.ReadFile(state)
 			return strings.TrimSpace(string(b)) == "FROZEN", err
 		})
 		pids, err := cgroupfs.Pids(dir)

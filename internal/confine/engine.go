@@ -21,6 +21,7 @@ type Engine struct {
 	helper    string
 	helperArg string
 	coldStart bool
+	forks     bool          // the helper can be a zygote (zygote.go)
 	launching chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu     sync.Mutex
@@ -45,7 +46,11 @@ type cell struct {
 	// launcherFailures counts those that failed in a row.
 	launcher         *launcher
 	launcherFailures int
-	lastCommand      <-chan struct{} // the last command started: closed once it is over
+	// zygote forks the cell's launchers (zygote.go); zygoteFailures counts those that
+	// failed in a row.
+	zygote         *zygote
+	zygoteFailures int
+	lastCommand    <-chan struct{} // the last command started: closed once it is over
 	// jobs is the background cgroup work on this cell; added to only while the cell is in
 	// Engine.cells and the Engine is not closed.
 	jobs sync.WaitGroup
@@ -60,7 +65,10 @@ type EngineConfig struct {
 	// ColdStart makes every command start the plain way, without launchers: for
 	// benchmarks that compare the two.
 	ColdStart bool
-	Logger    *slog.Logger
+	// Forks says the helper can be a zygote that forks launchers (initproc.Config.Fork:
+	// the C helper); false: each launcher is a helper the daemon starts.
+	Forks  bool
+	Logger *slog.Logger
 }
 
 // NewEngine is an engine as cfg says.
@@ -69,7 +77,7 @@ func NewEngine(cfg EngineConfig) *Engine {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
-		coldStart: cfg.ColdStart, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}}
+		coldStart: cfg.ColdStart, forks: cfg.Forks, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}}
 }
 
 // Open makes the cell id with limits, or adopts the one an earlier run left (setting its
@@ -99,6 +107,7 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 		e.cancelLauncher(c) // one still waiting for quiet is not forked at all
 		c.jobs.Wait()       // no spare or launcher is being made, nor a child removed, under our feet
 		e.dropLauncher(c)
+		e.dropZygote(c)
 	}
 	if _, err := e.cg.KillCell(ctx, id); err != nil {
 		return err
@@ -134,7 +143,8 @@ func (e *Engine) Sweep(ctx context.Context, known func(id string) bool) (removed
 }
 
 // Usage reports the cell's resource use, the OOM kills of its removed children included
-// and its launcher's pids left out: the launcher is the engine's doing, not the cell's.
+// and its launcher's and zygote's pids left out: they are the engine's doing, not the
+// cell's.
 func (e *Engine) Usage(id string) (Usage, error) {
 	e.mu.Lock()
 	var removedOOM, launchers int64
@@ -143,7 +153,10 @@ func (e *Engine) Usage(id string) (Usage, error) {
 		removedOOM = c.oomKills
 		removing = maps.Clone(c.removing)
 		if c.launcher.started() {
-			launchers = c.launcher.tasks()
+			launchers = tasks(c.launcher.proc)
+		}
+		if c.zygote != nil {
+			launchers += tasks(c.zygote.proc)
 		}
 	}
 	e.mu.Unlock()
@@ -176,6 +189,7 @@ func (e *Engine) Close() error {
 		e.cancelLauncher(c)
 		c.jobs.Wait()
 		e.dropLauncher(c)
+		e.dropZygote(c)
 		e.mu.Lock()
 		spare := c.spare
 		c.spare = nil

@@ -89,10 +89,10 @@ func (l *launcher) started() bool {
 	}
 }
 
-// tasks is how many of the cell's pids the launcher holds: its threads (one for the C
-// helper, the runtime's few for the Go one).
-func (l *launcher) tasks() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", l.proc.Pid)) // not reaped: the pid is still its
+// tasks is how many of the cell's pids a launcher or zygote holds: its threads (one for
+// the C helper, the runtime's few for the Go one).
+func tasks(p *os.Process) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid)) // not reaped: the pid is still its
 	if err != nil {
 		return 0
 	}
@@ -176,13 +176,26 @@ func (e *Engine) awaitQuiet(c *cell, l *launcher, ended <-chan struct{}) bool {
 	}
 }
 
-// startLauncher forks the helper as a launcher, in a new child cgroup.
+// startLauncher makes a launcher in a new child cgroup: forked by the cell's zygote
+// (zygote.go) when it can have one, else the helper forked by the daemon.
 func (e *Engine) startLauncher(c *cell, l *launcher) error {
 	child, err := e.takeChild(c.id)
 	if err != nil {
 		return fmt.Errorf("child cgroup: %w", err)
 	}
 	l.child = child
+	e.mu.Lock()
+	template := c.template
+	e.mu.Unlock()
+	st := template()
+	if z := e.zygoteFor(c, st); z != nil {
+		err := e.forkLauncher(c, z, l)
+		if err == nil || !errors.Is(err, errZygote) {
+			return err
+		}
+		e.log.Debug("zygote failed: this launcher is made the plain way", "cell", c.id, "err", err)
+		e.zygoteFailed(c, z)
+	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("launch socket: %w", err)
@@ -190,10 +203,6 @@ func (e *Engine) startLauncher(c *cell, l *launcher) error {
 	l.sock = os.NewFile(uintptr(fds[0]), "launch")
 	theirs := os.NewFile(uintptr(fds[1]), "launch")
 	defer theirs.Close()
-	e.mu.Lock()
-	template := c.template
-	e.mu.Unlock()
-	st := template()
 	st.Config.Await = true
 	cmd := e.helperCmd(st)
 	parentFiles, report, err := e.prepareHelper(c.id, cmd, st, child, theirs)
@@ -374,7 +383,8 @@ func (e *Engine) dropLauncher(c *cell) {
 }
 
 // send gives the launcher its command: kind, then the sealed command and its standard
-// descriptors (nil ones /dev/null).
+// descriptors (nil ones /dev/null). The socket stays open until the launcher has exec'd
+// (startLaunched): one forked for the command may still have to say it is ready.
 func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error {
 	b, err := initproc.EncodeLaunch(cmd)
 	if err != nil {
@@ -387,26 +397,22 @@ func (l *launcher) send(cmd initproc.Launch, tty bool, stdio [3]*os.File) error 
 	defer config.Close()
 	fds := []int{int(config.Fd())}
 	for _, f := range stdio {
-		if f == nil {
-			null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
-			if err != nil {
-				return err
-			}
-			defer null.Close()
-			f = null
+		if f != nil {
+			fds = append(fds, int(f.Fd()))
+			continue
 		}
-		fds = append(fds, int(f.Fd()))
+		null, err := unix.Open(os.DevNull, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return &os.PathError{Op: "open", Path: os.DevNull, Err: err}
+		}
+		defer unix.Close(null)
+		fds = append(fds, null)
 	}
 	kind := []byte{initproc.LaunchPipes}
 	if tty {
 		kind[0] = initproc.LaunchTTY
 	}
-	if err := unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0); err != nil {
-		return err
-	}
-	l.sock.Close()
-	l.sock = nil
-	return nil
+	return unix.Sendmsg(int(l.sock.Fd()), kind, unix.UnixRights(fds...), nil, 0)
 }
 
 // LauncherState is what a cell's running launcher is doing, for tests and diagnostics.
@@ -415,6 +421,7 @@ type LauncherState struct {
 	Cgroup string // its child cgroup
 	Ready  bool   // it has said so and waits for a command
 	Gone   bool   // it exited; the next command that looks discards it
+	Zygote int    // the pid of the cell's zygote, which forked it; 0: none
 }
 
 // Launcher describes the cell's launcher; false when it has none running. Call it only
@@ -422,8 +429,12 @@ type LauncherState struct {
 func (e *Engine) Launcher(id string) (LauncherState, bool) {
 	e.mu.Lock()
 	var l *launcher
+	zygote := 0
 	if c := e.cells[id]; c != nil {
 		l = c.launcher
+		if c.zygote != nil {
+			zygote = c.zygote.proc.Pid
+		}
 	}
 	e.mu.Unlock()
 	if !l.started() {
@@ -431,6 +442,6 @@ func (e *Engine) Launcher(id string) (LauncherState, bool) {
 	}
 	fds := []unix.PollFd{{Fd: int32(l.sock.Fd()), Events: unix.POLLIN}}
 	_, _ = unix.Poll(fds, 0)
-	return LauncherState{PID: l.proc.Pid, Cgroup: l.child,
+	return LauncherState{PID: l.proc.Pid, Cgroup: l.child, Zygote: zygote,
 		Ready: fds[0].Revents&unix.POLLIN != 0, Gone: fds[0].Revents&unix.POLLHUP != 0}, true
 }

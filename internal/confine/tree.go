@@ -74,7 +74,14 @@ func (t *tree) Start() error {
 		defer t.e.refillLauncher(t.c, t.ended) // the next command's
 	}
 	if files, ok := t.stdio(); ok && t.c != nil {
-		if l := t.e.takeLauncher(t.c); l != nil {
+		l := t.e.takeLauncher(t.c)
+		if l == nil {
+			var err error
+			if l, err = t.e.forkNow(t.c); err != nil {
+				return err
+			}
+		}
+		if l != nil {
 			err := l.send(t.launch, t.tty || t.cmd.SysProcAttr.Setctty, files)
 			if err == nil {
 				return t.startLaunched(l)
@@ -134,6 +141,7 @@ func (t *tree) stdio() ([3]*os.File, bool) {
 func (t *tree) startLaunched(l *launcher) error {
 	t.child, t.report = l.child, l.report
 	t.cmd.Process = l.proc // exec.Cmd.Wait waits for it as for one it started
+	defer l.sock.Close()
 	return t.readReport()
 }
 

@@ -51,9 +51,10 @@ func TestExecSetupFailure(t *testing.T) {
 }
 
 // removeSparesAndLauncher waits for the lease's background work (a spare child cgroup,
-// empty, and the next command's launcher, one process in a child), then removes the
-// spares and kills the launcher, so that the next exec starts the plain way in a child
-// cgroup that no longer exists. After the first attempt it takes what a second brings:
+// empty, and the next command's launcher, the one process in a child that runs as the
+// lease's uid: a zygote runs as root), then removes the spares and kills the launcher, so
+// that the next exec starts, plain or forked by the zygote, in a child cgroup that no
+// longer exists. After the first attempt it takes what a second brings:
 // the daemon may count a removed spare as its next and make none, and it stops making
 // launchers that keep dying.
 func removeSparesAndLauncher(t *testing.T, dirs []string, first bool) {
@@ -103,7 +104,7 @@ func removeSparesAndLauncher(t *testing.T, dirs []string, first bool) {
 }
 
 // childCgroups lists a lease's empty child cgroups (present in every one of dirs) and the
-// pid of the one process found in a child, if exactly one is.
+// pid of the one process found in a child not running as root, if exactly one is.
 func childCgroups(t *testing.T, dirs []string) (empty []string, pid int) {
 	t.Helper()
 	entries, err := os.ReadDir(dirs[0])
@@ -125,10 +126,14 @@ func childCgroups(t *testing.T, dirs []string) (empty []string, pid int) {
 		if err != nil || !everywhere {
 			continue
 		}
-		if procs := strings.Fields(string(b)); len(procs) == 0 {
+		procs := strings.Fields(string(b))
+		if len(procs) == 0 {
 			empty = append(empty, e.Name())
-		} else {
-			pids = append(pids, procs...)
+		}
+		for _, p := range procs {
+			if st, err := os.Stat("/proc/" + p); err == nil && st.Sys().(*syscall.Stat_t).Uid != 0 {
+				pids = append(pids, p)
+			}
 		}
 	}
 	if len(pids) == 1 {

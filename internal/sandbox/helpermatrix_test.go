@@ -76,6 +76,18 @@ func (h testHelper) usable(t testing.TB) string {
 	return h.path
 }
 
+// cHelperPath is the C helper's path, or skips or fails t when it cannot run here.
+func cHelperPath(t testing.TB) string {
+	t.Helper()
+	for _, h := range testHelpers {
+		if h.name == "c" {
+			return h.usable(t)
+		}
+	}
+	t.Fatal("no C helper among the test helpers")
+	return ""
+}
+
 // forEachHelper runs test once per helper binary, each as a subtest with its own strict
 // sandbox, so that every isolation property is checked against both; commands go to
 // launchers where they can (package confine), and once more with the C helper, cold: every

@@ -192,3 +192,93 @@ func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
 		t.Errorf("Usage = %+v, %v; want the one OOM kill still counted", u, err)
 	}
 }
+
+// With the C helper, a lease's launchers are forks of its zygote, whether made ahead or
+// for a command that found none ready: commands run in the one mount namespace the zygote
+// made, yet each in a child cgroup of its own at the root of its own cgroup namespace.
+// A helper started per command (the Go one, or any with ColdStart) makes a namespace
+// each time, which shows the test can fail: the first command, still running, holds its
+// own while the others start.
+func TestZygoteSharesOneView(t *testing.T) { forEachHelper(t, testZygoteSharesOneView) }
+
+func testZygoteSharesOneView(t *testing.T, s *Sandbox) {
+	l := newTestLease(t, s, nil)
+	forked := strings.HasSuffix(t.Name(), "/c")
+	if !cold(t) {
+		readyLauncher(t, s, l.ID)
+	}
+	view := `readlink /proc/self/ns/mnt; sed 's/^[^:]*:[^:]*:/path /' /proc/self/cgroup | sort -u; id -u`
+	first, tr, err := s.Command(l.ID, sh(view+`; read x`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, release, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release.Close()
+	out, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Stdin, first.Stdout = hold, out
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	hold.Close()
+	defer func() { release.Close(); _ = first.Wait(); tr.Close() }()
+	var ns string
+	waitFor(t, "the first command's view", func() bool {
+		b, _ := os.ReadFile(out.Name())
+		got := lines(string(b))
+		if len(got) == 3 {
+			ns = got[0]
+		}
+		return ns != ""
+	})
+	cgroups := map[string]bool{treeCgroup(tr): true}
+	for i := range 3 {
+		cmd, tr, err := s.Command(l.ID, sh(view))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := runPrepared(t, cmd, tr)
+		got := lines(r.stdout)
+		if r.exitCode != 0 || len(got) != 3 || got[1] != "path /" || got[2] != strconv.Itoa(l.UID) {
+			t.Fatalf("command %d: %+v, want its mount namespace, path / and uid %d", i, r, l.UID)
+		}
+		if same := got[0] == ns; same != forked {
+			t.Errorf("command %d in mount namespace %s, the first in %s: want the same: %v", i, got[0], ns, forked)
+		}
+		cgroups[treeCgroup(tr)] = true
+	}
+	if len(cgroups) != 4 {
+		t.Errorf("4 commands in child cgroups %v, want one each", cgroups)
+	}
+}
+
+// A zygote that died costs nothing but plain starts: commands still run, and the next
+// launcher is forked by a new zygote.
+func TestZygoteDeadFallsBack(t *testing.T) {
+	s := newTestSandboxWith(t, cHelperPath(t))
+	l := newTestLease(t, s, nil)
+	first := readyLauncher(t, s, l.ID)
+	if first.Zygote == 0 {
+		t.Fatal("the C helper's launcher was not forked by a zygote")
+	}
+	if err := syscall.Kill(first.Zygote, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // the first takes the launcher; the others find none ready
+		if r := run(t, s, l.ID, sh("id -u")); strings.TrimSpace(r.stdout) != strconv.Itoa(l.UID) || r.exitCode != 0 {
+			t.Fatalf("command %d after the zygote died: %+v", i, r)
+		}
+	}
+	next := readyLauncher(t, s, l.ID)
+	if next.Zygote == 0 || next.Zygote == first.Zygote {
+		t.Errorf("after the zygote %d died, the next launcher's zygote is %d, want a new one", first.Zygote, next.Zygote)
+	}
+	if alive(first.Zygote) {
+		t.Errorf("the killed zygote %d was not reaped", first.Zygote)
+	}
+}

@@ -15,13 +15,7 @@ import (
 // ratios: "image/host-exec", "root/image-exec" and the same for "-cycle".
 func BenchmarkLeaseImageRoot(b *testing.B) {
 	layers := rootImage(b)
-	var helper string
-	for _, h := range testHelpers {
-		if h.name == "c" {
-			helper = h.usable(b)
-		}
-	}
-	s := newTestSandboxWith(b, helper)
+	s := newTestSandboxWith(b, cHelperPath(b))
 	roots := []*LeaseRoot{nil, imageRoot(layers), imageRoot(layers)}
 	roots[2].AsRoot = true
 	var ids []string

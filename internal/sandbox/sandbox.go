@@ -303,12 +303,12 @@ func New(cfg Config) (*Sandbox, error) {
 			cfg.Logger.Warn("this host has no /etc/passwd or /etc/group file to bind over: lease uids have no name inside leases")
 		}
 	}
-	s.eng = confine.NewEngine(confine.EngineConfig{Cgroups: s.cg, Helper: helper, HelperArg: HelperArg, ColdStart: cfg.ColdStart, Logger: cfg.Logger})
+	s.eng = confine.NewEngine(confine.EngineConfig{Cgroups: s.cg, Helper: helper, HelperArg: HelperArg, ColdStart: cfg.ColdStart, Forks: cHelper(helper), Logger: cfg.Logger})
 	s.caps.Cgroups = s.cg.Version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
 	s.caps.NetworkIsolation = true
-	s.caps.RootLeases = rootLeases(helper)
+	s.caps.RootLeases = cHelper(helper)
 	s.caps.Layers = s.caps.layers()
 	return s, nil
 }

@@ -36,10 +36,11 @@ import (
 // errRootLeases refuses a root lease where this sandbox cannot run one.
 var errRootLeases = fmt.Errorf("%w: root in a lease needs strict isolation and the C sandbox helper (sidecar-init built from cmd/sidecar-init/sidecar-init.c: `make build` makes it where a C compiler and a static libc exist); a Go helper cannot enter a user namespace", ErrUnsupported)
 
-// rootLeases says whether helper can run a lease as root in a user namespace: only the C
-// helper can (setns into a user namespace takes a single-threaded process; every Go
-// binary carries build information, a C one none).
-func rootLeases(helper string) bool {
+// cHelper says whether helper is the C one, which alone can run a lease as root in a user
+// namespace (setns into one takes a single-threaded process) and fork launchers as a
+// zygote (a Go program cannot fork and go on running): every Go binary carries build
+// information, a C one none.
+func cHelper(helper string) bool {
 	_, err := buildinfo.ReadFile(helper)
 	return err != nil
 }

@@ -24,8 +24,8 @@ import (
 // policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
 // landlock_max_abi without "landlock" are an error. "seccomp" is the filter program in
 // lowercase hex, each instruction (struct sock_filter: code u16, jt u8, jf u8, k u32) in
-// the host's byte order, 1 to BPF_MAXINSNS of them. "await" is "1" or absent (with it
-// there is no argv, env or dir: a launcher, launch.go); each
+// the host's byte order, 1 to BPF_MAXINSNS of them. "await" is "1", "fork" or absent (with it
+// there is no argv, env or dir: a launcher, launch.go, or with "fork" a zygote); each
 // "rlimit_<name>" (a RlimitResources name) at most once. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
@@ -70,6 +70,9 @@ func Encode(cfg *Config) ([]byte, error) {
 	}
 	if cfg.Await && (len(cfg.Env) > 0 || cfg.Dir != "") {
 		return nil, fmt.Errorf("%w: await with a command", errConfig)
+	}
+	if cfg.Fork && !cfg.Await {
+		return nil, fmt.Errorf("%w: fork without await", errConfig)
 	}
 	var b bytes.Buffer
 	var err error
@@ -155,7 +158,10 @@ func Encode(cfg *Config) ([]byte, error) {
 		}
 		put(keySeccomp, encodeFilter(cfg.Seccomp))
 	}
-	if cfg.Await {
+	switch {
+	case cfg.Fork:
+		put(keyAwait, "fork")
+	case cfg.Await:
 		put(keyAwait, "1")
 	}
 	if cfg.UserNS {
@@ -242,10 +248,10 @@ func Decode(b []byte) (*Config, error) {
 		case keySeccomp:
 			cfg.Seccomp, err = decodeFilter(v)
 		case keyAwait:
-			if v != "1" {
-				err = errors.New("not 1")
+			if v != "1" && v != "fork" {
+				err = errors.New("not 1 or fork")
 			}
-			cfg.Await = true
+			cfg.Await, cfg.Fork = true, v == "fork"
 		case keyUserNS:
 			if v != "1" {
 				err = errors.New("not 1")

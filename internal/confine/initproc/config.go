@@ -104,6 +104,11 @@ type Config struct {
 	// Await makes the helper a launcher: Argv, Env and Dir are empty; it sets up
 	// everything else, then waits on LaunchFD for the command (launch.go).
 	Await bool
+	// Fork (with Await) makes the helper a zygote: it joins its cgroup and network
+	// namespace and makes its mounts, then forks a launcher, which takes the other
+	// steps, for each request on LaunchFD (config "await" "fork"). Only the C helper
+	// can (ErrForkNeedsC): a Go program cannot fork and go on running.
+	Fork bool
 }
 
 // Rlimit is one resource limit: Name is a key of RlimitResources.

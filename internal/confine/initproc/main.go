@@ -23,6 +23,9 @@ func Main() {
 	if err != nil {
 		fail(ExitSetup, "config", err)
 	}
+	if cfg.Fork {
+		fail(ExitSetup, "setup", ErrForkNeedsC)
+	}
 	if err := setup(cfg); err != nil {
 		fail(ExitSetup, "setup", err)
 	}
@@ -164,6 +167,10 @@ func privateMounts(cfg *Config) error {
 	}
 	return nil
 }
+
+// ErrForkNeedsC refuses Config.Fork: a zygote forks and goes on running, which a Go
+// program cannot do.
+var ErrForkNeedsC = errors.New("a zygote needs the C helper (sidecar-init built from sidecar-init.c): a Go program cannot fork and go on running")
 
 // ErrUserNSNeedsC refuses Config.UserNS: the kernel lets only a single-threaded process
 // into a user namespace, and a Go program always has several threads.

@@ -12,6 +12,7 @@ package cgroupfs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,14 +39,22 @@ func Version() int {
 	return 1
 }
 
+// Control files are read and written with bare system calls: through package os, kernfs
+// files (which can be polled) are set non-blocking and added to and removed from the
+// runtime's poller, eight system calls for a read of a few bytes instead of three, on
+// the path of every command.
+
 // WriteFile writes a control file (which must already exist).
 func WriteFile(path, value string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
-	_, err = f.WriteString(value)
-	if cerr := f.Close(); err == nil {
+	n, err := unix.Write(fd, []byte(value))
+	if err == nil && n != len(value) {
+		err = io.ErrShortWrite
+	}
+	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -54,9 +63,34 @@ func WriteFile(path, value string) error {
 	return nil
 }
 
+// ReadFile reads a control file whole.
+func ReadFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	b := make([]byte, 0, 512)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := unix.Read(fd, b[len(b):cap(b)])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		case n == 0:
+			return b, nil
+		}
+		b = b[:len(b)+n]
+	}
+}
+
 // ReadInt reads a control file holding one number.
 func ReadInt(path string) (int64, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -65,7 +99,7 @@ func ReadInt(path string) (int64, error) {
 
 // ReadKey reads "key value" lines (memory.events, memory.oom_control, cpu.stat).
 func ReadKey(path, key string) (int64, error) {
-	b, err := os.ReadFile(path)
+	b, err := ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
@@ -110,7 +144,7 @@ func RemoveTree(dir string) error {
 // Pids lists the processes in the cgroup dir and all its descendants (their cgroup.procs);
 // none if dir does not exist.
 func Pids(dir string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	b, err := ReadFile(filepath.Join(dir, "cgroup.procs"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
