@@ -27,8 +27,8 @@ import (
 // mount namespace, where none of them can mount.
 //
 // Only the daemon holds the zygote's socket, and it runs as root where the lease's uid
-// cannot signal or trace it; it is one process and ~100 KiB of the cell's, left out of
-// Usage like a launcher. A zygote that fails is dropped and the cell's launchers are made
+// cannot signal or trace it; it is one process and about 0.4 MiB of the cell's memory
+// (its mounts included), left out of Usage like a launcher. A zygote that fails is dropped and the cell's launchers are made
 // the plain way; after maxLauncherFailures in a row, the cell makes no more zygotes.
 
 // errZygote: the zygote did not answer a request as it should (it died, say): it is
@@ -126,13 +126,16 @@ func (e *Engine) startZygote(c *cell, st Start, key []byte) (*zygote, error) {
 		if ready, err = awaitReady(z.sock, zygoteWait); !ready && err == nil {
 			err = errors.New("not ready in time")
 		}
-		if err != nil && z.report != nil {
+	}
+	if err != nil {
+		if z.proc != nil {
+			_ = z.proc.Kill() // its report pipe ends with it
+		}
+		if z.report != nil {
 			if b, _ := io.ReadAll(io.LimitReader(z.report, 4096)); len(b) > 0 {
 				err = fmt.Errorf("%w: %s", err, b)
 			}
 		}
-	}
-	if err != nil {
 		e.endZygote(c.id, z)
 		return nil, err
 	}
