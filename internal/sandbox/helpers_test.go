@@ -212,6 +212,7 @@ type result struct {
 	exitCode       int
 	signaled       bool
 	oom            bool
+	cgroup         string // the command's child cgroup
 }
 
 // run runs argv in the lease to completion.
@@ -253,7 +254,7 @@ func runPrepared(t testing.TB, cmd *exec.Cmd, tr Tree) result {
 	}
 	err = cmd.Wait()
 	copying.Wait() // as exec.Cmd waits for its copying
-	r := result{stdout: stdout.String(), stderr: stderr.String(), oom: tr.OOMKilled()}
+	r := result{stdout: stdout.String(), stderr: stderr.String(), oom: tr.OOMKilled(), cgroup: treeCgroup(tr)}
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		r.exitCode = ee.ExitCode()
