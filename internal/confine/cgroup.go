@@ -35,9 +35,11 @@ type Cgroups interface {
 	// Dir is the directory of the cgroup at parts (cell id, child) in the hierarchy of
 	// controller ctrl (one per controller on v1, one for all on v2).
 	Dir(ctrl string, parts ...string) string
-	// JoinFiles are the cgroup.procs files the helper writes its pid to (v1).
+	// JoinFiles are the cgroup.procs files the helper writes its pid to: one per v1
+	// hierarchy, the child's on v2 where clone3 is refused; none where ChildDir is set.
 	JoinFiles(id, child string) []string
-	// ChildDir is the directory to clone into (v2 CLONE_INTO_CGROUP), "" on v1.
+	// ChildDir is the directory to clone into (v2 CLONE_INTO_CGROUP), "" on v1 and where
+	// clone3 is refused.
 	ChildDir(id, child string) string
 	KillChild(ctx context.Context, id, child string) error
 	ChildOOMKills(id, child string) int64

@@ -1,8 +1,6 @@
 package confine
 
 import (
-	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
-
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +10,10 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
 )
 
 // cgroupV2 runs under the daemon's own delegated cgroup (systemd Delegate=yes). The
@@ -19,7 +21,8 @@ import (
 // processes itself, so the daemon first moves into a leaf, <own>/daemon, and leases go
 // under <own>/<parent>.
 type cgroupV2 struct {
-	base string // <mount><own>/<parent>
+	base   string // <mount><own>/<parent>
+	clone3 bool   // helpers are cloned into their cgroups (clone3Usable)
 }
 
 var v2Controllers = []string{"memory", "cpu", "pids"}
@@ -69,7 +72,22 @@ func newCgroupV2(parent, mount string, log *slog.Logger) (*cgroupV2, error) {
 			return nil, err
 		}
 	}
-	return &cgroupV2{base: base}, nil
+	c := &cgroupV2{base: base, clone3: clone3Usable()}
+	if !c.clone3 {
+		log.Info("clone3 is refused (a seccomp filter, such as systemd's for RestrictNamespaces=): helpers join their cgroups by cgroup.procs")
+	}
+	return c, nil
+}
+
+// clone3Usable reports whether this process may call clone3. A seccomp filter may answer
+// it with ENOSYS so that libc falls back to clone, whose flags it can inspect: systemd
+// (251 and later) does for any unit with RestrictNamespaces=, the shipped one included.
+// Go's os/exec has no such fallback for CLONE_INTO_CGROUP, so without clone3 a helper
+// joins its cgroup itself, as it does on v1. The probe's arguments are invalid: the
+// kernel refuses them (EINVAL) and makes no process.
+func clone3Usable() bool {
+	_, _, errno := unix.Syscall(unix.SYS_CLONE3, 0, 0, 0)
+	return errno != unix.ENOSYS
 }
 
 // enableControllers delegates memory, cpu and pids to dir's children.
@@ -150,9 +168,19 @@ func (c *cgroupV2) MemoryDir(id, child string) string { return c.dir(id, child) 
 
 func (c *cgroupV2) NewChild(id, child string) error { return os.Mkdir(c.dir(id, child), 0o755) }
 
-func (c *cgroupV2) JoinFiles(string, string) []string { return nil }
+func (c *cgroupV2) JoinFiles(id, child string) []string {
+	if c.clone3 {
+		return nil
+	}
+	return []string{c.dir(id, child, "cgroup.procs")}
+}
 
-func (c *cgroupV2) ChildDir(id, child string) string { return c.dir(id, child) }
+func (c *cgroupV2) ChildDir(id, child string) string {
+	if !c.clone3 {
+		return ""
+	}
+	return c.dir(id, child)
+}
 
 // KillChild kills a tree's child cgroup. After most commands it is already empty:
 // "populated 0" in cgroup.events (no process, not even a zombie, in it) is then read once

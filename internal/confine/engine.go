@@ -22,7 +22,6 @@ type Engine struct {
 	helperArg string
 	coldStart bool
 	forks     bool          // the helper can be a zygote (zygote.go)
-	clone3    bool          // helpers start in their v2 cgroup by clone3 (start.go: clone3Usable)
 	launching chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu     sync.Mutex
@@ -77,14 +76,8 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	e := &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
+	return &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
 		coldStart: cfg.ColdStart, forks: cfg.Forks, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}}
-	if e.cg != nil && e.cg.Version() == "v2" {
-		if e.clone3 = clone3Usable(); !e.clone3 {
-			e.log.Info("clone3 is refused (a seccomp filter, such as systemd's for RestrictNamespaces=): helpers join their cgroups by cgroup.procs")
-		}
-	}
-	return e
 }
 
 // Open makes the cell id with limits, or adopts the one an earlier run left (setting its

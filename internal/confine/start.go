@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -91,8 +90,8 @@ func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, 
 	}()
 	cfg := s.Config
 	if child != "" {
-		cfg.CgroupProcs = e.joinFiles(id, child)
-		if d := e.cloneInto(id, child); d != "" {
+		cfg.CgroupProcs = e.cg.JoinFiles(id, child)
+		if d := e.cg.ChildDir(id, child); d != "" {
 			// v2: clone3(CLONE_INTO_CGROUP) puts the helper there atomically.
 			fd, err := os.Open(d)
 			if err != nil {
@@ -142,38 +141,6 @@ func closeAll(files []*os.File) {
 	for _, f := range files {
 		f.Close()
 	}
-}
-
-// clone3Usable reports whether this process may call clone3. A seccomp filter may answer
-// it with ENOSYS so that libc falls back to clone, whose flags it can inspect: systemd
-// (251 and later) does for any unit with RestrictNamespaces=, the shipped one included.
-// Go's os/exec has no such fallback for CLONE_INTO_CGROUP, so without clone3 a helper
-// joins its v2 cgroup itself, as it does on v1. The probe's arguments are invalid: the
-// kernel refuses them (EINVAL) and makes no process.
-func clone3Usable() bool {
-	_, _, errno := unix.Syscall(unix.SYS_CLONE3, 0, 0, 0)
-	return errno != unix.ENOSYS
-}
-
-// cloneInto is the directory of the child cgroup a helper is cloned into (v2, clone3
-// usable), else "".
-func (e *Engine) cloneInto(id, child string) string {
-	if !e.clone3 {
-		return ""
-	}
-	return e.cg.ChildDir(id, child)
-}
-
-// joinFiles are the cgroup.procs files a helper writes itself into when it is not cloned
-// into its child cgroup: one per v1 hierarchy, or the v2 child's.
-func (e *Engine) joinFiles(id, child string) []string {
-	if d := e.cg.ChildDir(id, child); d != "" {
-		if e.clone3 {
-			return nil
-		}
-		return []string{filepath.Join(d, "cgroup.procs")}
-	}
-	return e.cg.JoinFiles(id, child)
 }
 
 // sealedMemfd is b in a sealed memfd: nothing can change it between here and the helper

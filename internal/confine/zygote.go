@@ -28,8 +28,9 @@ import (
 //
 // Only the daemon holds the zygote's socket, and it runs as root where the lease's uid
 // cannot signal or trace it; it is one process and about 0.4 MiB of the cell's memory
-// (its mounts included), left out of Usage like a launcher. A zygote that fails is dropped and the cell's launchers are made
-// the plain way; after maxLauncherFailures in a row, the cell makes no more zygotes.
+// (its mounts included), left out of Usage like a launcher. A zygote that fails is
+// dropped and the cell's launchers are made the plain way; after maxLauncherFailures in a
+// row, the cell makes no more zygotes.
 
 // errZygote: the zygote did not answer a request as it should (it died, say): it is
 // dropped.
@@ -173,8 +174,8 @@ func (e *Engine) forkLauncher(c *cell, z *zygote, l *launcher) (err error) {
 	}
 	report := os.NewFile(uintptr(pipe[0]), "report")
 	keep = append(keep, report)
-	kind, paths, flags := byte('f'), e.joinFiles(c.id, l.child), unix.O_WRONLY
-	if d := e.cloneInto(c.id, l.child); d != "" {
+	kind, paths, flags := byte('f'), e.cg.JoinFiles(c.id, l.child), unix.O_WRONLY
+	if d := e.cg.ChildDir(c.id, l.child); d != "" {
 		kind, paths, flags = 'c', []string{d}, unix.O_PATH|unix.O_DIRECTORY
 	}
 	for _, p := range paths {
