@@ -73,9 +73,11 @@ func TestLeaseCgroupView(t *testing.T) { forEachHelper(t, testLeaseCgroupView) }
 
 func testLeaseCgroupView(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	host, _ := filepath.Glob("/sys/fs/cgroup/*/" + testCgroupParent + "/" + l.ID)
-	if v2, _ := filepath.Glob("/sys/fs/cgroup/" + testCgroupParent + "/" + l.ID); len(v2) > 0 {
-		host = append(host, v2...)
+	var host []string
+	for _, d := range cgroupDirs(s, l.ID) {
+		if _, err := os.Stat(d); err == nil {
+			host = append(host, d)
+		}
 	}
 	if len(host) == 0 {
 		t.Fatalf("control: the lease's cgroup %s/%s is not in the host's /sys/fs/cgroup", testCgroupParent, l.ID)
@@ -103,6 +105,9 @@ func testLandlockConfines(t *testing.T, s *Sandbox) {
 	base := filepath.Dir(l.Workdir) // removed by newTestLease's cleanup
 	readable, shared := filepath.Join(base, "readable"), filepath.Join(base, "shared")
 	if err := os.WriteFile(readable, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(readable, 0o644); err != nil { // past the umask
 		t.Fatal(err)
 	}
 	if err := os.Mkdir(shared, 0o777); err != nil {

@@ -15,7 +15,11 @@ func TestWorkspaceAndUser(t *testing.T) { forEachHelper(t, testWorkspaceAndUser)
 
 func testWorkspaceAndUser(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
+	// 0755 whatever the umask (a unit's UMask=0077 under systemd).
 	if err := os.Mkdir(filepath.Join(l.Workdir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(l.Workdir, "sub"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	id := strconv.Itoa(l.UID)
