@@ -113,7 +113,7 @@ func TestImageLeasesWithoutOpenat2(t *testing.T) {
 		return
 	}
 	forEachHelper(t, func(t *testing.T, s *Sandbox) {
-		newTestLease(t, s, nil) // on the host's root: provisioned
+		newTestLease(t, s, nil)                                   // on the host's root: provisioned
 		work, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-") // not /tmp: the lease's own /tmp hides it
 		if err != nil {
 			t.Fatal(err)
