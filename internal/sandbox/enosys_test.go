@@ -113,8 +113,9 @@ func TestImageLeasesWithoutOpenat2(t *testing.T) {
 		return
 	}
 	forEachHelper(t, func(t *testing.T, s *Sandbox) {
-		newTestLease(t, s, nil)                                   // on the host's root: provisioned
-		work, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-") // not /tmp: the lease's own /tmp hides it
+		newTestLease(t, s, nil) // a lease on the host's root: provisioned
+		// Not under /tmp, which the lease's own /tmp hides.
+		work, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-")
 		if err != nil {
 			t.Fatal(err)
 		}
