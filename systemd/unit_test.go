@@ -160,6 +160,14 @@ func TestUnitContract(t *testing.T) {
 	if v := s["ProtectControlGroups"]; len(v) > 0 && v[0] != "no" {
 		t.Errorf("ProtectControlGroups=%v would stop lease cgroups", v)
 	}
+	// Settings whose filters lease processes inherit and that break what leases do (the
+	// VM's systemd variant runs the suites under the unit): RestrictSUIDSGID= makes
+	// openat2 fail (leases in images), LockPersonality= refuses linux32.
+	for _, key := range []string{"RestrictSUIDSGID", "LockPersonality"} {
+		if v := s[key]; len(v) > 0 && v[len(v)-1] != "no" {
+			t.Errorf("%s=%v: see the unit's \"Options deliberately not set\"", key, v)
+		}
+	}
 }
 
 // daemonEnv lists the variables sidecar.env may set (docs/api.md, Configuration).
