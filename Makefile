@@ -216,8 +216,9 @@ fresh-test:
 	test/fresh/run
 
 # vm-test: the isolation and lease checks inside Debian 12's kernel under qemu, once per
-# host kind (cgroup v2, v2 without Landlock, v1, v2 delegated, v2 by hand); root, and
-# qemu-system-x86, busybox-static, cpio, e2fsprogs and python3 (.ci/run installs them). See test/vm/run.
+# host kind (cgroup v2, v2 without Landlock, v1, v2 delegated, v2 by hand, systemd as
+# PID 1 with the installed unit); root, and qemu-system-x86, busybox-static, cpio,
+# e2fsprogs, python3 and systemd (.ci/run installs them). See test/vm/run.
 vm-test:
 	test/vm/run $(VM_VARIANTS)
 

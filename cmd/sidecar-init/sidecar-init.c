@@ -76,6 +76,7 @@ enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
 
 #define CONFIG_MAGIC "sidecar-init/1"
 #define LEASE_OOM_SCORE_ADJ "500"
+#define LEASE_UMASK 022 /* initproc.LeaseUmask */
 #define WORKSPACE "/workspace"
 #define HOME_MOUNT "/home" /* where the lease's home tree is bound (initproc.HomeMount) */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -846,6 +847,8 @@ static void setup_process(const struct config *c)
 		fail(EXIT_SETUP, "setup", "cgroup namespace: %s", strerror(errno));
 	/* The daemon shields itself from the OOM killer; lease processes must not inherit that. */
 	write_file("setup: oom_score_adj", "/proc/self/oom_score_adj", LEASE_OOM_SCORE_ADJ);
+	/* Nor the daemon's umask (0077 under its unit). */
+	umask(LEASE_UMASK);
 	set_rlimits(c);
 	if (c->userns) {
 		enter_userns();

@@ -14,6 +14,7 @@ import (
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/internal/daemon"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/landlock"
 	"github.com/sidecar-sandbox/sidecar/internal/sandbox"
 )
@@ -332,11 +333,7 @@ func TestReleaseLeavesNothing(t *testing.T) {
 		}
 	}
 	if os.Geteuid() == 0 {
-		// v1 hierarchies, or v2 from the root cgroup or a delegated one.
-		matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
-		v2, _ := filepath.Glob("/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID())
-		matches = append(matches, v2...)
-		if len(matches) != 0 {
+		if matches := daemontest.LeaseCgroups(d.cfg.CgroupParent, l.ID()); len(matches) != 0 {
 			t.Fatalf("cgroups left: %v", matches)
 		}
 	}

@@ -283,10 +283,12 @@ func TestLimitsUnderTheKernelsFloorMakeNothing(t *testing.T) {
 		for _, pattern := range []string{
 			filepath.Join(d.cfg.WorkRoot, "l*"),
 			filepath.Join(d.cfg.WorkRoot, ".disk", "*.img"),
-			"/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/*/",
-			"/sys/fs/cgroup/" + d.cfg.CgroupParent + "/*/",
 		} {
 			m, _ := filepath.Glob(pattern)
+			paths = append(paths, m...)
+		}
+		for _, p := range daemontest.CgroupParents(d.cfg.CgroupParent) {
+			m, _ := filepath.Glob(p + "/*/")
 			paths = append(paths, m...)
 		}
 		return paths

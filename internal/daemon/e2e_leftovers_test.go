@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
 // fetch8000 asks the lease's loopback port 8000 for / and prints the HTTP status, trying
@@ -117,9 +117,7 @@ func TestLeftoverServerOutlivesItsExec(t *testing.T) {
 	if left := running(t, "sleep 1006.731"); len(left) != 0 {
 		t.Fatalf("a leftover outlived the release: %v", left)
 	}
-	matches, _ := filepath.Glob("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
-	v2, _ := filepath.Glob("/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID())
-	if matches = append(matches, v2...); len(matches) != 0 {
+	if matches := daemontest.LeaseCgroups(d.cfg.CgroupParent, l.ID()); len(matches) != 0 {
 		t.Fatalf("cgroups left: %v", matches)
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
 // A helper that cannot join its command's cgroup (the spare child cgroup the next exec
@@ -27,10 +28,7 @@ func TestExecSetupFailure(t *testing.T) {
 	ctx := context.Background()
 	l := d.acquire("setup-failure")
 	must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t)
-	dirs := cgroupDirs("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
-	if len(dirs) == 0 {
-		dirs = []string{"/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID()}
-	}
+	dirs := daemontest.LeaseCgroups(d.cfg.CgroupParent, l.ID())
 	// A spare or launcher still being made in the background while the test removes the
 	// others can serve the exec after all: then the test tries again.
 	var err error
@@ -140,21 +138,4 @@ func childCgroups(t *testing.T, dirs []string) (empty []string, pid int) {
 		pid, _ = strconv.Atoi(pids[0])
 	}
 	return empty, pid
-}
-
-// cgroupDirs globs a lease's cgroup in every v1 hierarchy, once per hierarchy: co-mounted
-// controllers appear under several names (cpu and cpuacct are links to cpu,cpuacct).
-func cgroupDirs(pattern string) []string {
-	matches, _ := filepath.Glob(pattern)
-	var dirs []string
-	seen := map[string]bool{}
-	for _, m := range matches {
-		real, err := filepath.EvalSymlinks(m)
-		if err != nil || seen[real] {
-			continue
-		}
-		seen[real] = true
-		dirs = append(dirs, real)
-	}
-	return dirs
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
+	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
 // A shell session through the real daemon and client: state carries over, framing is
@@ -177,9 +177,7 @@ func TestShellDiesWithLease(t *testing.T) {
 		}
 	}
 	if isolation() == "strict" {
-		matches := cgroupDirs("/sys/fs/cgroup/*/" + d.cfg.CgroupParent + "/" + l.ID())
-		v2, _ := filepath.Glob("/sys/fs/cgroup/" + d.cfg.CgroupParent + "/" + l.ID())
-		if matches = append(matches, v2...); len(matches) != 0 {
+		if matches := daemontest.LeaseCgroups(d.cfg.CgroupParent, l.ID()); len(matches) != 0 {
 			t.Fatalf("cgroups left: %v", matches)
 		}
 	}

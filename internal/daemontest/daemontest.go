@@ -235,13 +235,34 @@ func HTTPClient(caFile string, timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: &http.Transport{TLSClientConfig: cfg}}
 }
 
-// CgroupParents lists parent's directories in every cgroup hierarchy.
+// CgroupParents lists parent's directories in every cgroup hierarchy: on v1 one per
+// hierarchy; on v2 at the root, or under the cgroup systemd delegated to the unit the
+// daemon ran in (<slice>/<unit>/<parent>, internal/confine). Symlinked hierarchies
+// (cpu -> cpu,cpuacct) count once.
 func CgroupParents(parent string) []string {
-	ps, _ := filepath.Glob("/sys/fs/cgroup/*/" + parent)
-	if fi, err := os.Stat("/sys/fs/cgroup/" + parent); err == nil && fi.IsDir() {
-		ps = append(ps, "/sys/fs/cgroup/"+parent)
+	var ps []string
+	for _, pattern := range []string{"/sys/fs/cgroup/", "/sys/fs/cgroup/*/", "/sys/fs/cgroup/*/*/"} {
+		matches, _ := filepath.Glob(pattern + parent)
+		for _, m := range matches {
+			real, err := filepath.EvalSymlinks(m)
+			if fi, serr := os.Stat(real); err != nil || serr != nil || !fi.IsDir() || slices.Contains(ps, real) {
+				continue
+			}
+			ps = append(ps, real)
+		}
 	}
 	return ps
+}
+
+// LeaseCgroups lists the directories of a lease's cgroup under parent, in every hierarchy.
+func LeaseCgroups(parent, lease string) []string {
+	var dirs []string
+	for _, p := range CgroupParents(parent) {
+		if fi, err := os.Stat(filepath.Join(p, lease)); err == nil && fi.IsDir() {
+			dirs = append(dirs, filepath.Join(p, lease))
+		}
+	}
+	return dirs
 }
 
 // RemoveCgroupParent removes parent in every hierarchy: a daemon leaves it behind when

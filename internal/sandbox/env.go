@@ -270,6 +270,16 @@ func executableInView(v view, p string) bool {
 	return err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0
 }
 
+// probeOpenat2 reports whether openat2(2), which statInRoot and the helper use, works.
+func probeOpenat2() error {
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT}
+	fd, err := unix.Openat2(unix.AT_FDCWD, "/", &how)
+	if err != nil {
+		return fmt.Errorf("openat2: %w", err)
+	}
+	return unix.Close(fd)
+}
+
 // statInRoot stats p in a lease's root as the lease resolves it: symlinks, absolute ones
 // too, stay inside the root (RESOLVE_IN_ROOT), as after the helper's pivot_root.
 func statInRoot(root, p string) (fs.FileInfo, error) {

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +39,10 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == probeArg {
 		os.Exit(probeMain(os.Args[2:]))
 	}
+	// The tests write their fixtures with the modes they mean, whatever umask they were
+	// started with (UMask=0077 in the VM's systemd variant, which runs them with the
+	// unit's settings; the daemon's own suite keeps it).
+	syscall.Umask(0o022)
 	ctx, stop := context.WithCancel(context.Background())
 	if os.Geteuid() == 0 {
 		if err := confine.BecomeSubreaper(); err != nil {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sidecar-sandbox/sidecar/internal/confine"
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 )
 
 // readyLauncher waits for the lease's launcher to be ready (its ready byte waiting on the
@@ -164,7 +166,14 @@ func testLauncherAfterOOMKillIsNotUsed(t *testing.T, s *Sandbox) {
 	if err := hog.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// The hog is this test's process, not a lease's: it gets the score the sandbox gives
+	// lease processes, not the one this process inherited (a unit's OOMScoreAdjust=).
+	adj := fmt.Sprintf("/proc/%d/oom_score_adj", hog.Process.Pid)
 	procs := filepath.Join(cgroupDir(s, "memory", l.ID, victim.Cgroup), "cgroup.procs")
+	if err := os.WriteFile(adj, []byte(initproc.LeaseOOMScoreAdj), 0o644); err != nil {
+		_ = hog.Process.Kill()
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(procs, []byte(strconv.Itoa(hog.Process.Pid)), 0o644); err != nil {
 		_ = hog.Process.Kill()
 		t.Fatal(err)

@@ -73,9 +73,11 @@ func TestLeaseCgroupView(t *testing.T) { forEachHelper(t, testLeaseCgroupView) }
 
 func testLeaseCgroupView(t *testing.T, s *Sandbox) {
 	l := newTestLease(t, s, nil)
-	host, _ := filepath.Glob("/sys/fs/cgroup/*/" + testCgroupParent + "/" + l.ID)
-	if v2, _ := filepath.Glob("/sys/fs/cgroup/" + testCgroupParent + "/" + l.ID); len(v2) > 0 {
-		host = append(host, v2...)
+	var host []string
+	for _, d := range cgroupDirs(s, l.ID) {
+		if _, err := os.Stat(d); err == nil {
+			host = append(host, d)
+		}
 	}
 	if len(host) == 0 {
 		t.Fatalf("control: the lease's cgroup %s/%s is not in the host's /sys/fs/cgroup", testCgroupParent, l.ID)

@@ -152,6 +152,9 @@ type Sandbox struct {
 	users    userDB
 	shell    string // $SHELL of lease processes
 	hostHome bool   // the host's root has /home to bind a lease's home tree on
+	// noOpenat2 says why openat2(2) fails here, if it does: leases in images resolve
+	// their paths with it (RESOLVE_IN_ROOT here, RESOLVE_BENEATH in the helper).
+	noOpenat2 error
 	// rootSources names this sandbox's lease overlays in mountinfo (rootSources).
 	rootSources string
 	path        string // $PATH of lease processes: DefaultPath and Config.LeasePath
@@ -262,6 +265,11 @@ func New(cfg Config) (*Sandbox, error) {
 	}
 	if st, err := os.Stat(HomeMount); err == nil && st.IsDir() {
 		s.hostHome = true
+	}
+	// A filter may refuse openat2, as systemd's does under RestrictSUIDSGID=yes: leases in
+	// images are then refused by name, not failed command by command.
+	if s.noOpenat2 = probeOpenat2(); s.noOpenat2 != nil {
+		cfg.Logger.Warn("openat2 is refused (a seccomp filter, such as systemd's for RestrictSUIDSGID=yes): leases in images are refused", "err", s.noOpenat2)
 	}
 	if err := ensureWorkspace(); err != nil {
 		return nil, err
@@ -393,6 +401,9 @@ func (s *Sandbox) Provision(ctx context.Context, l LeaseSpec) error {
 	}
 	if l.Root != nil && !s.caps.PrivateTmp {
 		return fmt.Errorf("%w: an image root needs strict isolation (a mount namespace per process)", ErrUnsupported)
+	}
+	if l.Root != nil && s.noOpenat2 != nil {
+		return fmt.Errorf("%w: a lease in an image needs openat2(2), refused here (%v): a systemd unit must leave RestrictSUIDSGID= off, as the shipped one does", ErrUnsupported, s.noOpenat2)
 	}
 	if l.Root.idMapped() && !s.caps.RootLeases {
 		return errRootLeases

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -174,5 +175,24 @@ echo pwd $(cd /workspace && pwd) $(ls -A /workspace | wc -l)`))
 	}
 	if b, err := os.ReadFile(filepath.Join(l.HomeDir, LeaseUser, ".cache/tool/x")); err != nil || string(b) != "cached\n" {
 		t.Errorf("the cache file on the host: %q, %v; want it in the lease's home tree", b, err)
+	}
+}
+
+// Lease processes start with umask 022 whatever the daemon's (UMask=0077 in its unit): a
+// command started the plain way, one a launcher made ahead runs, and one after quiet.
+func TestLeaseUmask(t *testing.T) { forEachHelper(t, testLeaseUmask) }
+
+func testLeaseUmask(t *testing.T, s *Sandbox) {
+	old := syscall.Umask(0o077)
+	defer syscall.Umask(old)
+	l := newTestLease(t, s, nil)
+	for i := range 3 {
+		if i == 2 && !cold(t) {
+			readyLauncher(t, s, l.ID)
+		}
+		r := run(t, s, l.ID, sh(`umask; touch f$$; stat -c %a f$$; rm f$$`))
+		if got := strings.Join(lines(r.stdout), " "); r.exitCode != 0 || got != "0022 644" {
+			t.Errorf("command %d: %q (exit %d, %q); want umask 0022 and a file made 644", i, got, r.exitCode, r.stderr)
+		}
 	}
 }

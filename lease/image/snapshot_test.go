@@ -32,6 +32,7 @@ func leaseTrees(t *testing.T) []Tree {
 	for p, body := range files {
 		must(t, os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755))
 		must(t, os.WriteFile(filepath.Join(dir, p), []byte(body), 0o755))
+		must(t, os.Chmod(filepath.Join(dir, p), 0o755)) // whatever the umask
 	}
 	must(t, os.Mkdir(filepath.Join(upper, "etc"), 0o755))
 	must(t, unix.Mknod(filepath.Join(upper, "etc/os-release"), unix.S_IFCHR, 0))

@@ -73,6 +73,9 @@ func setup(cfg *Config) error {
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(LeaseOOMScoreAdj), 0); err != nil {
 		return fmt.Errorf("oom_score_adj: %w", err)
 	}
+	// Nor the daemon's umask (UMask=0077 in its unit): lease processes start with the
+	// usual one, whoever started the daemon.
+	unix.Umask(LeaseUmask)
 	if err := setRlimits(cfg.Rlimits); err != nil {
 		return err
 	}
@@ -313,6 +316,9 @@ func privateBind(cfg *Config, src, dst string) error {
 
 // LeaseOOMScoreAdj is the OOM score adjustment of every lease process.
 const LeaseOOMScoreAdj = "500"
+
+// LeaseUmask is the umask every lease process starts with.
+const LeaseUmask = 0o022
 
 // dropPrivileges uses raw system calls on purpose: the syscall package's wrappers change
 // every thread (and fail in cgo binaries); only this thread will exec.
