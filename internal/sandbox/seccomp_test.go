@@ -55,8 +55,9 @@ probe("personality_norandom", %[6]d, 0x40000)
 probe("personality_high_query", %[6]d, 0xffffffff | 1 << 32)
 probe("io_uring_setup", %[7]d, 1, 0)
 probe("mount", %[8]d, 0, 0, 0, 0, 0)
+probe("ptrace_attach_nopid", %[9]d, 16, 0, 0, 0)
 `, unix.SYS_UNSHARE, unix.SYS_CLONE3, unix.SYS_KEYCTL, unix.SYS_USERFAULTFD, unix.SYS_SOCKET,
-	unix.SYS_PERSONALITY, unix.SYS_IO_URING_SETUP, unix.SYS_MOUNT)
+	unix.SYS_PERSONALITY, unix.SYS_IO_URING_SETUP, unix.SYS_MOUNT, unix.SYS_PTRACE)
 
 // What the probe must find in a lease under the filter. Only ENOSYS (clone3) and EPERM are
 // the filter's; "ok" calls are ones a lease needs.
@@ -68,6 +69,7 @@ var filtered = map[string]string{
 	"socket_netlink_route": "ok", "socket_unix": "ok", "socket_vsock": "EPERM", "socket_vsock_high": "EPERM",
 	"socket_bluetooth": "EPERM", "socket_alg": "EPERM", "socket_zero": "EPERM", "personality_query": "ok", "personality_linux32": "ok",
 	"personality_norandom": "EPERM", "io_uring_setup": "EPERM", "mount": "EPERM",
+	"ptrace_attach_nopid": "ESRCH", // reached the kernel: debuggers work (no pid 0 to attach to)
 }
 
 // unfiltered is what the same probe finds with SIDECAR_SECCOMP=off, for the calls that
