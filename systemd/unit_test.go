@@ -160,10 +160,8 @@ func TestUnitContract(t *testing.T) {
 	if v := s["ProtectControlGroups"]; len(v) > 0 && v[0] != "no" {
 		t.Errorf("ProtectControlGroups=%v would stop lease cgroups", v)
 	}
-	// Settings whose filters lease processes inherit and that break what leases do (the
-	// VM's systemd variant runs the suites under the unit): RestrictSUIDSGID= makes
-	// openat2 fail (leases in images), LockPersonality= refuses linux32.
-	// Lease processes inherit the unit's system call filter: debuggers in a lease need ptrace.
+	// Lease processes inherit the unit's system call filter (the VM's systemd variant runs
+	// the suites under the unit): debuggers in a lease need ptrace.
 	if !slices.Contains(strings.Fields(s["SystemCallFilter"][0]), "ptrace") {
 		t.Errorf("SystemCallFilter=%s does not allow ptrace to lease processes", s["SystemCallFilter"][0])
 	}
@@ -172,6 +170,9 @@ func TestUnitContract(t *testing.T) {
 			t.Errorf("SystemCallFilter=%s refuses ptrace to lease processes", f)
 		}
 	}
+	// Settings whose filters lease processes inherit and that break what leases do:
+	// RestrictSUIDSGID= makes openat2 fail (leases in images), LockPersonality= refuses
+	// linux32.
 	for _, key := range []string{"RestrictSUIDSGID", "LockPersonality"} {
 		if v := s[key]; len(v) > 0 && v[len(v)-1] != "no" {
 			t.Errorf("%s=%v: see the unit's \"Options deliberately not set\"", key, v)
