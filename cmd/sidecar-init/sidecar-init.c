@@ -77,6 +77,7 @@ enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
 #define CONFIG_MAGIC "sidecar-init/1"
 #define LEASE_OOM_SCORE_ADJ "500"
 #define LEASE_UMASK 022 /* initproc.LeaseUmask */
+#define ROOT_CAPS 0xa80425fbULL /* initproc.RootCaps: Docker's default set */
 #define WORKSPACE "/workspace"
 #define HOME_MOUNT "/home" /* where the lease's home tree is bound (initproc.HomeMount) */
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -834,6 +835,18 @@ static void enter_userns(void)
 		fail(EXIT_SETUP, "setup", "setresgid 0 in the user namespace: %s", strerror(errno));
 	if (syscall(SYS_setresuid, 0, 0, 0) < 0)
 		fail(EXIT_SETUP, "setup", "setresuid 0 in the user namespace: %s", strerror(errno));
+	/* Joining a user namespace gives every capability in it and a full bounding set,
+	 * whatever the daemon's: cut the bound to ROOT_CAPS, which the target's exec then
+	 * grants root (no_new_privs keeps it from gaining more). */
+	for (int cap = 0; cap < 64; cap++) {
+		if (ROOT_CAPS & (1ULL << cap))
+			continue;
+		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+			if (errno == EINVAL) /* past the kernel's last capability */
+				break;
+			fail(EXIT_SETUP, "setup", "drop capability %d from the bound: %s", cap, strerror(errno));
+		}
+	}
 }
 
 /* setup_process runs the steps that are each process's own, after its cgroup and view:

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 )
 
@@ -108,8 +110,11 @@ func TestLeaseRootAsRoot(t *testing.T) {
 				t.Errorf("%s as root in a lease: exit 0 (%+v)", cmd, r)
 			}
 		}
+		// Root holds Docker's default capabilities there, however the daemon was started
+		// (a unit's bound or none): joining the namespace gave it every one.
 		r = run(t, s, l.ID, sh(`cat /proc/self/status`))
-		for _, want := range []string{"NoNewPrivs:\t1\n", "Seccomp:\t2\n"} {
+		caps := fmt.Sprintf("%016x", initproc.RootCaps)
+		for _, want := range []string{"NoNewPrivs:\t1\n", "Seccomp:\t2\n", "CapEff:\t" + caps + "\n", "CapBnd:\t" + caps + "\n", "CapInh:\t0000000000000000\n"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("a root lease process: no %q in its status:\n%s", want, r.stdout)
 			}

@@ -320,6 +320,16 @@ const LeaseOOMScoreAdj = "500"
 // LeaseUmask is the umask every lease process starts with.
 const LeaseUmask = 0o022
 
+// RootCaps are the capabilities root holds in a lease's user namespace (Config.UserNS),
+// whatever the daemon holds: Docker's default set, so that an image's installers see what
+// they see under the docker provider. Those that act on the host's namespaces
+// (CAP_NET_RAW, CAP_NET_BIND_SERVICE, CAP_MKNOD, CAP_AUDIT_WRITE) are inert there: the
+// lease's user namespace owns none. The C helper applies it (ROOT_CAPS).
+const RootCaps uint64 = 1<<unix.CAP_CHOWN | 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_FOWNER |
+	1<<unix.CAP_FSETID | 1<<unix.CAP_KILL | 1<<unix.CAP_SETGID | 1<<unix.CAP_SETUID |
+	1<<unix.CAP_SETPCAP | 1<<unix.CAP_NET_BIND_SERVICE | 1<<unix.CAP_NET_RAW |
+	1<<unix.CAP_SYS_CHROOT | 1<<unix.CAP_MKNOD | 1<<unix.CAP_AUDIT_WRITE | 1<<unix.CAP_SETFCAP
+
 // dropPrivileges uses raw system calls on purpose: the syscall package's wrappers change
 // every thread (and fail in cgo binaries); only this thread will exec.
 func dropPrivileges(uid, gid int) error {
