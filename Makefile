@@ -186,7 +186,8 @@ race:
 BENCHBIN    = $(if $(CLOSED),$(STATE)/bench-bin,$(BINDIR))
 
 # bench: sidecar beside OpenSSH and the machine's floor, measured in one run (root; it
-# installs sshd, ssh and rsync from Debian when missing). A full run takes ~13 minutes;
+# installs sshd, ssh and rsync from Debian when missing); ENVD=<binary> adds E2B's envd,
+# built outside this repository (docs/benchmarks.md). A full run takes ~13 minutes;
 # bench-quick under two. Never part of `make test`.
 BENCH_DEPS = command -v sshd >/dev/null && command -v rsync >/dev/null || \
 	(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client rsync)
@@ -194,7 +195,7 @@ BENCH_DEPS = command -v sshd >/dev/null && command -v rsync >/dev/null || \
 bench: build
 	@$(BENCH_DEPS)
 	@$(call copy_bins,$(BENCHBIN))
-	$(GO) run ./cmd/sidecar-bench -bin $(BENCHBIN)/sidecar $(if $(BENCH_OUT),-out $(BENCH_OUT))
+	$(GO) run ./cmd/sidecar-bench -bin $(BENCHBIN)/sidecar $(if $(BENCH_OUT),-out $(BENCH_OUT)) $(if $(ENVD),-envd $(ENVD))
 
 bench-quick: build
 	@$(BENCH_DEPS)

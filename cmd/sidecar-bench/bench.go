@@ -20,6 +20,7 @@ type bench struct {
 	d     *daemon
 	c     *client.Client
 	ssh   *sshd
+	envd  *envd // nil without -envd
 
 	rows          []row
 	notes         []string // lines under the table (load results, caveats)

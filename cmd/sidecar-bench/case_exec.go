@@ -37,20 +37,39 @@ func (b *bench) caseExec(ctx context.Context) error {
 		return err
 	}
 	defer l.Release(context.WithoutCancel(ctx))
-	s, err := interleave(ctx, 3, b.sz.reps,
+	s, err := interleave(ctx, 3, b.sz.reps, b.withEnvd(timed,
 		timed("sidecar", func(ctx context.Context) error { return execTrue(ctx, l) }),
 		timed("ssh", func(ctx context.Context) error { return b.ssh.ssh(ctx, "bench-mux", "true").Run() }),
 		timed("fork/exec", forkExecTrue),
-		timed("lease info", func(ctx context.Context) error { _, err := l.Get(ctx); return err }))
+		timed("lease info", func(ctx context.Context) error { _, err := l.Get(ctx); return err }))...)
 	if err != nil {
 		return err
 	}
 	b.add(row{name: "exec `true`, lease held", unit: latency, sidecar: s[0],
 		peerName: "ssh, multiplexed", peer: s[1], floorName: "local fork/exec", floor: s[2]})
+	b.addEnvd("exec `true`, lease held", s)
 	// Where an exec's time goes: the same connection's cheapest authenticated round trip.
 	b.add(row{name: "(attribution) GET lease, same connection", unit: latency, sidecar: s[3],
 		peerName: "ssh, multiplexed", peer: s[1], floorName: "local fork/exec", floor: s[2]})
 	return nil
+}
+
+// withEnvd appends an envd contender running true, made by wrap, to cs when the run has
+// envd; the contender's samples come last.
+func (b *bench) withEnvd(wrap func(string, func(context.Context) error) contender, cs ...contender) []contender {
+	if b.envd == nil {
+		return cs
+	}
+	return append(cs, wrap("envd", func(ctx context.Context) error { return b.envd.run(ctx, "/bin/true") }))
+}
+
+// addEnvd adds name's row against envd (the last samples of s, from withEnvd), sidecar's
+// and the floor's samples from s[0] and s[2]; nothing without envd.
+func (b *bench) addEnvd(name string, s []samples) {
+	if b.envd != nil {
+		b.add(row{name: name + ", against envd", unit: latency, sidecar: s[0],
+			peerName: "envd " + b.envd.version + ", plain HTTP", peer: s[len(s)-1], floorName: "local fork/exec", floor: s[2]})
+	}
 }
 
 // caseLease: acquire + first command + release, vs a fresh ssh connection running true.

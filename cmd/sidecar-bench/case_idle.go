@@ -36,15 +36,18 @@ func (b *bench) caseIdle(ctx context.Context) error {
 	}
 	defer l.Release(context.WithoutCancel(ctx))
 	for _, gap := range idleGaps {
-		s, err := interleave(ctx, 2, b.sz.reps,
-			afterIdle("sidecar", gap, func(ctx context.Context) error { return execTrue(ctx, l) }),
-			afterIdle("ssh", gap, func(ctx context.Context) error { return b.ssh.ssh(ctx, "bench-mux", "true").Run() }),
-			afterIdle("fork/exec", gap, forkExecTrue))
+		idle := func(name string, f func(context.Context) error) contender { return afterIdle(name, gap, f) }
+		s, err := interleave(ctx, 2, b.sz.reps, b.withEnvd(idle,
+			idle("sidecar", func(ctx context.Context) error { return execTrue(ctx, l) }),
+			idle("ssh", func(ctx context.Context) error { return b.ssh.ssh(ctx, "bench-mux", "true").Run() }),
+			idle("fork/exec", forkExecTrue))...)
 		if err != nil {
 			return err
 		}
-		b.add(row{name: fmt.Sprintf("exec `true` after %v idle", gap), unit: latency, sidecar: s[0],
+		name := fmt.Sprintf("exec `true` after %v idle", gap)
+		b.add(row{name: name, unit: latency, sidecar: s[0],
 			peerName: "ssh, multiplexed", peer: s[1], floorName: "local fork/exec", floor: s[2]})
+		b.addEnvd(name, s)
 	}
 	return nil
 }

@@ -45,6 +45,7 @@ func main() {
 		tree    = flag.Int("tree-files", 0, "files in the tree case (0: the size's default; 50 per directory)")
 		leases  = flag.Int("leases", 0, "leases in the load case (0: the size's default)")
 		loadFor = flag.Duration("load-for", 0, "how long each phase of the load case runs (0: the size's default)")
+		envdBin = flag.String("envd", "", "E2B's envd binary, built outside this repository: a second peer for the exec and idle cases (docs/benchmarks.md)")
 	)
 	flag.Parse()
 	level := slog.LevelInfo
@@ -73,7 +74,7 @@ func main() {
 	if *loadFor > 0 {
 		sz.loadFor = *loadFor
 	}
-	if err := run(ctx, log, runConfig{bin: *bin, sizes: sz, cases: cases, out: *out, quick: *quick, http1: *http1}); err != nil {
+	if err := run(ctx, log, runConfig{bin: *bin, envd: *envdBin, sizes: sz, cases: cases, out: *out, quick: *quick, http1: *http1}); err != nil {
 		log.Error("benchmark failed", "err", err)
 		os.Exit(1)
 	}
@@ -115,6 +116,7 @@ func needsSSH(cases map[string]bool) bool {
 // runConfig is what the flags decided.
 type runConfig struct {
 	bin   string
+	envd  string // -envd: the peer binary, or ""
 	sizes sizes
 	cases map[string]bool
 	out   string
@@ -172,6 +174,14 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 		if err := b.ssh.startMaster(ctx); err != nil {
 			return err
 		}
+	}
+
+	if rc.envd != "" && (rc.cases["exec"] || rc.cases["idle"]) {
+		log.Info("starting envd", "bin", rc.envd)
+		if b.envd, err = startEnvd(ctx, log, rc.envd); err != nil {
+			return err
+		}
+		defer b.envd.stop(log)
 	}
 
 	steps := map[string]func(context.Context) error{
