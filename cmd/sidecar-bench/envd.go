@@ -14,11 +14,10 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
+	leasenet "github.com/sidecar-sandbox/sidecar/lease/network"
 )
 
 // envd is E2B's in-sandbox daemon as a peer (-envd): the binary its user built from a
@@ -81,34 +80,20 @@ func startEnvd(ctx context.Context, log *slog.Logger, bin string) (*envd, error)
 	return e, nil
 }
 
-// dialIn dials addr from inside the network namespace at ns: the socket is made on a
-// thread that joined it (a socket stays in the namespace it was made in), and the thread
-// is thrown away with its goroutine (it never leaves the namespace).
+// dialIn dials addr from inside the network namespace at ns (a socket stays in the
+// namespace it was made in).
 func dialIn(ctx context.Context, ns, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
+	f, err := os.Open(ns)
+	if err != nil {
+		return nil, err
 	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // not unlocked: the thread exits with the goroutine
-		fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		err = unix.Setns(fd, unix.CLONE_NEWNET)
-		unix.Close(fd)
-		if err != nil {
-			ch <- result{nil, fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, addr)
-		ch <- result{c, err}
-	}()
-	r := <-ch
-	return r.c, r.err
+	defer f.Close()
+	var c net.Conn
+	err = leasenet.InNetNS(f, func() (err error) {
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
 }
 
 // run runs argv to completion through envd's process API as its SDKs do: a Connect
