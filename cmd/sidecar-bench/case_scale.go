@@ -11,7 +11,8 @@ import (
 )
 
 // caseScale: the lease-count curve. With 10, 100, (1,000) leases held, acquire + release
-// of one more, exec true in a held lease, and the daemon's resident memory. Flat rows
+// of one more, exec true in a held lease, the daemon's resident memory and that of the
+// daemon with every process under it. Flat rows
 // mean no per-operation cost grows with the leases held (the lease journal; before it
 // every change rewrote the whole table).
 func (b *bench) caseScale(ctx context.Context) error {
@@ -21,7 +22,7 @@ func (b *bench) caseScale(ctx context.Context) error {
 			_ = l.Release(context.WithoutCancel(ctx))
 		}
 	}()
-	var rss []string
+	var rss, tree []string
 	for _, n := range b.sz.scaleHeld {
 		for len(held) < n {
 			l, err := b.acquire(ctx, apitype.Limits{})
@@ -50,7 +51,9 @@ func (b *bench) caseScale(ctx context.Context) error {
 			floorName: "local fork/exec", floor: s[2]})
 		st := daemontest.ReadProcStatus(b.d.Pid())
 		rss = append(rss, fmt.Sprintf("%d held: %.1f MB", n, float64(st.RSSKB)*1.024/1e3))
+		tree = append(tree, fmt.Sprintf("%d held: %s", n, readTreeMemory(b.d.Pid())))
 	}
 	b.note("Daemon RSS with leases held (lease-count curve): %s.", strings.Join(rss, ", "))
+	b.note("The daemon and every process under it (script workers, each lease's zygote and launcher): %s.", strings.Join(tree, "; "))
 	return nil
 }
