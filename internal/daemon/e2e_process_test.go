@@ -178,6 +178,11 @@ func TestPTY(t *testing.T) {
 		t.Fatal(err)
 	}
 	readUntil("50 132")
+	// Wait returns once the output is read: the terminal's last "\r\n" may come in a
+	// frame of its own after the one readUntil stopped at.
+	if _, err := io.Copy(io.Discard, p.Stdout); err != nil {
+		t.Fatal(err)
+	}
 	st := must(p.Wait(ctx))(t)
 	if st.ExitCode != 0 {
 		t.Fatalf("status %+v", st)
