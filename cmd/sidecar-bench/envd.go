@@ -23,8 +23,9 @@ import (
 // envd is E2B's in-sandbox daemon as a peer (-envd): the binary its user built from a
 // pinned source outside this repository (docs/benchmarks.md says how), never one of ours.
 // It listens on every address of its network namespace, so it runs in one the run makes
-// (and a mount namespace with a /run of its own), and the client dials in there; it runs commands as root, in no cgroup (-no-cgroups),
-// over plain HTTP: what it does in E2B's VM, minus the VM.
+// (and a mount namespace with a /run of its own), and the client dials in there. It runs
+// commands as root, in no cgroup (-no-cgroups), over plain HTTP: what it does in E2B's
+// VM, minus the VM.
 type envd struct {
 	ns      string // the network namespace's name (ip netns)
 	cmd     *exec.Cmd
