@@ -228,7 +228,7 @@ func (m *Manager) undo(ctx context.Context, l Lease) {
 	if p := m.cfg.Provisioner; p != nil {
 		errs = append(errs, p.Teardown(ctx, l))
 	}
-	errs = append(errs, m.dropDir(ctx, l.Dir))
+	errs = append(errs, m.dropLease(ctx, l))
 	if err := errors.Join(errs...); err != nil {
 		m.log.Error("lease rollback incomplete", "lease", l.ID, "session", l.SessionID, "err", err)
 	}

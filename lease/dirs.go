@@ -39,6 +39,17 @@ func ensureDirs(l Lease) error {
 	return nil
 }
 
+// dropLease removes what a torn-down lease left: the provisioner's part (Retire), then its
+// directory (dropDir).
+func (m *Manager) dropLease(ctx context.Context, l Lease) error {
+	if p := m.cfg.Provisioner; p != nil {
+		if err := p.Retire(context.WithoutCancel(ctx), l); err != nil {
+			return err
+		}
+	}
+	return m.dropDir(ctx, l.Dir)
+}
+
 // dropDir detaches a lease directory's filesystem and only then removes the directory.
 // A failed detach leaves it: RemoveDir refuses a tree that holds a mount point anyway.
 func (m *Manager) dropDir(ctx context.Context, dir string) error {

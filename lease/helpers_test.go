@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/sidecar-sandbox/sidecar/internal/testtool"
 	"log/slog"
 	"os"
@@ -40,14 +41,16 @@ type fakeProvisioner struct {
 	mu            sync.Mutex
 	provisioned   map[string]int
 	tornDown      map[string]int
+	retired       map[string]int
 	failProvision error
 	failTeardown  error
+	failRetire    error
 	gate          chan struct{} // when set, Provision waits for it to close
 	entered       chan string   // when set, Provision sends the lease id on entry
 }
 
 func newProvisioner() *fakeProvisioner {
-	return &fakeProvisioner{provisioned: map[string]int{}, tornDown: map[string]int{}}
+	return &fakeProvisioner{provisioned: map[string]int{}, tornDown: map[string]int{}, retired: map[string]int{}}
 }
 
 func (p *fakeProvisioner) Provision(ctx context.Context, l Lease) error {
@@ -83,6 +86,33 @@ func (p *fakeProvisioner) Teardown(_ context.Context, l Lease) error {
 	}
 	p.tornDown[l.ID]++
 	return nil
+}
+
+// Retire fails while failRetire is set, or when the lease's directory is gone already: it
+// must run before that removal.
+func (p *fakeProvisioner) Retire(_ context.Context, l Lease) error {
+	if _, err := os.Lstat(l.Dir); err != nil {
+		return fmt.Errorf("retire after the directory went: %w", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failRetire != nil {
+		return p.failRetire
+	}
+	p.retired[l.ID]++
+	return nil
+}
+
+func (p *fakeProvisioner) retires(id string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.retired[id]
+}
+
+func (p *fakeProvisioner) setFailRetire(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failRetire = err
 }
 
 func (p *fakeProvisioner) counts(id string) (provisioned, tornDown int) {

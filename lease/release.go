@@ -93,21 +93,22 @@ func (m *Manager) release(ctx context.Context, id, kind string) (Lease, error) {
 	return l, err
 }
 
-// retiree is a released lease whose filesystem and directory are being removed.
+// retiree is a released lease whose remains (Provisioner.Retire), filesystem and directory
+// are being removed.
 type retiree struct {
 	lease   Lease
 	running bool  // a retire goroutine has it; guarded by Manager.mu
 	err     error // why its last removal failed; guarded by Manager.mu
 }
 
-// retire detaches a released lease's filesystem and removes its directory in the
-// background: the lease's processes are dead and the journal says it is gone (a crash now
-// leaves an orphan that the startup sweep removes). Its uid is handed out again only once
+// retire removes a released lease's remains (Provisioner.Retire), detaches its filesystem
+// and removes its directory in the background: the lease's processes are dead and the
+// journal says it is gone (a crash now leaves orphans that the startup sweeps remove). Its uid is handed out again only once
 // the directory is gone, so a new lease never finds files of its uid's previous owner. A
 // removal that fails is logged and tried again by Run.
 func (m *Manager) retire(r *retiree) {
 	go func() {
-		err := m.dropDir(context.Background(), r.lease.Dir)
+		err := m.dropLease(context.Background(), r.lease)
 		m.mu.Lock()
 		r.running, r.err = false, err
 		if err == nil {

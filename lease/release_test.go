@@ -301,6 +301,9 @@ func TestReleaseRetiresInTheBackground(t *testing.T) {
 	if _, torn := e.prov.counts(l.ID); torn != 1 {
 		t.Errorf("Teardown called %d times before Release returned, want 1", torn)
 	}
+	if n := e.prov.retires(l.ID); n != 1 {
+		t.Errorf("Retire called %d times before the directory's removal, want 1", n)
+	}
 	data, err := os.ReadFile(filepath.Join(e.cfg.StateDir, journalFileName))
 	if err != nil {
 		t.Fatal(err)
@@ -329,4 +332,38 @@ func TestReleaseRetiresInTheBackground(t *testing.T) {
 		t.Errorf("next lease: uid %d, %v; want the freed %d", n.l.UID, n.err, l.UID)
 	}
 	assertGone(t, l.Dir)
+}
+
+// A lease whose remains cannot be retired keeps its directory and its uid, and both are
+// tried again later; the lease itself is gone at once.
+func TestReleaseRetireFailureIsRetried(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.UIDFirst, c.UIDLast = 200000, 200000 })
+	m := e.open()
+	ctx := context.Background()
+	l := mustAcquire(t, m, Request{SessionID: "s"})
+	e.prov.setFailRetire(errors.New("devpts busy"))
+	if err := m.Release(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	m.WaitRetired()
+	if _, err := os.Lstat(l.Workdir()); err != nil {
+		t.Fatalf("the workdir went before its lease's remains: %v", err)
+	}
+	if _, err := m.Get(l.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Get of the released lease: %v, want ErrNotFound", err)
+	}
+	if _, _, err := m.Acquire(ctx, Request{SessionID: "t"}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("acquire while the only uid's lease is not retired: %v, want ErrLimit", err)
+	}
+
+	e.prov.setFailRetire(nil)
+	m.retryRetires()
+	m.WaitRetired()
+	assertGone(t, l.Dir)
+	if n := e.prov.retires(l.ID); n != 1 {
+		t.Errorf("Retire succeeded %d times, want 1", n)
+	}
+	if n := mustAcquire(t, m, Request{SessionID: "t"}); n.UID != l.UID {
+		t.Errorf("uid %d after the retry, want the freed %d", n.UID, l.UID)
+	}
 }

@@ -281,6 +281,12 @@ func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
 	return nil
 }
 
+// Retire removes the lease's PTY instance and user files, after the journal says it is
+// gone.
+func (rt *Runtime) Retire(_ context.Context, l lease.Lease) error {
+	return rt.Sandbox.Retire(l.ID)
+}
+
 // releaseImage lets go of the lease's image: its layers may go once nothing else holds
 // them.
 func (rt *Runtime) releaseImage(id string) {

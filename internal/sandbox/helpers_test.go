@@ -138,7 +138,7 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 		if err := os.Remove(cfg.PTYRoot); err != nil {
 			t.Errorf("PTY root after Close: %v", err)
 		}
-		// Empty by now: Teardown removes each lease's files.
+		// Empty by now: Retire removes each lease's files.
 		if err := os.Remove(cfg.UserRoot); err != nil {
 			t.Errorf("user root after Close: %v", err)
 		}
@@ -203,6 +203,9 @@ func newTestLeaseAs(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
 	t.Cleanup(func() {
 		if err := s.Teardown(context.Background(), l.ID); err != nil {
 			t.Errorf("Teardown: %v", err)
+		}
+		if err := s.Retire(l.ID); err != nil {
+			t.Errorf("Retire: %v", err)
 		}
 		os.RemoveAll(base) // no mount points: /tmp binds live in the helpers' namespaces
 	})

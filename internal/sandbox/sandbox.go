@@ -536,9 +536,9 @@ func ownDir(dir string, uid, gid int) error {
 }
 
 // Teardown kills every process of the lease, removes its cgroups and network namespace
-// and unmounts its root; what it made in the lease's directory (its root's writable layer)
-// goes with that directory, the caller's to remove. Tearing down an unknown or already
-// removed lease is not an error.
+// and unmounts its root; its PTY instance and user files are Retire's, what it made in the
+// lease's directory (its root's writable layer) goes with that directory, the caller's to
+// remove. Tearing down an unknown or already removed lease is not an error.
 func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	if !leaseIDPattern.MatchString(leaseID) {
 		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
@@ -561,14 +561,32 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 		errs = append(errs, le.userns.Close())
 	}
 	if le != nil {
-		errs = append(errs, removePTS(le.pts), unmountRoot(le.spec))
+		errs = append(errs, unmountRoot(le.spec))
 	} else {
 		_, err := sweepRoots(s.rootSources, func(id string) bool { return id != leaseID })
 		errs = append(errs, err)
 	}
-	errs = append(errs, s.removeUserFiles(leaseID))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)
+	}
+	return nil
+}
+
+// Retire removes what a torn-down lease leaves outside its directory: its PTY instance
+// (an unmount, which waits out an RCU grace period) and its user files. None of it is
+// reachable once its processes are dead, so it runs off the release's path; a retired or
+// unknown lease is not an error, and what a crash leaves the next New sweeps.
+func (s *Sandbox) Retire(leaseID string) error {
+	if !leaseIDPattern.MatchString(leaseID) {
+		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
+	}
+	var errs []error
+	if s.ptyRoot != "" {
+		errs = append(errs, removePTS(filepath.Join(s.ptyRoot, leaseID)))
+	}
+	errs = append(errs, s.removeUserFiles(leaseID))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox: retire %s: %w", leaseID, err)
 	}
 	return nil
 }
