@@ -231,7 +231,7 @@ func TestFaultDiskFullStateDir(t *testing.T) {
 			t.Fatal(err)
 		}
 		before = must(first.Get(ctx))(t)
-		if _, renewErr = first.Renew(ctx, time.Hour+time.Duration(i+1)*time.Minute); renewErr != nil {
+		if _, renewErr = first.Renew(ctx, 30*time.Minute+time.Duration(i+1)*time.Second); renewErr != nil {
 			break
 		}
 		t.Logf("renew %d on the full state disk was recorded in the journal's last block", i)
