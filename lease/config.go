@@ -23,12 +23,13 @@ const (
 // called again for every active lease when the daemon restarts. Teardown must be idempotent
 // too and cope with a lease that was never (or only partly) provisioned: it runs when
 // Provision fails, again when a failed release is retried, and for leases that expired
-// while the daemon was down. When it returns, the lease's processes are dead.
+// while the daemon was down. When it returns, the lease's processes are killed: none runs
+// another instruction of its own.
 //
-// Retire removes what Teardown leaves for later, off the request path: it runs after
-// Teardown, once the journal says the lease is gone, right before its directory is removed,
-// and again with that removal's retries; so it too must be idempotent. What it leaves on a
-// crash is the next start's to sweep.
+// Retire removes what Teardown leaves for later, off the request path (their exits,
+// cgroups, mounts): it runs after Teardown, once the journal says the lease is gone, right
+// before its directory is removed, and again with that removal's retries; so it too must
+// be idempotent. What it leaves on a crash is the next start's to sweep.
 type Provisioner interface {
 	Provision(ctx context.Context, l Lease) error
 	Teardown(ctx context.Context, l Lease) error

@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Release tears a lease down (Provisioner.Teardown: its processes are dead when it returns)
-// and forgets it; its directory is removed right after, off the caller's path (retire).
+// Release tears a lease down (Provisioner.Teardown: its processes are killed when it
+// returns) and forgets it; the rest (Provisioner.Retire) and its directory are removed
+// right after, off the caller's path (retire).
 // Unknown, already released or being released: ErrNotFound. If teardown fails the lease
 // stays, so a retry (or the reaper, once it expires) tries again.
 func (m *Manager) Release(ctx context.Context, id string) error {
@@ -102,7 +103,7 @@ type retiree struct {
 }
 
 // retire removes a released lease's remains (Provisioner.Retire), detaches its filesystem
-// and removes its directory in the background: the lease's processes are dead and the
+// and removes its directory in the background: the lease's processes are killed and the
 // journal says it is gone (a crash now leaves orphans that the startup sweeps remove). Its uid is handed out again only once
 // the directory is gone, so a new lease never finds files of its uid's previous owner. A
 // removal that fails is logged and tried again by Run.

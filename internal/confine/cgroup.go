@@ -46,8 +46,13 @@ type Cgroups interface {
 	// ChildPids lists the processes in a child cgroup.
 	ChildPids(id, child string) ([]int, error)
 	RemoveChild(id, child string) error
-	// KillCell kills every process in the cell's subtree and returns their pids.
+	// KillCell kills every process in the cell's subtree, waits until the subtree is
+	// empty and returns their pids.
 	KillCell(ctx context.Context, id string) ([]int, error)
+	// StopCell sends every process in the cell's subtree SIGKILL where none can fork
+	// first, without waiting for them to exit; false if it could not be sure of that (a
+	// task stuck in the kernel kept a v1 cell from freezing), when KillCell must follow.
+	StopCell(ctx context.Context, id string) (bool, error)
 	RemoveCell(id string) error
 	// Usage skips the child cgroups in counted (their OOM kills are already tallied).
 	Usage(id string, counted map[string]bool) (Usage, error)

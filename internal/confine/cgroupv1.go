@@ -197,6 +197,10 @@ func (c *cgroupV1) KillCell(ctx context.Context, id string) ([]int, error) {
 	return killFrozenV1(ctx, c.Dir("freezer", id))
 }
 
+func (c *cgroupV1) StopCell(ctx context.Context, id string) (bool, error) {
+	return stopFrozenV1(ctx, c.Dir("freezer", id))
+}
+
 func (c *cgroupV1) RemoveCell(id string) error {
 	var errs []error
 	for _, d := range c.dirs(id) {
@@ -257,6 +261,40 @@ func (c *cgroupV1) Cells() ([]string, error) {
 // An empty subtree is left alone, which skips three cgroupfs writes after every command
 // that ended cleanly: only a member can fork into it. (A helper still joining is not a
 // member yet; tree.Kill SIGKILLs it first, so it cannot fork once it is.)
+// stopFrozenV1 is one round of killFrozenV1 without the wait for the exits: once the
+// cgroup is FROZEN none of its tasks can fork, and a frozen task woken with SIGKILL
+// pending exits before it runs another instruction of its own. False (thawed, nothing
+// killed) if it did not freeze within a round's share of KillDeadline.
+func stopFrozenV1(ctx context.Context, dir string) (bool, error) {
+	if pids, err := cgroupfs.Pids(dir); err == nil && len(pids) == 0 {
+		return true, nil // empty, or already gone
+	}
+	state := filepath.Join(dir, "freezer.state")
+	if err := cgroupfs.WriteFile(state, "FROZEN"); err != nil {
+		return false, err
+	}
+	err := pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
+		b, err := cgroupfs.ReadFile(state)
+		return strings.TrimSpace(string(b)) == "FROZEN", err
+	})
+	frozen := err == nil
+	if frozen {
+		var pids []int
+		if pids, err = cgroupfs.Pids(dir); err == nil {
+			for _, pid := range pids {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
+	if thawErr := cgroupfs.WriteFile(state, "THAWED"); err == nil {
+		err = thawErr
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = nil // not frozen in time: KillCell's rounds take over
+	}
+	return frozen && err == nil, err
+}
+
 func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 	if pids, err := cgroupfs.Pids(dir); err == nil && len(pids) == 0 {
 		return nil, nil // empty, or already gone

@@ -209,6 +209,16 @@ func (c *cgroupV2) KillCell(ctx context.Context, id string) ([]int, error) {
 	return killV2(ctx, c.dir(id))
 }
 
+// StopCell writes cgroup.kill, which kills the whole subtree with no fork escaping it.
+func (c *cgroupV2) StopCell(_ context.Context, id string) (bool, error) {
+	err := cgroupfs.WriteFile(c.dir(id, "cgroup.kill"), "1")
+	if errors.Is(err, os.ErrNotExist) {
+		_, statErr := os.Stat(c.dir(id))
+		return errors.Is(statErr, os.ErrNotExist), nil // the cell is gone, or no cgroup.kill here: KillCell says
+	}
+	return err == nil, err
+}
+
 func (c *cgroupV2) RemoveCell(id string) error { return cgroupfs.RemoveTree(c.dir(id)) }
 
 func (c *cgroupV2) Usage(id string, _ map[string]bool) (Usage, error) {

@@ -24,8 +24,11 @@ type Engine struct {
 	forks     bool          // the helper can be a zygote (zygote.go)
 	launching chan struct{} // a slot per launcher being made (launchersAtOnce)
 
-	mu     sync.Mutex
-	cells  map[string]*cell
+	mu    sync.Mutex
+	cells map[string]*cell
+	// dying are the cells Kill has stopped and Remove has yet to remove: no background
+	// work, no launcher, no spare.
+	dying  map[string]*cell
 	closed bool // Close was called: no more background work
 }
 
@@ -77,7 +80,7 @@ func NewEngine(cfg EngineConfig) *Engine {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	return &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
-		coldStart: cfg.ColdStart, forks: cfg.Forks, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}}
+		coldStart: cfg.ColdStart, forks: cfg.Forks, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}, dying: map[string]*cell{}}
 }
 
 // Open makes the cell id with limits, or adopts the one an earlier run left (setting its
@@ -95,13 +98,41 @@ func (e *Engine) Open(id string, l Limits) error {
 	return nil
 }
 
-// Remove kills every process in the cell and removes its cgroups, once its background
-// work is done. Removing a cell this run never opened, or one already removed, is not an
-// error.
+// Kill stops the cell: its background work ends and every process in its cgroups, its
+// launcher and zygote too, is sent SIGKILL where none can fork first. When it returns none
+// of them runs another instruction of its own; waiting for their exits and removing the
+// cgroups is Remove's, which may come later (off a release's path). Killing a cell this
+// run never opened, or one already removed, is not an error.
+func (e *Engine) Kill(ctx context.Context, id string) error {
+	e.mu.Lock()
+	c := e.cells[id]
+	if c != nil {
+		delete(e.cells, id)
+		e.dying[id] = c
+	}
+	e.mu.Unlock()
+	if c != nil {
+		e.cancelLauncher(c) // one still waiting for quiet is not forked at all
+		c.jobs.Wait()       // nor a spare or launcher made under our feet
+	}
+	stopped, err := e.cg.StopCell(ctx, id)
+	if err == nil && !stopped {
+		_, err = e.cg.KillCell(ctx, id)
+	}
+	return err
+}
+
+// Remove kills every process in the cell (if Kill has not), waits for their exits and
+// removes its cgroups, once its background work is done. Removing a cell this run never
+// opened, or one already removed, is not an error.
 func (e *Engine) Remove(ctx context.Context, id string) error {
 	e.mu.Lock()
 	c := e.cells[id]
+	if c == nil {
+		c = e.dying[id]
+	}
 	delete(e.cells, id)
+	delete(e.dying, id)
 	e.mu.Unlock()
 	if c != nil {
 		e.cancelLauncher(c) // one still waiting for quiet is not forked at all
@@ -182,7 +213,7 @@ func (e *Engine) Settle(id string) {
 func (e *Engine) Close() error {
 	e.mu.Lock()
 	e.closed = true
-	cells := slicesOf(e.cells)
+	cells := append(slicesOf(e.cells), slicesOf(e.dying)...)
 	e.mu.Unlock()
 	var errs []error
 	for _, c := range cells {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
@@ -181,5 +182,72 @@ func TestEngineSweep(t *testing.T) {
 	}
 	if _, err := os.Stat(named.ChildDir("")); err != nil {
 		t.Errorf("Sweep took the named cell: %v", err)
+	}
+}
+
+// Kill leaves no process of the cell running user code, a forking one included, and the
+// cgroups in place; Remove then waits for the exits and removes them.
+func TestEngineKillThenRemove(t *testing.T) {
+	id := "t-engine-kill"
+	e := newTestEngine(t, id)
+	child, err := e.takeChild(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "out")
+	// Each waits for a line on stdin, sent once it is in the cell, so that nothing it
+	// starts is born outside.
+	inCell := func(script string) {
+		cmd := exec.Command("sh", "-c", "read _; "+script)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		moveInto(t, e, id, child, cmd.Process.Pid)
+		if _, err := in.Write([]byte("go\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inCell("while :; do sleep 100 & done")
+	inCell("while :; do echo x >> " + out + "; done")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		pids, _ := cgroupfs.Pids(e.cg.Dir("freezer", id))
+		if fi, err := os.Stat(out); err == nil && fi.Size() > 0 && len(pids) > 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the forker's children and the writer's lines never showed")
+		}
+	}
+
+	if err := e.Kill(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	killed, err := os.Stat(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range cgroupDirs(e.cg, id) {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("cgroup %s after Kill: %v (Remove's to remove)", dir, err)
+		}
+	}
+	// The writer may finish the one write it was in; no loop turn follows, however long
+	// one looks.
+	time.Sleep(100 * time.Millisecond)
+	if later, err := os.Stat(out); err != nil || later.Size() > killed.Size()+int64(len("x\n")) {
+		t.Errorf("the writer wrote on after Kill: %d bytes then, %d later (%v)", killed.Size(), later.Size(), err)
+	}
+	if err := e.Remove(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range cgroupDirs(e.cg, id) {
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s after Remove: %v", dir, err)
+		}
 	}
 }

@@ -114,6 +114,7 @@ func TestLeftoverServerOutlivesItsExec(t *testing.T) {
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitRetired(t, d.cfg.WorkRoot, l.ID())
 	if left := running(t, "sleep 1006.731"); len(left) != 0 {
 		t.Fatalf("a leftover outlived the release: %v", left)
 	}

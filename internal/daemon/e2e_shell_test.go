@@ -162,6 +162,7 @@ func TestShellDiesWithLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done // answered (ended) or cut; either way it returns
+	waitRetired(t, d.cfg.WorkRoot, l.ID())
 	for _, pid := range pids {
 		var n int
 		for _, c := range pid {

@@ -186,7 +186,8 @@ func (d *binDaemon) cgroups() []string {
 }
 
 // waitRetired waits for released leases' directories under workRoot to go: release
-// answers once their processes are dead and removes filesystems and directories right after.
+// answers once their processes are killed, and right after waits for their exits, removes
+// their cgroups, filesystems and, last, directories.
 func waitRetired(t testing.TB, workRoot string, ids ...string) {
 	t.Helper()
 	waitFor(t, "the released leases' directories to be removed", 10*time.Second, func() bool {

@@ -257,8 +257,9 @@ func (rt *Runtime) SetNetwork(_ context.Context, l lease.Lease) error {
 	return rt.Network.SetPolicy(l.ID, l.Network)
 }
 
-// Teardown kills every process of the lease, closes its filesystem and removes its
-// cgroup; the lease manager removes the directories afterwards.
+// Teardown ends the lease's shells and process records, closes its filesystem, kills
+// every process of the lease and unmounts its image root (sandbox.Sandbox.Teardown), then
+// lets go of its image; the rest is Retire's.
 func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
 	if rt.Shells != nil {
 		rt.Shells.ReleaseLease(l.ID) // first, so that no session outlives its shell in the table
@@ -281,10 +282,11 @@ func (rt *Runtime) Teardown(ctx context.Context, l lease.Lease) error {
 	return nil
 }
 
-// Retire removes the lease's PTY instance and user files, after the journal says it is
-// gone.
-func (rt *Runtime) Retire(_ context.Context, l lease.Lease) error {
-	return rt.Sandbox.Retire(l.ID)
+// Retire waits for the lease's processes to exit and removes its cgroups, PTY instance and
+// user files (sandbox.Sandbox.Retire); the lease manager calls it after the journal says
+// the lease is gone, before its directory goes.
+func (rt *Runtime) Retire(ctx context.Context, l lease.Lease) error {
+	return rt.Sandbox.Retire(ctx, l.ID)
 }
 
 // releaseImage lets go of the lease's image: its layers may go once nothing else holds

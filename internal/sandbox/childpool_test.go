@@ -95,6 +95,9 @@ func TestTeardownRacesBackgroundWork(t *testing.T) {
 		if err := s.Teardown(context.Background(), l.ID); err != nil {
 			t.Fatalf("Teardown: %v", err)
 		}
+		if err := s.Retire(context.Background(), l.ID); err != nil {
+			t.Fatalf("Retire: %v", err)
+		}
 		for _, dir := range cgroupDirs(s, l.ID) {
 			if _, err := os.Stat(dir); !os.IsNotExist(err) {
 				t.Fatalf("lease cgroup %s still there (%v)", dir, err)

@@ -47,8 +47,10 @@ func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
 	var l LeaseSpec
-	if le != nil {
+	if le != nil && !le.killed {
 		l = le.spec
+	} else {
+		le = nil
 	}
 	s.mu.Unlock()
 	if le == nil {

@@ -130,6 +130,9 @@ func TestImageLeasesWithoutOpenat2(t *testing.T) {
 			if err := s.Teardown(context.Background(), l.ID); err != nil {
 				t.Errorf("Teardown: %v", err)
 			}
+			if err := s.Retire(context.Background(), l.ID); err != nil {
+				t.Errorf("Retire: %v", err)
+			}
 			os.RemoveAll(work)
 		})
 		err = s.Provision(context.Background(), l)

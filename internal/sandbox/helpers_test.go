@@ -204,7 +204,7 @@ func newTestLeaseAs(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
 		if err := s.Teardown(context.Background(), l.ID); err != nil {
 			t.Errorf("Teardown: %v", err)
 		}
-		if err := s.Retire(l.ID); err != nil {
+		if err := s.Retire(context.Background(), l.ID); err != nil {
 			t.Errorf("Retire: %v", err)
 		}
 		os.RemoveAll(base) // no mount points: /tmp binds live in the helpers' namespaces

@@ -82,7 +82,7 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 			t.Errorf("command %d: uid %s in %s, want %d in %s", i, uid, out[len(out)-1], l.UID, Workspace)
 		}
 	}
-	// Teardown ends and reaps the launcher with the lease.
+	// Teardown kills the launcher with the lease, Retire reaps it.
 	last := readyLauncher(t, s, l.ID)
 	// The launcher's threads are left out of the lease's pids (once the last command's
 	// exit is accounted: v2 counts a task until it is freed).
@@ -93,8 +93,11 @@ func testLauncherRunsTheNextCommand(t *testing.T, s *Sandbox) {
 	if err := s.Teardown(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
-	if alive(last.PID) {
-		t.Errorf("launcher %d survived Teardown", last.PID)
+	if err := s.Retire(context.Background(), l.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(last.PID)); !os.IsNotExist(err) {
+		t.Errorf("launcher %d not reaped by Retire: %v", last.PID, err)
 	}
 }
 

@@ -164,8 +164,11 @@ func TestLeftoversKilledOrTornDown(t *testing.T) {
 	if err := s.Teardown(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.Retire(context.Background(), l.ID); err != nil {
+		t.Fatal(err)
+	}
 	if alive(pid) {
-		t.Fatalf("leftover %d outlived Teardown", pid)
+		t.Fatalf("leftover %d outlived Teardown and Retire", pid)
 	}
 	for _, dir := range cgroupDirs(s, l.ID) {
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {

@@ -224,9 +224,12 @@ func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 		t.Fatalf("Teardown: %v", err)
 	}
 	cmd.Wait()
+	if err := s.Retire(context.Background(), l.ID); err != nil {
+		t.Fatalf("Retire: %v", err)
+	}
 	for _, pid := range pids {
 		if alive(pid) {
-			t.Errorf("pid %d alive after Teardown", pid)
+			t.Errorf("pid %d alive after Teardown and Retire", pid)
 		}
 	}
 	for _, dir := range cgroupDirs(s, l.ID) {

@@ -111,8 +111,10 @@ func (s *Sandbox) OpenPTY(leaseID string) (master, slave *os.File, err error) {
 	s.mu.Lock()
 	le := s.leases[leaseID]
 	var dir string
-	if le != nil {
+	if le != nil && !le.killed {
 		dir = le.pts
+	} else {
+		le = nil
 	}
 	s.mu.Unlock()
 	if le == nil {

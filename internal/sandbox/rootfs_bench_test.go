@@ -73,5 +73,8 @@ func leaseCycle(b *testing.B, s *Sandbox, root *LeaseRoot) time.Duration {
 	if err := s.Teardown(ctx, l.ID); err != nil {
 		b.Fatal(err)
 	}
+	if err := s.Retire(ctx, l.ID); err != nil {
+		b.Fatal(err)
+	}
 	return time.Since(start)
 }

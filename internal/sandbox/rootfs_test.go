@@ -214,6 +214,9 @@ func teardownLeavesNoRoot(t *testing.T, s *Sandbox, l LeaseSpec) {
 	if err := s.Teardown(context.Background(), l.ID); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.Retire(context.Background(), l.ID); err != nil {
+		t.Fatal(err)
+	}
 	if ms := mountsUnder(t, base, l.ID); len(ms) > 0 {
 		t.Errorf("mounted after release: %q", ms)
 	}

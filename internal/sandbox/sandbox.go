@@ -177,6 +177,7 @@ type lease struct {
 	root   string   // the merged directory of the lease's root overlay; "" for the host's root
 	rootRW []string // what Landlock lets the lease write in its root (rootWritable)
 	userns *os.File // the lease's user namespace when its layers are id-mapped (userns.go); nil otherwise
+	killed bool     // Teardown has run: nothing starts in it any more; Retire removes it
 }
 
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
@@ -535,11 +536,48 @@ func ownDir(dir string, uid, gid int) error {
 	return nil
 }
 
-// Teardown kills every process of the lease, removes its cgroups and network namespace
-// and unmounts its root; its PTY instance and user files are Retire's, what it made in the
-// lease's directory (its root's writable layer) goes with that directory, the caller's to
-// remove. Tearing down an unknown or already removed lease is not an error.
+// Teardown kills every process of the lease (confine.Engine.Kill: when it returns none
+// runs another instruction of its own) and unmounts its image root, lazily, so that the
+// image is free again. Waiting for their exits and removing the rest — its cgroups,
+// network and user namespaces, PTY instance and user files — is Retire's; what it made in
+// the lease's directory (its root's writable layer) goes with that directory, the
+// caller's to remove after Retire. Tearing down an unknown or already removed lease is not
+// an error.
 func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
+	if !leaseIDPattern.MatchString(leaseID) {
+		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
+	}
+	s.mu.Lock()
+	le := s.leases[leaseID]
+	var spec LeaseSpec
+	if le != nil {
+		le.killed = true
+		spec = le.spec
+	}
+	s.mu.Unlock()
+	if s.cg != nil {
+		if err := s.eng.Kill(ctx, leaseID); err != nil {
+			return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)
+		}
+	}
+	var err error
+	if le != nil {
+		err = unmountRoot(spec)
+	} else {
+		_, err = sweepRoots(s.rootSources, func(id string) bool { return id != leaseID })
+	}
+	if err != nil {
+		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)
+	}
+	return nil
+}
+
+// Retire removes what a torn-down lease leaves: it waits for its processes' exits and
+// removes its cgroups, closes its namespaces, unmounts its PTY instance (an unmount waits
+// out an RCU grace period) and removes its user files. None of it is reachable once its
+// processes are killed, so it runs off the release's path. Call it after Teardown; a
+// retired or unknown lease is not an error, and what a crash leaves the next New sweeps.
+func (s *Sandbox) Retire(ctx context.Context, leaseID string) error {
 	if !leaseIDPattern.MatchString(leaseID) {
 		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
 	}
@@ -554,33 +592,12 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 		}
 	}
 	if le != nil && le.netns != nil {
-		// The namespace goes away with its last process, all killed above.
+		// The namespace goes away with its last process, all gone above.
 		errs = append(errs, le.netns.Close())
 	}
 	if le != nil && le.userns != nil {
 		errs = append(errs, le.userns.Close())
 	}
-	if le != nil {
-		errs = append(errs, unmountRoot(le.spec))
-	} else {
-		_, err := sweepRoots(s.rootSources, func(id string) bool { return id != leaseID })
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("sandbox: teardown %s: %w", leaseID, err)
-	}
-	return nil
-}
-
-// Retire removes what a torn-down lease leaves outside its directory: its PTY instance
-// (an unmount, which waits out an RCU grace period) and its user files. None of it is
-// reachable once its processes are dead, so it runs off the release's path; a retired or
-// unknown lease is not an error, and what a crash leaves the next New sweeps.
-func (s *Sandbox) Retire(leaseID string) error {
-	if !leaseIDPattern.MatchString(leaseID) {
-		return fmt.Errorf("%w: lease id %q", ErrInvalid, leaseID)
-	}
-	var errs []error
 	if s.ptyRoot != "" {
 		errs = append(errs, removePTS(filepath.Join(s.ptyRoot, leaseID)))
 	}
@@ -621,7 +638,11 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 	var errs []error
 	seen := map[string]bool{}
 	for _, id := range forget {
-		if err := s.Teardown(ctx, id); err != nil {
+		err := s.Teardown(ctx, id)
+		if err == nil {
+			err = s.Retire(ctx, id)
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 		seen[id] = true
