@@ -52,7 +52,9 @@ type Cgroups interface {
 	// StopCell sends every process in the cell's subtree SIGKILL where none can fork
 	// first, without waiting for them to exit; false if it could not be sure of that (a
 	// task stuck in the kernel kept a v1 cell from freezing), when KillCell must follow.
-	StopCell(ctx context.Context, id string) (bool, error)
+	// ours are the engine's own processes of the cell, killed already: they fork nothing
+	// unasked, so a cell that holds nothing else needs no freezing.
+	StopCell(ctx context.Context, id string, ours []int) (bool, error)
 	RemoveCell(id string) error
 	// Usage skips the child cgroups in counted (their OOM kills are already tallied).
 	Usage(id string, counted map[string]bool) (Usage, error)

@@ -210,7 +210,7 @@ func (c *cgroupV2) KillCell(ctx context.Context, id string) ([]int, error) {
 }
 
 // StopCell writes cgroup.kill, which kills the whole subtree with no fork escaping it.
-func (c *cgroupV2) StopCell(_ context.Context, id string) (bool, error) {
+func (c *cgroupV2) StopCell(_ context.Context, id string, _ []int) (bool, error) {
 	err := cgroupfs.WriteFile(c.dir(id, "cgroup.kill"), "1")
 	if errors.Is(err, os.ErrNotExist) {
 		_, statErr := os.Stat(c.dir(id))

@@ -111,15 +111,38 @@ func (e *Engine) Kill(ctx context.Context, id string) error {
 		e.dying[id] = c
 	}
 	e.mu.Unlock()
+	var ours []int
 	if c != nil {
 		e.cancelLauncher(c) // one still waiting for quiet is not forked at all
 		c.jobs.Wait()       // nor a spare or launcher made under our feet
+		ours = e.killOwn(c)
 	}
-	stopped, err := e.cg.StopCell(ctx, id)
+	stopped, err := e.cg.StopCell(ctx, id, ours)
 	if err == nil && !stopped {
 		_, err = e.cg.KillCell(ctx, id)
 	}
 	return err
+}
+
+// killOwn sends SIGKILL to the cell's launcher and zygote, without waiting (Remove reaps
+// them), and returns their pids.
+func (e *Engine) killOwn(c *cell) []int {
+	e.mu.Lock()
+	var procs []*os.Process
+	if l := c.launcher; l != nil && l.started() {
+		procs = append(procs, l.proc)
+	}
+	if z := c.zygote; z != nil && z.proc != nil {
+		procs = append(procs, z.proc)
+	}
+	e.mu.Unlock()
+	var pids []int
+	for _, p := range procs {
+		if p.Signal(os.Kill) == nil {
+			pids = append(pids, p.Pid)
+		}
+	}
+	return pids
 }
 
 // Remove kills every process in the cell (if Kill has not), waits for their exits and

@@ -296,10 +296,14 @@ func BenchmarkAcquireSnapshot(b *testing.B) {
 // BenchmarkLeaseLife is an agent's whole lease: acquire, `true`, release, 300 ms apart
 // (the next spare is made 250 ms after one is taken), on a daemon without spare leases
 // and on one with SIDECAR_LEASE_SPARES=1, interleaved in one run; on the host's root, and
-// on a default image (`sh -c true`: the image has sh, not true). Read "spare/plain", and
-// each phase's milliseconds.
+// on a default image (`sh -c true`: the image has sh, not true), and with a command that
+// leaves a process behind for release to kill (`leftover`). Read "spare/plain", and each
+// phase's milliseconds.
 func BenchmarkLeaseLife(b *testing.B) {
 	b.Run("host", func(b *testing.B) { leaseLife(b, []string{"true"}, func(*daemon.Config) {}) })
+	b.Run("leftover", func(b *testing.B) {
+		leaseLife(b, []string{"sh", "-c", "sleep 1000 & true"}, func(*daemon.Config) {})
+	})
 	b.Run("image", func(b *testing.B) {
 		if os.Geteuid() != 0 {
 			b.Skip("images need root")
