@@ -255,78 +255,22 @@ func (c *cgroupV1) Cells() ([]string, error) {
 	return ids, nil
 }
 
-// killFrozenV1 empties a freezer cgroup subtree: freeze (so nothing forks while we look),
-// SIGKILL every pid, thaw (frozen tasks die only once thawed), and repeat until empty.
+// killFrozenV1 empties a freezer cgroup subtree: rounds of freezeKill, each followed by a
+// wait for the subtree to empty, until it does.
 //
 // An empty subtree is left alone, which skips three cgroupfs writes after every command
 // that ended cleanly: only a member can fork into it. (A helper still joining is not a
 // member yet; tree.Kill SIGKILLs it first, so it cannot fork once it is.)
-// stopFrozenV1 is one round of killFrozenV1 without the wait for the exits: once the
-// cgroup is FROZEN none of its tasks can fork, and a frozen task woken with SIGKILL
-// pending exits before it runs another instruction of its own. False (thawed, nothing
-// killed) if it did not freeze within a round's share of KillDeadline. A cgroup that
-// holds only ours (killed already) is not frozen: freezing a launcher or zygote waiting
-// for its next request takes 10-20 ms.
-func stopFrozenV1(ctx context.Context, dir string, ours []int) (bool, error) {
-	pids, err := cgroupfs.Pids(dir)
-	if err == nil && !slices.ContainsFunc(pids, func(pid int) bool { return !slices.Contains(ours, pid) }) {
-		return true, nil // empty, already gone, or only ours
-	}
-	state := filepath.Join(dir, "freezer.state")
-	if err := cgroupfs.WriteFile(state, "FROZEN"); err != nil {
-		return false, err
-	}
-	err = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
-		b, err := cgroupfs.ReadFile(state)
-		return strings.TrimSpace(string(b)) == "FROZEN", err
-	})
-	frozen := err == nil
-	if frozen {
-		if pids, err = cgroupfs.Pids(dir); err == nil {
-			for _, pid := range pids {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
-	if thawErr := cgroupfs.WriteFile(state, "THAWED"); err == nil {
-		err = thawErr
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		err = nil // not frozen in time: KillCell's rounds take over
-	}
-	return frozen && err == nil, err
-}
-
 func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 	if pids, err := cgroupfs.Pids(dir); err == nil && len(pids) == 0 {
 		return nil, nil // empty, or already gone
 	}
-	state := filepath.Join(dir, "freezer.state")
 	var killed []int
 	for range killRounds {
-		if err := cgroupfs.WriteFile(state, "FROZEN"); err != nil {
+		_, listed, k, err := freezeKill(ctx, dir)
+		killed = append(killed, k...)
+		if err != nil || listed == 0 {
 			return killed, err
-		}
-		// A task stuck in the kernel may keep the cgroup FREEZING; kill what we see anyway.
-		_ = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
-			b, err := cgroupfs.ReadFile(state)
-			return strings.TrimSpace(string(b)) == "FROZEN", err
-		})
-		pids, err := cgroupfs.Pids(dir)
-		if err != nil {
-			cgroupfs.WriteFile(state, "THAWED")
-			return killed, err
-		}
-		for _, pid := range pids {
-			if syscall.Kill(pid, syscall.SIGKILL) == nil {
-				killed = append(killed, pid)
-			}
-		}
-		if err := cgroupfs.WriteFile(state, "THAWED"); err != nil {
-			return killed, err
-		}
-		if len(pids) == 0 {
-			return killed, nil
 		}
 		err = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
 			pids, err := cgroupfs.Pids(dir)
@@ -340,4 +284,46 @@ func killFrozenV1(ctx context.Context, dir string) ([]int, error) {
 		}
 	}
 	return killed, fmt.Errorf("%s: %w", dir, errNotEmpty)
+}
+
+// stopFrozenV1 is one freezeKill without the wait for the exits: once the cgroup is
+// FROZEN none of its tasks can fork, and a frozen task woken with SIGKILL pending exits
+// before it runs another instruction of its own. False if it did not freeze within a
+// round's share of KillDeadline (KillCell's rounds take over). A cgroup that holds only
+// ours (killed already) is not frozen: freezing a launcher or zygote waiting for its next
+// request takes 10-20 ms.
+func stopFrozenV1(ctx context.Context, dir string, ours []int) (bool, error) {
+	pids, err := cgroupfs.Pids(dir)
+	if err == nil && !slices.ContainsFunc(pids, func(pid int) bool { return !slices.Contains(ours, pid) }) {
+		return true, nil // empty, already gone, or only ours
+	}
+	frozen, _, _, err := freezeKill(ctx, dir)
+	return frozen && err == nil, err
+}
+
+// freezeKill is one round of a v1 kill: freeze the subtree (so nothing forks while we
+// look), SIGKILL every task in it, thaw (frozen tasks die only once thawed). A task stuck
+// in the kernel may keep the cgroup FREEZING past a round's share of KillDeadline: what
+// is seen is killed anyway, and frozen says so. listed is how many tasks it held, killed
+// those signalled.
+func freezeKill(ctx context.Context, dir string) (frozen bool, listed int, killed []int, err error) {
+	state := filepath.Join(dir, "freezer.state")
+	if err := cgroupfs.WriteFile(state, "FROZEN"); err != nil {
+		return false, 0, nil, err
+	}
+	frozen = pollUntil(ctx, KillDeadline/killRounds, func() (bool, error) {
+		b, err := cgroupfs.ReadFile(state)
+		return strings.TrimSpace(string(b)) == "FROZEN", err
+	}) == nil
+	pids, err := cgroupfs.Pids(dir)
+	if err != nil {
+		cgroupfs.WriteFile(state, "THAWED")
+		return frozen, 0, nil, err
+	}
+	for _, pid := range pids {
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			killed = append(killed, pid)
+		}
+	}
+	return frozen, len(pids), killed, cgroupfs.WriteFile(state, "THAWED")
 }

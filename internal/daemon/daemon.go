@@ -288,11 +288,7 @@ const scriptCell = "scripts"
 // running unsupervised.
 func (d *Daemon) restore(ctx context.Context) {
 	for _, l := range d.leases.List() {
-		err := d.sandbox.Teardown(ctx, l.ID)
-		if err == nil {
-			err = d.sandbox.Retire(ctx, l.ID)
-		}
-		if err != nil {
+		if err := d.sandbox.Remove(ctx, l.ID); err != nil {
 			d.log.Warn("cannot clear a lease's previous processes", "lease", l.ID, "err", err)
 		}
 		if err := d.rt.Provision(ctx, l); err != nil {

@@ -45,12 +45,10 @@ type SetupError = confine.SetupError
 // calls Tree.Start, Wait, then Tree.Close.
 func (s *Sandbox) Command(leaseID string, spec Spec) (*exec.Cmd, Tree, error) {
 	s.mu.Lock()
-	le := s.leases[leaseID]
+	le := s.liveLease(leaseID)
 	var l LeaseSpec
-	if le != nil && !le.killed {
+	if le != nil {
 		l = le.spec
-	} else {
-		le = nil
 	}
 	s.mu.Unlock()
 	if le == nil {

@@ -109,12 +109,10 @@ func devptsAt(dir string) (bool, error) {
 // implements process.PTYOpener.
 func (s *Sandbox) OpenPTY(leaseID string) (master, slave *os.File, err error) {
 	s.mu.Lock()
-	le := s.leases[leaseID]
+	le := s.liveLease(leaseID)
 	var dir string
-	if le != nil && !le.killed {
+	if le != nil {
 		dir = le.pts
-	} else {
-		le = nil
 	}
 	s.mu.Unlock()
 	if le == nil {

@@ -180,6 +180,14 @@ type lease struct {
 	killed bool     // Teardown has run: nothing starts in it any more; Retire removes it
 }
 
+// liveLease is lease id unless unknown or torn down (nil). Call with mu held.
+func (s *Sandbox) liveLease(id string) *lease {
+	if le := s.leases[id]; le != nil && !le.killed {
+		return le
+	}
+	return nil
+}
+
 // New probes the host and returns a Sandbox. In strict mode it fails naming every missing
 // piece; in "none" mode it logs loudly and runs without cgroups, uid switching or private
 // namespaces, with best-effort Landlock.
@@ -572,6 +580,14 @@ func (s *Sandbox) Teardown(ctx context.Context, leaseID string) error {
 	return nil
 }
 
+// Remove is Teardown and Retire at once: for a lease no request waits on.
+func (s *Sandbox) Remove(ctx context.Context, leaseID string) error {
+	if err := s.Teardown(ctx, leaseID); err != nil {
+		return err
+	}
+	return s.Retire(ctx, leaseID)
+}
+
 // Retire removes what a torn-down lease leaves: it waits for its processes' exits and
 // removes its cgroups, closes its namespaces, unmounts its PTY instance (an unmount waits
 // out an RCU grace period) and removes its user files. None of it is reachable once its
@@ -638,11 +654,7 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 	var errs []error
 	seen := map[string]bool{}
 	for _, id := range forget {
-		err := s.Teardown(ctx, id)
-		if err == nil {
-			err = s.Retire(ctx, id)
-		}
-		if err != nil {
+		if err := s.Remove(ctx, id); err != nil {
 			errs = append(errs, err)
 		}
 		seen[id] = true
