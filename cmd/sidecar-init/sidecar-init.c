@@ -177,7 +177,7 @@ static const struct {
 enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
-	struct list argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev;
+	struct list argv, env, cgroup_procs, detach, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *home, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
 	int netns, landlock, have_uid, have_gid, await, fork, userns;
@@ -271,12 +271,20 @@ static long parse_id(const char *key, const char *s)
 	return v;
 }
 
-static const char *const list_keys[] = {"argv", "env", "cgroup_procs", "ll_rw", "ll_rx", "ll_ro", "ll_dev"};
+static const char *const list_keys[] = {"argv", "env", "cgroup_procs", "detach", "ll_rw", "ll_rx", "ll_ro", "ll_dev"};
 enum { NLISTS = sizeof list_keys / sizeof list_keys[0] };
+
+/* lists_of fills lists with c's repeated keys' lists, in list_keys' order. */
+static void lists_of(struct config *c, struct list *lists[NLISTS])
+{
+	struct list *all[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->detach, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
+	memcpy(lists, all, sizeof all);
+}
 
 static struct list *list_for(struct config *c, const char *key)
 {
-	struct list *lists[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
+	struct list *lists[NLISTS];
+	lists_of(c, lists);
 	for (size_t i = 0; i < NLISTS; i++)
 		if (strcmp(key, list_keys[i]) == 0)
 			return lists[i];
@@ -422,7 +430,8 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 			}
 		}
 		if (pass == 0) {
-			struct list *lists[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
+			struct list *lists[NLISTS];
+			lists_of(c, lists);
 			for (size_t i = 0; i < NLISTS; i++) {
 				/* n <= len/2, so n+1 cannot overflow and calloc checks the product. */
 				lists[i]->v = calloc(lists[i]->n + 1, sizeof(char *));
@@ -686,6 +695,18 @@ static void private_cgroups(const struct config *c)
 		fail(EXIT_SETUP, "setup", "hide %s: %s", CGROUP_MOUNT, strerror(errno));
 }
 
+/* detach_lease_mounts detaches the directories that hold every lease's mounts from the
+ * private mount namespace, last, since every bind has its source there (as
+ * initproc.detachLeaseMounts). */
+static void detach_lease_mounts(const struct config *c)
+{
+	if (c->detach.n > 0)
+		in_private_ns(c, c->detach.v[0]);
+	for (size_t i = 0; i < c->detach.n; i++)
+		if (umount2(c->detach.v[i], MNT_DETACH | UMOUNT_NOFOLLOW) < 0)
+			fail(EXIT_SETUP, "setup", "detach %s: %s", c->detach.v[i], strerror(errno));
+}
+
 /* private_mounts makes the process's view in its private mount namespace, in
  * initproc.privateMounts' order: /tmp, /proc, the root's /dev, PTYs, user files, the
  * workdir last (no source path is ever looked up through /workspace), then the root. */
@@ -720,6 +741,8 @@ static void private_mounts(const struct config *c)
 		private_bind(c, c->work_dir, WORKSPACE);
 	if (has(c->root))
 		enter_root(c);
+	else
+		detach_lease_mounts(c);
 }
 
 static int landlock_abi(void)

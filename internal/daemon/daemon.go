@@ -36,11 +36,13 @@ type Daemon struct {
 	log *slog.Logger
 
 	sandbox *sandbox.Sandbox
-	network leaseNetwork
-	procs   *process.Manager
-	shells  *shell.Manager
-	disk    *disk.Quotas
-	images  *image.Store
+	// mountRoots are the state dir and work root as mount points (nil: isolation none).
+	mountRoots *sandbox.MountRoots
+	network    leaseNetwork
+	procs      *process.Manager
+	shells     *shell.Manager
+	disk       *disk.Quotas
+	images     *image.Store
 	// defaultImage is SIDECAR_DEFAULT_IMAGE's image; "": the host's root.
 	defaultImage string
 	rootImages   map[string]bool // SIDECAR_ROOT_IMAGES
@@ -119,7 +121,19 @@ func (d *Daemon) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Strict isolation's lease helpers detach these (sandbox.BindMountRoots).
+	if cfg.Isolation != "none" {
+		workAbs, err := filepath.Abs(cfg.WorkRoot)
+		if err != nil {
+			return err
+		}
+		roots := []string{stateAbs, workAbs}
+		if d.mountRoots, err = sandbox.BindMountRoots(roots, filepath.Join(cfg.StateDir, "mount-roots"), log.With("component", "sandbox")); err != nil {
+			return err
+		}
+	}
 	if d.sandbox, err = sandbox.New(sandbox.Config{
+		DetachRoots:    d.mountRoots.Dirs(),
 		LeasePath:      leasePath,
 		CgroupParent:   cfg.CgroupParent,
 		Isolation:      cfg.Isolation,
@@ -453,6 +467,9 @@ func (d *Daemon) Close(ctx context.Context) error {
 		}
 		if d.disk != nil {
 			err = errors.Join(err, d.disk.Close()) // mounts stay: leases survive a restart
+		}
+		if d.mountRoots != nil {
+			err = errors.Join(err, d.mountRoots.Close()) // unbound once no lease is left under them
 		}
 		if srv != nil {
 			d.log.Info("sidecar stopped")

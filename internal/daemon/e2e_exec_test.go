@@ -243,6 +243,19 @@ func testLeasesAreIsolated(t *testing.T, d *testDaemon) {
 			t.Errorf("%s was written from a lease", p)
 		}
 	}
+	// B's mount table, a copy of the daemon's after A's disk was mounted, holds no lease's
+	// mounts: none under the state dir or the work root (docs/operations.md).
+	mounts := must(b.Exec(ctx, sh(`cut -d' ' -f5 /proc/self/mountinfo`)))(t)
+	for _, p := range strings.Fields(mounts.Stdout) {
+		for _, root := range []string{d.cfg.StateDir, d.cfg.WorkRoot} {
+			if p == root || strings.HasPrefix(p, root+"/") {
+				t.Errorf("lease B sees a mount at %s", p)
+			}
+		}
+	}
+	if !strings.Contains(mounts.Stdout, "/workspace\n") {
+		t.Errorf("lease B has no /workspace mount: %q", mounts.Stdout)
+	}
 	// Lease processes are the OOM killer's first choice, not protected like the daemon.
 	if r := must(a.Exec(ctx, sh(`cat /proc/self/oom_score_adj`)))(t); r.Stdout != "500\n" {
 		t.Fatalf("oom_score_adj in a lease: %+v", r)

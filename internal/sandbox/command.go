@@ -127,6 +127,7 @@ func (s *Sandbox) helperConfig(le *lease) initproc.Config {
 		cfg.Home = s.view(l).homeHost
 		cfg.Resolv = resolv
 		cfg.Root = root
+		cfg.Detach = s.detach
 	}
 	if root != "" && resolv == "" {
 		cfg.Resolv = hostResolvConf() // the host's network: its resolver, not the image's

@@ -255,6 +255,7 @@ func FuzzHelperConfigParity(f *testing.F) {
 		Argv: []string{"/bin/sh", "-c", "x", ""}, Env: []string{"PATH=/bin"}, Dir: "/w", UID: 7, GID: 8,
 		CgroupProcs: []string{"/c/cgroup.procs"}, TmpDir: "/t", HostMountNS: "mnt:[1]", PTSDir: "/p", NetNS: true,
 		Passwd: "/u/passwd", Group: "/u/group", Resolv: "/u/resolv.conf", Home: "/l/home", WorkDir: "/l/work", Root: "/l/root/merged",
+		Detach:   []string{"/s", "/w"},
 		Landlock: &initproc.Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []initproc.Rlimit{{Name: "nofile", Value: 4096}, {Name: "core", Value: 0}}, Seccomp: testFilter(f), UserNS: true,
 	})

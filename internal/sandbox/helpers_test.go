@@ -118,6 +118,13 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 		}
 		cfg.PTYRoot = root
 	}
+	// The PTY root holds every test lease's mounts: a mount point the helpers detach, as
+	// the daemon's state dir is.
+	roots, err := BindMountRoots([]string{cfg.PTYRoot}, cfg.PTYRoot+".mount-roots", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DetachRoots = roots.Dirs()
 	if cfg.UserRoot == "" {
 		root, err := os.MkdirTemp("/var/tmp", "sidecar-users-")
 		if err != nil {
@@ -127,6 +134,7 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 	}
 	s, err := New(cfg)
 	if err != nil {
+		roots.Close()
 		os.Remove(cfg.PTYRoot)
 		os.Remove(cfg.UserRoot)
 		t.Fatalf("New: %v", err)
@@ -134,6 +142,9 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 	t.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			t.Errorf("Sandbox.Close: %v", err)
+		}
+		if err := roots.Close(); err != nil {
+			t.Errorf("MountRoots.Close: %v", err)
 		}
 		if err := os.Remove(cfg.PTYRoot); err != nil {
 			t.Errorf("PTY root after Close: %v", err)

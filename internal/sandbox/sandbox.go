@@ -58,7 +58,11 @@ type Config struct {
 	PTYRoot      string // strict isolation: each lease's devpts instance is mounted at <PTYRoot>/<lease> (a root-only directory, made if missing; instances left there by an earlier run are removed); "": leases use the host's PTYs
 	MaxPTYs      int    // PTYs per lease (its instance's max); default DefaultMaxPTYs
 	UserRoot     string // strict isolation: each lease's /etc/passwd and /etc/group (its uid named LeaseUser) are written under <UserRoot>/<lease> (a root-only directory, made if missing; what an earlier run left there is removed); "": leases see the host's, where their uid has no name
-	Logger       *slog.Logger
+	// DetachRoots (BindMountRoots' Dirs) are mount points holding every lease's mounts:
+	// strict isolation detaches them from each lease helper's mount namespace, which then
+	// holds no other lease's mounts.
+	DetachRoots []string
+	Logger      *slog.Logger
 
 	// Operator floors: New fails below them, naming what the host needs. 0 / "": none.
 	MinLandlockABI int    // the lowest Landlock ABI lease processes may get (1..MaxKnownLandlockABI)
@@ -146,6 +150,7 @@ type Sandbox struct {
 	hostMNS string            // the daemon's mount namespace, which the helper must not mount in
 	filter  []unix.SockFilter // the system-call filter every lease process loads; nil: none
 	ptyRoot string            // where leases' devpts instances are mounted; "" for the host's PTYs
+	detach  []string          // Config.DetachRoots
 	maxPTYs int
 	// userRoot holds each lease's passwd and group ("": none); users is what they say.
 	userRoot string
@@ -303,6 +308,7 @@ func New(cfg Config) (*Sandbox, error) {
 		}
 		s.ptyRoot, s.maxPTYs = cfg.PTYRoot, cfg.MaxPTYs
 	}
+	s.detach = slices.Clone(cfg.DetachRoots)
 	if cfg.UserRoot != "" {
 		if !filepath.IsAbs(cfg.UserRoot) {
 			return nil, fmt.Errorf("%w: user root %q is not absolute", ErrInvalid, cfg.UserRoot)

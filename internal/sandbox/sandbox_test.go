@@ -254,6 +254,41 @@ func testLeasesAreIsolated(t *testing.T, s *Sandbox) {
 	}
 }
 
+// A lease's mount namespace holds nothing under the roots the daemon mounts leases in
+// (here the PTY root, where each test lease has its devpts instance): the second lease's
+// helper starts in a copy of a namespace that has the first one's mounts, and detaches
+// them; its own /dev/pts and /workspace binds stay.
+func TestLeaseMountTableHoldsNoLeaseRoot(t *testing.T) {
+	forEachHelper(t, testLeaseMountTableHoldsNoLeaseRoot)
+}
+
+func testLeaseMountTableHoldsNoLeaseRoot(t *testing.T, s *Sandbox) {
+	a := newTestLease(t, s, nil)
+	b := newTestLease(t, s, nil)
+	for _, l := range []LeaseSpec{a, b} {
+		r := run(t, s, l.ID, Spec{Argv: []string{"cat", "/proc/self/mountinfo"}})
+		if r.exitCode != 0 {
+			t.Fatalf("lease %s: exit %d: %s", l.ID, r.exitCode, r.stderr)
+		}
+		var points []string
+		for _, line := range lines(r.stdout) {
+			if f := strings.Fields(line); len(f) > 4 {
+				points = append(points, f[4])
+			}
+		}
+		for _, p := range points {
+			if _, in := under(p, s.ptyRoot); in {
+				t.Errorf("lease %s sees a mount at %s, under the PTY root %s", l.ID, p, s.ptyRoot)
+			}
+		}
+		for _, want := range []string{"/dev/pts", Workspace, "/tmp"} {
+			if !slices.Contains(points, want) {
+				t.Errorf("lease %s has no mount at %s: %q", l.ID, want, points)
+			}
+		}
+	}
+}
+
 func TestToolsRun(t *testing.T) { forEachHelper(t, testToolsRun) }
 
 func testToolsRun(t *testing.T, s *Sandbox) {

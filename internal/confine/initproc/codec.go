@@ -18,7 +18,7 @@ import (
 //
 //	"sidecar-init/1\0" ( key "\0" value "\0" )*
 //
-// Repeated keys (argv, env, cgroup_procs, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
+// Repeated keys (argv, env, cgroup_procs, detach, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
 // policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
@@ -55,6 +55,7 @@ const (
 	keyHome        = "home"
 	keyWorkDir     = "work_dir"
 	keyRoot        = "root"
+	keyDetach      = "detach"
 	keyRlimit      = "rlimit_"
 	keyAwait       = "await"
 	keyUserNS      = "userns"
@@ -133,6 +134,7 @@ func Encode(cfg *Config) ([]byte, error) {
 	if cfg.Root != "" {
 		put(keyRoot, cfg.Root)
 	}
+	putAll(keyDetach, cfg.Detach)
 	if cfg.NetNS {
 		put(keyNetNS, "1")
 	}
@@ -201,7 +203,7 @@ func Decode(b []byte) (*Config, error) {
 	for i := 0; i < len(fields); i += 2 {
 		key, v := fields[i], fields[i+1]
 		switch key {
-		case keyArgv, keyEnv, keyCgroupProcs, keyRW, keyRX, keyRO, keyDev:
+		case keyArgv, keyEnv, keyCgroupProcs, keyDetach, keyRW, keyRX, keyRO, keyDev:
 		default:
 			if seen[key] {
 				return nil, fmt.Errorf("%w: %s twice", errConfig, key)
@@ -240,6 +242,8 @@ func Decode(b []byte) (*Config, error) {
 			cfg.WorkDir = v
 		case keyRoot:
 			cfg.Root = v
+		case keyDetach:
+			cfg.Detach = append(cfg.Detach, v)
 		case keyNetNS:
 			if v != "1" {
 				err = errors.New("not 1")

@@ -15,6 +15,7 @@ func fullConfig() *Config {
 		Dir: "/w", UID: 1000, GID: 2147483647,
 		CgroupProcs: []string{"/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"},
 		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true, Root: "/l/root/merged", Home: "/l/home",
+		Detach:   []string{"/var/lib/sidecar", "/srv/work"},
 		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []Rlimit{{"nofile", 4096}, {"core", 0}, {"memlock", 65536}, {"msgqueue", 819200}, {"sigpending", 4096}},
 		Seccomp:  []unix.SockFilter{{Code: 0x20, K: 4}, {Code: 0x15, Jt: 1, Jf: 0, K: 0xc000003e}, {Code: 0x6, K: 0x7fff0000}},

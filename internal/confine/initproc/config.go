@@ -82,6 +82,12 @@ type Config struct {
 	// private mount namespace, the last of the mounts: lease processes never need the
 	// host's path to it.
 	WorkDir string
+	// Detach are the directories under which the daemon mounts every lease's filesystems,
+	// each a mount point: on the host's root, the helper detaches them from its private
+	// mount namespace after its own binds, so that the namespace, a copy of the daemon's,
+	// holds no other lease's mounts (a copy of each, per lease, would grow with the square
+	// of the leases held). With a Root, pivoting detaches them with the rest.
+	Detach []string
 	// Root is the lease's root directory (an overlay the daemon mounted): every mount
 	// above goes into it instead of the host's root, with a /dev of its own, and the
 	// helper pivots into it after the last (root.go). "": the host's root.

@@ -168,6 +168,23 @@ func privateMounts(cfg *Config) error {
 	if cfg.Root != "" {
 		return enterRoot(cfg)
 	}
+	return detachLeaseMounts(cfg)
+}
+
+// detachLeaseMounts detaches Config.Detach from the private mount namespace, last, since
+// every bind above has its source there.
+func detachLeaseMounts(cfg *Config) error {
+	if len(cfg.Detach) == 0 {
+		return nil
+	}
+	if err := inPrivateNS(cfg, cfg.Detach[0]); err != nil {
+		return err
+	}
+	for _, d := range cfg.Detach {
+		if err := unix.Unmount(d, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+			return fmt.Errorf("detach %s: %w", d, err)
+		}
+	}
 	return nil
 }
 

@@ -1,0 +1,149 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// A lease's helper starts in a copy of the daemon's mount namespace, which holds every
+// lease's mounts (its disk, its devpts instance, its image root): with a copy per lease,
+// the kernel would keep a number of mounts that grows with the square of the leases held
+// (a million at 1,000 leases, ~380 MB of kernel memory), and every release would detach
+// its mounts from every other lease's namespace. The directories that hold those mounts
+// are made mount points here, once, so that a helper can detach each with one call
+// (Config.DetachRoots, initproc.Config.Detach) and keep only its own lease's binds.
+
+// MountRoots are the lease roots made mount points for the daemon's lifetime.
+type MountRoots struct {
+	dirs   []string // what helpers detach: every root that is a mount point
+	ours   []string // bound by a sidecar (this run or an earlier one): unbound once empty
+	marker string
+	log    *slog.Logger
+}
+
+// BindMountRoots makes each of dirs (absolute; one under another counts once) a mount
+// point: a directory that already is one is used as it is (an operator's volume, a
+// systemd ReadWritePaths= bind); any other is bound on itself and listed in the marker
+// file, so that whichever run finds it empty at Close unbinds it. A directory that is no
+// mount point but has mounts under it (leases left by a daemon that did not bind) is
+// left alone, and its leases' helpers copy those mounts until a start finds it empty.
+func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots, error) {
+	r := &MountRoots{marker: marker, log: log}
+	listed, err := r.readMarker()
+	if err != nil {
+		return nil, err
+	}
+	for _, dir := range outermost(dirs) {
+		mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+		if err != nil {
+			return nil, fmt.Errorf("mount table: %w", err)
+		}
+		isRoot := slices.ContainsFunc(mounts, func(m *mountinfo.Info) bool { return m.Mountpoint == dir })
+		switch {
+		case isRoot:
+			if slices.Contains(listed, dir) {
+				r.ours = append(r.ours, dir)
+			}
+		case len(mounts) > 0:
+			log.Warn("lease root has mounts under it but is no mount point: each lease's helpers keep a copy of them until the daemon starts with none there", "dir", dir)
+			continue
+		default:
+			if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+				return nil, errors.Join(fmt.Errorf("bind %s on itself: %w", dir, err), r.Close())
+			}
+			r.ours = append(r.ours, dir)
+			if err := r.writeMarker(); err != nil {
+				return nil, errors.Join(err, r.Close())
+			}
+		}
+		r.dirs = append(r.dirs, dir)
+	}
+	return r, nil
+}
+
+// Dirs are the roots a lease's helpers detach; none for a nil r.
+func (r *MountRoots) Dirs() []string {
+	if r == nil {
+		return nil
+	}
+	return slices.Clone(r.dirs)
+}
+
+// Close unbinds each root a sidecar bound that has nothing mounted under it any more;
+// one that still holds leases (they survive a restart) stays for the next run.
+func (r *MountRoots) Close() error {
+	var errs []error
+	var kept []string
+	for _, dir := range r.ours {
+		mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+		if err != nil {
+			return fmt.Errorf("mount table: %w", err)
+		}
+		if slices.ContainsFunc(mounts, func(m *mountinfo.Info) bool { return m.Mountpoint != dir }) {
+			kept = append(kept, dir)
+			continue
+		}
+		// Lazily: the daemon's own files there (its journal, locks) may still be open; the
+		// directory shows the same files without the bind.
+		if err := unix.Unmount(dir, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("unbind %s: %w", dir, err))
+			kept = append(kept, dir)
+		}
+	}
+	r.ours, r.dirs = kept, nil
+	return errors.Join(append(errs, r.writeMarker())...)
+}
+
+func (r *MountRoots) readMarker() ([]string, error) {
+	b, err := os.ReadFile(r.marker)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("mount roots: %w", err)
+	}
+	return slices.DeleteFunc(strings.Split(string(b), "\n"), func(s string) bool { return s == "" }), nil
+}
+
+// writeMarker records the roots a sidecar bound, replacing the file whole; none: no file.
+func (r *MountRoots) writeMarker() error {
+	if len(r.ours) == 0 {
+		if err := os.Remove(r.marker); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("mount roots: %w", err)
+		}
+		return nil
+	}
+	tmp := r.marker + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strings.Join(r.ours, "\n")+"\n"), 0o600); err != nil {
+		return fmt.Errorf("mount roots: %w", err)
+	}
+	if err := os.Rename(tmp, r.marker); err != nil {
+		return fmt.Errorf("mount roots: %w", err)
+	}
+	return nil
+}
+
+// outermost drops duplicates and each directory under another of dirs: detaching the
+// outer one detaches it too.
+func outermost(dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		d = filepath.Clean(d)
+		if !slices.ContainsFunc(dirs, func(o string) bool {
+			o = filepath.Clean(o)
+			_, under := under(d, o)
+			return o != d && under
+		}) && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}

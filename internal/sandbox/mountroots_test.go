@@ -1,0 +1,149 @@
+package sandbox
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// mountRootsDir is a fresh directory under /var/tmp, removed (never through a mount) at
+// the end of t.
+func mountRootsDir(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: bind mounts; CI runs as root")
+	}
+	dir, err := os.MkdirTemp("/var/tmp", "sidecar-roots-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, m := range mountsAt(t, dir, true) {
+			_ = unix.Unmount(m, unix.MNT_DETACH)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
+// mountsAt lists the mount points at dir or (with under) below it.
+func mountsAt(t *testing.T, dir string, under bool) []string {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range ms {
+		if under || m.Mountpoint == dir {
+			out = append(out, m.Mountpoint)
+		}
+	}
+	slices.Reverse(out) // innermost first, for unmounting
+	return out
+}
+
+func isMountPoint(t *testing.T, dir string) bool { return len(mountsAt(t, dir, false)) > 0 }
+
+func mountTmpfs(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A plain directory is bound on itself and unbound by the run that finds it empty, even
+// when an earlier run bound it and left leases under it.
+func TestMountRootsBindAndUnbind(t *testing.T) {
+	base := mountRootsDir(t)
+	root, marker := filepath.Join(base, "state"), filepath.Join(base, "marker")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r, err := BindMountRoots([]string{root, filepath.Join(root, "leases")}, marker, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Dirs(); !slices.Equal(got, []string{root}) {
+		t.Fatalf("Dirs = %q, want only the outer %s", got, root)
+	}
+	if !isMountPoint(t, root) {
+		t.Fatalf("%s is no mount point after BindMountRoots", root)
+	}
+	if b, _ := os.ReadFile(marker); string(b) != root+"\n" {
+		t.Fatalf("marker says %q", b)
+	}
+	os.WriteFile(filepath.Join(root, "journal"), []byte("kept"), 0o600)
+
+	// A lease left mounted (leases survive a restart): the root stays, and so does the marker.
+	lease := filepath.Join(root, "leases", "l1")
+	mountTmpfs(t, lease)
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !isMountPoint(t, root) {
+		t.Fatal("Close unbound a root with a lease mounted under it")
+	}
+
+	// The next run adopts it as a sidecar's, and unbinds it once the lease is gone.
+	r2, err := BindMountRoots([]string{root}, marker, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := mountsAt(t, root, false); len(got) != 1 {
+		t.Fatalf("the second run bound %s again: %d mounts there", root, len(got))
+	}
+	if err := unix.Unmount(lease, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if isMountPoint(t, root) {
+		t.Fatal("Close left the bind of an empty root")
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("marker after the last unbind: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "journal")); string(b) != "kept" {
+		t.Fatalf("the root's files after the unbind: %q, %v", b, err)
+	}
+}
+
+// A directory that is a mount point already (an operator's volume) is used and never
+// unmounted; one that is not but has mounts under it is left alone and not detached.
+func TestMountRootsLeaveOthersAlone(t *testing.T) {
+	base := mountRootsDir(t)
+	volume, busy, marker := filepath.Join(base, "volume"), filepath.Join(base, "busy"), filepath.Join(base, "marker")
+	mountTmpfs(t, volume)
+	mountTmpfs(t, filepath.Join(busy, "l1"))
+	r, err := BindMountRoots([]string{volume, busy}, marker, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Dirs(); !slices.Equal(got, []string{volume}) {
+		t.Fatalf("Dirs = %q, want only %s", got, volume)
+	}
+	if isMountPoint(t, busy) {
+		t.Fatalf("%s was bound over the mount under it", busy)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !isMountPoint(t, volume) {
+		t.Fatal("Close unmounted a volume a sidecar did not mount")
+	}
+	if _, err := os.Stat(marker); !os.IsNotExist(err) {
+		t.Fatalf("a marker with nothing bound: %v", err)
+	}
+}
