@@ -56,8 +56,8 @@ func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots
 			log.Warn("lease root has mounts under it but is no mount point: each lease's helpers keep a copy of them until the daemon starts with none there", "dir", dir)
 			continue
 		default:
-			if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-				return nil, errors.Join(fmt.Errorf("bind %s on itself: %w", dir, err), r.Close())
+			if err := bindPrivate(dir); err != nil {
+				return nil, errors.Join(err, r.Close())
 			}
 			r.ours = append(r.ours, dir)
 			if err := r.writeMarker(); err != nil {
@@ -67,6 +67,19 @@ func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots
 		r.dirs = append(r.dirs, dir)
 	}
 	return r, nil
+}
+
+// bindPrivate binds dir on itself, private: a bind of a shared mount (systemd makes every
+// mount shared) would be its peer, and each lease mount under it would be copied under the
+// source too, where no helper detaches it.
+func bindPrivate(dir string) error {
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on itself: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return errors.Join(fmt.Errorf("make %s private: %w", dir, err), unix.Unmount(dir, unix.MNT_DETACH))
+	}
+	return nil
 }
 
 // Dirs are the roots a lease's helpers detach; none for a nil r.

@@ -147,3 +147,38 @@ func TestMountRootsLeaveOthersAlone(t *testing.T) {
 		t.Fatalf("a marker with nothing bound: %v", err)
 	}
 }
+
+// Under a shared mount (systemd makes every mount shared) the bind is private: a lease's
+// mount under it is not copied under the bind's source, the same directory, where a
+// helper's detach would leave it.
+func TestMountRootsUnderASharedMount(t *testing.T) {
+	base := mountRootsDir(t)
+	if err := unix.Mount(base, base, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", base, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(base, "state")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r, err := BindMountRoots([]string{root}, filepath.Join(base, "marker"), slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := filepath.Join(root, "l1")
+	mountTmpfs(t, lease)
+	if got := len(mountsAt(t, lease, false)); got != 1 {
+		t.Errorf("%d mounts at %s, want 1: the bind passes its mounts on", got, lease)
+	}
+	if err := unix.Unmount(lease, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := mountsAt(t, base, true); !slices.Equal(got, []string{base}) {
+		t.Errorf("mounts left under %s: %q", base, got)
+	}
+}
