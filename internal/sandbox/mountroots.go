@@ -26,7 +26,6 @@ type MountRoots struct {
 	dirs   []string // what helpers detach: every root that is a mount point
 	ours   []string // bound by a sidecar (this run or an earlier one): unbound once empty
 	marker string
-	log    *slog.Logger
 }
 
 // BindMountRoots makes each of dirs (absolute; one under another counts once) a mount
@@ -36,7 +35,7 @@ type MountRoots struct {
 // mount point but has mounts under it (leases left by a daemon that did not bind) is
 // left alone, and its leases' helpers copy those mounts until a start finds it empty.
 func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots, error) {
-	r := &MountRoots{marker: marker, log: log}
+	r := &MountRoots{marker: marker}
 	listed, err := r.readMarker()
 	if err != nil {
 		return nil, err
