@@ -58,7 +58,7 @@ func startDaemon(ctx context.Context, log *slog.Logger, bin, dir string, maxLeas
 	}
 	if err := d.Start(ctx); err != nil {
 		_ = d.Close(false)
-		return nil, fmt.Errorf("%w; its log: %s", err, tail(d.logPath))
+		return nil, fmt.Errorf("%w; its log: %s", err, tail(d.logPath, 2000))
 	}
 	log.Info("daemon up", "pid", d.Pid(), "url", d.URL, "log", d.logPath)
 	return d, nil
@@ -95,11 +95,11 @@ func (d *daemon) stop(log *slog.Logger) {
 // status reads the daemon's memory and CPU from /proc.
 func (d *daemon) status() daemontest.ProcStatus { return daemontest.ReadProcStatus(d.Pid()) }
 
-// tail is the end of a log file, for an error message.
-func tail(path string) string {
+// tail is the last n bytes of a log file.
+func tail(path string, n int) string {
 	b, _ := os.ReadFile(path)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
+	if len(b) > n {
+		b = b[len(b)-n:]
 	}
 	return string(b)
 }

@@ -210,7 +210,12 @@ func run(ctx context.Context, log *slog.Logger, rc runConfig) (err error) {
 		}
 	}
 	if len(b.failures) > 0 {
-		return fmt.Errorf("%d case(s) failed", len(b.failures))
+		// The temporary directory goes at return; the daemon's side of a failure stays.
+		kept := dir + "-daemon.log"
+		if werr := os.WriteFile(kept, []byte(tail(b.d.logPath, 1<<20)), 0o644); werr != nil {
+			return fmt.Errorf("%d case(s) failed; the daemon's log is lost: %w", len(b.failures), werr)
+		}
+		return fmt.Errorf("%d case(s) failed; the daemon's log (its last MiB) is kept in %s", len(b.failures), kept)
 	}
 	return ctx.Err()
 }

@@ -1,6 +1,6 @@
 // A real sidecar daemon for the tests: the binary `make build` made, on a loopback port
 // with a self-signed certificate and its own state dir, stopped and cleaned up after.
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, rmdirSync, writeFileSync, chmodSync, existsSync } from "node:fs";
 import { join } from "node:path";
@@ -117,7 +117,19 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
           // not there
         }
       }
+      unbindState(join(work, "state"));
       rmSync(work, { recursive: true, force: true });
     },
   };
+}
+
+/** unbindState takes off the bind a strict daemon makes of its state dir and removes at
+ * its stop: one killed (kill()) leaves it, for its next start (docs/operations.md). */
+function unbindState(state: string): void {
+  const mounted = readFileSync("/proc/self/mountinfo", "utf8")
+    .split("\n")
+    .some((line) => line.split(" ")[4] === state);
+  if (!mounted) return;
+  const r = spawnSync("umount", [state], { encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`umount ${state}: ${r.stderr || r.error}`);
 }
