@@ -28,19 +28,30 @@ type MountRoots struct {
 	marker string
 }
 
-// BindMountRoots makes each of dirs (absolute; one under another counts once) a mount
-// point: a directory that already is one is used as it is (an operator's volume, a
-// systemd ReadWritePaths= bind); any other is bound on itself and listed in the marker
-// file, so that whichever run finds it empty at Close unbinds it. A directory that is no
-// mount point but has mounts under it (leases left by a daemon that did not bind) is
-// left alone, and its leases' helpers copy those mounts until a start finds it empty.
+// BindMountRoots makes each of dirs (existing; symlinks resolved; one under another
+// counts once) a mount point: a directory that already is one is used as it is (an
+// operator's volume, a systemd ReadWritePaths= bind); any other is bound on itself and
+// listed in the marker file, so that whichever run finds it empty at Close unbinds it. A
+// directory that is no mount point but has mounts under it (leases left by a daemon that
+// did not bind) is left alone, and its leases' helpers copy those mounts until a start
+// finds it empty.
 func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots, error) {
 	r := &MountRoots{marker: marker}
 	listed, err := r.readMarker()
 	if err != nil {
 		return nil, err
 	}
-	for _, dir := range outermost(dirs) {
+	// The mount table and the helpers' detach (which follows no symlink) name the real
+	// directories.
+	var resolved []string
+	for _, d := range dirs {
+		p, err := filepath.EvalSymlinks(d)
+		if err != nil {
+			return nil, fmt.Errorf("lease root: %w", err)
+		}
+		resolved = append(resolved, p)
+	}
+	for _, dir := range outermost(resolved) {
 		mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 		if err != nil {
 			return nil, fmt.Errorf("mount table: %w", err)
@@ -56,7 +67,8 @@ func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots
 			continue
 		default:
 			if err := bindPrivate(dir); err != nil {
-				return nil, errors.Join(err, r.Close())
+				log.Warn("cannot make a lease root a mount point: each lease's helpers keep a copy of the mounts under it", "dir", dir, "err", err)
+				continue
 			}
 			r.ours = append(r.ours, dir)
 			if err := r.writeMarker(); err != nil {

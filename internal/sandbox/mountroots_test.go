@@ -67,7 +67,7 @@ func mountTmpfs(t *testing.T, dir string) {
 func TestMountRootsBindAndUnbind(t *testing.T) {
 	base := mountRootsDir(t)
 	root, marker := filepath.Join(base, "state"), filepath.Join(base, "marker")
-	if err := os.Mkdir(root, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(root, "leases"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	r, err := BindMountRoots([]string{root, filepath.Join(root, "leases")}, marker, slog.Default())
@@ -180,5 +180,34 @@ func TestMountRootsUnderASharedMount(t *testing.T) {
 	}
 	if got := mountsAt(t, base, true); !slices.Equal(got, []string{base}) {
 		t.Errorf("mounts left under %s: %q", base, got)
+	}
+}
+
+// A root named through a symlink is bound, listed and detached by its real path: the
+// helpers' detach follows no symlink.
+func TestMountRootsThroughASymlink(t *testing.T) {
+	base := mountRootsDir(t)
+	root, link := filepath.Join(base, "state"), filepath.Join(base, "link")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(root, link); err != nil {
+		t.Fatal(err)
+	}
+	r, err := BindMountRoots([]string{link}, filepath.Join(base, "marker"), slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Dirs(); !slices.Equal(got, []string{root}) {
+		t.Errorf("Dirs = %q, want the real %s", got, root)
+	}
+	if !isMountPoint(t, root) {
+		t.Errorf("%s is no mount point", root)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if isMountPoint(t, root) {
+		t.Error("Close left the bind")
 	}
 }
