@@ -31,7 +31,7 @@ func TestCellUnderTheParent(t *testing.T) {
 	if err := cell.Join("w1", hog.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range cgroupDirs(cell.cg, cellPrefix+"cell-test", "w1") {
+	for _, d := range memberDirs(cell.cg, cellPrefix+"cell-test", "w1") {
 		procs, _ := os.ReadFile(d + "/cgroup.procs")
 		if !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(hog.Process.Pid)) {
 			t.Errorf("process %d not in %s", hog.Process.Pid, d)
@@ -107,6 +107,22 @@ func newTestCell(t *testing.T, name string) *Cell {
 	}
 	t.Cleanup(func() { _ = cell.Remove(context.Background()) })
 	return cell
+}
+
+// memberDirs are the cgroups a process joined to child of cell id is in: on v1 the child
+// where cells have children (memory, freezer), the cell itself in the other hierarchies.
+func memberDirs(cg Cgroups, id, child string) []string {
+	var dirs []string
+	for _, ctrl := range v1Controllers {
+		d := cg.Dir(ctrl, id, child)
+		if cg.Version() == "v1" && ctrl != "memory" && ctrl != "freezer" {
+			d = cg.Dir(ctrl, id)
+		}
+		if !slices.Contains(dirs, d) {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
 }
 
 // cgroupDirs are the directories of the cgroup at parts in every hierarchy.

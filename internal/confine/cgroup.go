@@ -35,9 +35,13 @@ type Cgroups interface {
 	// Dir is the directory of the cgroup at parts (cell id, child) in the hierarchy of
 	// controller ctrl (one per controller on v1, one for all on v2).
 	Dir(ctrl string, parts ...string) string
-	// JoinFiles are the cgroup.procs files the helper writes its pid to: one per v1
-	// hierarchy, the child's on v2 where clone3 is refused; none where ChildDir is set.
+	// JoinFiles are the cgroup.procs files a helper from outside the cell writes its pid
+	// to: one per v1 hierarchy, the child's on v2 where clone3 is refused; none where
+	// ChildDir is set.
 	JoinFiles(id, child string) []string
+	// ForkJoinFiles are those of JoinFiles a process forked inside the cell (by its
+	// zygote) still writes: on v1, only the hierarchies where a cell has children.
+	ForkJoinFiles(id, child string) []string
 	// ChildDir is the directory to clone into (v2 CLONE_INTO_CGROUP), "" on v1 and where
 	// clone3 is refused.
 	ChildDir(id, child string) string
@@ -157,4 +161,14 @@ func pollUntil(ctx context.Context, timeout time.Duration, done func() (bool, er
 		}
 		interval = min(interval*2, 10*time.Millisecond)
 	}
+}
+
+// writeIfChanged writes value to a control file unless it holds it already: setting a CPU
+// quota or period walks every cpu cgroup on the host, so a new cgroup's defaults are not
+// written again.
+func writeIfChanged(path, value string) error {
+	if b, err := cgroupfs.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == value {
+		return nil
+	}
+	return cgroupfs.WriteFile(path, value)
 }

@@ -18,10 +18,18 @@ import (
 // accounting (cpuacct) and killing without races (freezer).
 var v1Controllers = []string{"memory", "cpu", "cpuacct", "pids", "freezer"}
 
+// v1ChildControllers are the hierarchies where a cell has child cgroups: memory (a
+// command's own limit and OOM count) and freezer (killing one command's tree). In the
+// others a command stays in its cell's cgroup, which limits and accounts it the same way:
+// a child there would cost a mkdir, an rmdir and a migration per command, and the kernel
+// walks every cpu cgroup whenever any CPU quota is set.
+var v1ChildControllers = []string{"memory", "freezer"}
+
 type cgroupV1 struct {
-	mounts map[string]string // controller → mount point
-	hiers  []string          // distinct mount points (cpu and cpuacct are often one)
-	parent string
+	mounts     map[string]string // controller → mount point
+	hiers      []string          // distinct mount points (cpu and cpuacct are often one)
+	childHiers []string          // those of v1ChildControllers
+	parent     string
 }
 
 func newCgroupV1(parent, mountinfo string) (*cgroupV1, error) {
@@ -41,6 +49,9 @@ func newCgroupV1(parent, mountinfo string) (*cgroupV1, error) {
 		c.mounts[ctrl] = m
 		if !slices.Contains(c.hiers, m) {
 			c.hiers = append(c.hiers, m)
+		}
+		if slices.Contains(v1ChildControllers, ctrl) && !slices.Contains(c.childHiers, m) {
+			c.childHiers = append(c.childHiers, m)
 		}
 	}
 	if len(missing) > 0 {
@@ -86,16 +97,17 @@ func (c *cgroupV1) Dir(ctrl string, parts ...string) string {
 	return filepath.Join(append([]string{c.mounts[ctrl], c.parent}, parts...)...)
 }
 
-func (c *cgroupV1) dirs(parts ...string) []string {
-	ds := make([]string, len(c.hiers))
-	for i, h := range c.hiers {
+// dirs is the cgroup at parts in each hierarchy of hiers.
+func (c *cgroupV1) dirs(hiers []string, parts ...string) []string {
+	ds := make([]string, len(hiers))
+	for i, h := range hiers {
 		ds[i] = filepath.Join(append([]string{h, c.parent}, parts...)...)
 	}
 	return ds
 }
 
 func (c *cgroupV1) Provision(id string, l Limits) error {
-	for _, d := range c.dirs(id) {
+	for _, d := range c.dirs(c.hiers, id) {
 		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
@@ -107,10 +119,10 @@ func (c *cgroupV1) Provision(id string, l Limits) error {
 	if l.CPUMillicores > 0 {
 		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
 	}
-	if err := cgroupfs.WriteFile(c.Dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
+	if err := writeIfChanged(c.Dir("cpu", id, "cpu.cfs_period_us"), strconv.Itoa(cfsPeriodUS)); err != nil {
 		return err
 	}
-	if err := cgroupfs.WriteFile(c.Dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
+	if err := writeIfChanged(c.Dir("cpu", id, "cpu.cfs_quota_us"), quota); err != nil {
 		return err
 	}
 	pids := "max"
@@ -143,9 +155,9 @@ func setMemoryV1(dir string, n int64) error {
 
 func (c *cgroupV1) NewChild(id, child string) error {
 	made := 0
-	for _, d := range c.dirs(id, child) {
+	for _, d := range c.dirs(c.childHiers, id, child) {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			for _, u := range c.dirs(id, child)[:made] {
+			for _, u := range c.dirs(c.childHiers, id, child)[:made] {
 				syscall.Rmdir(u)
 			}
 			return err
@@ -162,7 +174,19 @@ func (c *cgroupV1) SetMemory(id, child string, bytes int64) error {
 func (c *cgroupV1) MemoryDir(id, child string) string { return c.Dir("memory", id, child) }
 
 func (c *cgroupV1) JoinFiles(id, child string) []string {
-	ds := c.dirs(id, child)
+	ds := make([]string, len(c.hiers))
+	for i, h := range c.hiers {
+		ds[i] = filepath.Join(c.parent, id)
+		if slices.Contains(c.childHiers, h) {
+			ds[i] = filepath.Join(ds[i], child)
+		}
+		ds[i] = filepath.Join(h, ds[i], "cgroup.procs")
+	}
+	return ds
+}
+
+func (c *cgroupV1) ForkJoinFiles(id, child string) []string {
+	ds := c.dirs(c.childHiers, id, child)
 	for i := range ds {
 		ds[i] = filepath.Join(ds[i], "cgroup.procs")
 	}
@@ -187,7 +211,7 @@ func (c *cgroupV1) ChildPids(id, child string) ([]int, error) {
 
 func (c *cgroupV1) RemoveChild(id, child string) error {
 	var errs []error
-	for _, d := range c.dirs(id, child) {
+	for _, d := range c.dirs(c.childHiers, id, child) {
 		errs = append(errs, cgroupfs.RemoveTree(d))
 	}
 	return errors.Join(errs...)
@@ -203,7 +227,7 @@ func (c *cgroupV1) StopCell(ctx context.Context, id string, ours []int) (bool, e
 
 func (c *cgroupV1) RemoveCell(id string) error {
 	var errs []error
-	for _, d := range c.dirs(id) {
+	for _, d := range c.dirs(c.hiers, id) {
 		errs = append(errs, cgroupfs.RemoveTree(d))
 	}
 	return errors.Join(errs...)

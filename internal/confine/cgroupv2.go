@@ -134,7 +134,7 @@ func (c *cgroupV2) Provision(id string, l Limits) error {
 	if l.CPUMillicores > 0 {
 		quota = strconv.FormatInt(l.CPUMillicores*cfsPeriodUS/1000, 10)
 	}
-	if err := cgroupfs.WriteFile(filepath.Join(d, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUS)); err != nil {
+	if err := writeIfChanged(filepath.Join(d, "cpu.max"), fmt.Sprintf("%s %d", quota, cfsPeriodUS)); err != nil {
 		return err
 	}
 	return cgroupfs.WriteFile(filepath.Join(d, "pids.max"), limitV2(l.Pids))
@@ -174,6 +174,8 @@ func (c *cgroupV2) JoinFiles(id, child string) []string {
 	}
 	return []string{c.dir(id, child, "cgroup.procs")}
 }
+
+func (c *cgroupV2) ForkJoinFiles(id, child string) []string { return c.JoinFiles(id, child) }
 
 func (c *cgroupV2) ChildDir(id, child string) string {
 	if !c.clone3 {

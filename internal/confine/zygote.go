@@ -174,7 +174,7 @@ func (e *Engine) forkLauncher(c *cell, z *zygote, l *launcher) (err error) {
 	}
 	report := os.NewFile(uintptr(pipe[0]), "report")
 	keep = append(keep, report)
-	kind, paths, flags := byte('f'), e.cg.JoinFiles(c.id, l.child), unix.O_WRONLY
+	kind, paths, flags := byte('f'), e.cg.ForkJoinFiles(c.id, l.child), unix.O_WRONLY
 	if d := e.cg.ChildDir(c.id, l.child); d != "" {
 		kind, paths, flags = 'c', []string{d}, unix.O_PATH|unix.O_DIRECTORY
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,7 +29,7 @@ func TestExecSetupFailure(t *testing.T) {
 	ctx := context.Background()
 	l := d.acquire("setup-failure")
 	must(l.Exec(ctx, apitype.ExecRequest{Argv: []string{"true"}}))(t)
-	dirs := daemontest.LeaseCgroups(d.cfg.CgroupParent, l.ID())
+	dirs := withChildren(daemontest.LeaseCgroups(d.cfg.CgroupParent, l.ID()))
 	// A spare or launcher still being made in the background while the test removes the
 	// others can serve the exec after all: then the test tries again.
 	var err error
@@ -99,6 +100,25 @@ func removeSparesAndLauncher(t *testing.T, dirs []string, first bool) {
 			t.Fatalf("launcher %d still alive", launcher)
 		}
 	}
+}
+
+// withChildren keeps, of a lease's cgroup directories, those of the hierarchies where its
+// commands get child cgroups: v2's one; v1's memory and freezer (in the others a command
+// stays in the lease's cgroup).
+func withChildren(dirs []string) []string {
+	if len(dirs) < 2 {
+		return dirs
+	}
+	var kept []string
+	for _, d := range dirs {
+		for _, part := range strings.Split(d, "/") {
+			if ctrls := strings.Split(part, ","); slices.Contains(ctrls, "memory") || slices.Contains(ctrls, "freezer") {
+				kept = append(kept, d)
+				break
+			}
+		}
+	}
+	return kept
 }
 
 // childCgroups lists a lease's empty child cgroups (present in every one of dirs) and the

@@ -10,14 +10,15 @@ import (
 	"github.com/sidecar-sandbox/sidecar/internal/kernel/cgroupfs"
 )
 
-// children lists the child cgroups of a lease in every hierarchy (several on v1), failing
-// the test if the hierarchies disagree.
+// children lists the child cgroups of a lease in every hierarchy that has them (v2's, or
+// v1's memory and freezer), failing the test if those disagree or another v1 hierarchy
+// (cpu, pids) has any.
 func children(t *testing.T, s *Sandbox, leaseID string) []string {
 	t.Helper()
 	s.settle() // no child half made in some hierarchies (a spare, a launcher's)
 	var first []string
-	dirs := cgroupDirs(s, leaseID)
-	for i, dir := range dirs {
+	withChildren := []string{cgroupDir(s, "memory", leaseID), cgroupDir(s, "freezer", leaseID)}
+	for i, dir := range withChildren {
 		names, err := cgroupfs.Children(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -26,7 +27,15 @@ func children(t *testing.T, s *Sandbox, leaseID string) []string {
 		if i == 0 {
 			first = names
 		} else if !slices.Equal(names, first) {
-			t.Fatalf("%s children %q, %s children %q", dirs[0], first, dir, names)
+			t.Fatalf("%s children %q, %s children %q", withChildren[0], first, dir, names)
+		}
+	}
+	for _, dir := range cgroupDirs(s, leaseID) {
+		if slices.Contains(withChildren, dir) {
+			continue
+		}
+		if names, err := cgroupfs.Children(dir); err != nil || len(names) > 0 {
+			t.Fatalf("%s children %q (%v), want none: commands stay in the lease's cgroup there", dir, names, err)
 		}
 	}
 	return first

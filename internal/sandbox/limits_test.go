@@ -36,11 +36,13 @@ func testForkBombStopsAtPidsLimit(t *testing.T, s *Sandbox) {
 	if err := tr.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// v1 counts refused forks in the forking cgroup: the command's child.
-	events := filepath.Join(cgroupDir(s, "pids", a.ID, treeCgroup(tr)), "pids.events")
+	// Refused forks are counted in the forking cgroup (v1: the lease's, where commands
+	// stay in the pids hierarchy; v2 before Linux 6.12: the command's child) or in the one
+	// whose limit was hit and above (v2 since: the lease's).
 	waitFor(t, "a fork refused by pids.max", func() bool {
-		n, _ := cgroupfs.ReadKey(events, "max")
-		return n > 0
+		inLease, _ := cgroupfs.ReadKey(filepath.Join(cgroupDir(s, "pids", a.ID), "pids.events"), "max")
+		inChild, _ := cgroupfs.ReadKey(filepath.Join(cgroupDir(s, "pids", a.ID, treeCgroup(tr)), "pids.events"), "max")
+		return inLease+inChild > 0
 	})
 	if u, err := s.Usage(a.ID); err != nil || u.Pids > 40 {
 		t.Errorf("Usage = %+v, %v; want pids <= 40", u, err)

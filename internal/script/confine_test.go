@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -215,24 +216,29 @@ func TestWorkerIdentity(t *testing.T) {
 	if child == "" {
 		t.Fatal("root but no worker cgroup")
 	}
-	// In its own cgroup in the cell under the daemon's cgroup parent, in every hierarchy
-	// the leases' processes join (v1), or the one (v2).
+	// In its own cgroup in the cell under the daemon's cgroup parent: in the one hierarchy
+	// (v2), or in v1's memory and freezer, and in the cell itself in v1's cpu and pids.
 	cgroups, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "/" + testCgroupParent + "/_t"
+	cell := "/" + regexp.QuoteMeta(testCgroupParent) + "/_t[^/]*"
+	inCell, inChild := regexp.MustCompile("^"+cell+"$"), regexp.MustCompile("^"+cell+"/"+regexp.QuoteMeta(child)+"$")
+	v1 := strings.Contains(string(cgroups), ":memory:")
 	for _, ctrl := range []string{"memory", "cpu", "pids", "freezer"} {
+		want := inChild
+		if v1 && (ctrl == "cpu" || ctrl == "pids") {
+			want = inCell
+		}
 		found := false
 		for line := range strings.SplitSeq(string(cgroups), "\n") {
 			f := strings.SplitN(line, ":", 3)
-			if len(f) == 3 && (f[0] == "0" || slices.Contains(strings.Split(f[1], ","), ctrl)) &&
-				strings.Contains(f[2], want) && strings.HasSuffix(f[2], "/"+child) {
+			if len(f) == 3 && (f[0] == "0" || slices.Contains(strings.Split(f[1], ","), ctrl)) && want.MatchString(f[2]) {
 				found = true
 			}
 		}
 		if !found {
-			t.Errorf("worker %d not in a %s cgroup %s…/%s:\n%s", pid, ctrl, want, child, cgroups)
+			t.Errorf("worker %d not in a %s cgroup %s:\n%s", pid, ctrl, want, cgroups)
 		}
 	}
 }
