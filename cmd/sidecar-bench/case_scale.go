@@ -4,17 +4,23 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client"
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
 	"github.com/sidecar-sandbox/sidecar/internal/daemontest"
 )
 
+// sparePace spaces the acquires of the spare rows: the daemon makes the next spare lease
+// 250 ms after one is taken (lease/spare.go), and making it takes some tens of ms.
+const sparePace = 500 * time.Millisecond
+
 // caseScale: the lease-count curve. With 10, 100, (1,000) leases held, acquire + release
-// of one more, exec true in a held lease, the daemon's resident memory and that of the
-// daemon with every process under it. Flat rows
-// mean no per-operation cost grows with the leases held (the lease journal; before it
-// every change rewrote the whole table).
+// of one more, back to back (each acquire makes its lease) and at an agent's pace (each
+// takes a spare made ahead), exec true in a held lease, the daemon's resident memory and
+// that of the daemon with every process under it. Flat rows mean no per-operation cost
+// grows with the leases held (the lease journal; before it every change rewrote the whole
+// table).
 func (b *bench) caseScale(ctx context.Context) error {
 	var held []*client.Lease
 	defer func() {
@@ -45,8 +51,27 @@ func (b *bench) caseScale(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		spare, err := interleave(ctx, 1, b.sz.reps, contender{name: "acquire + release, a spare ready",
+			run: func(ctx context.Context) (time.Duration, error) {
+				select {
+				case <-time.After(sparePace):
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+				start := time.Now()
+				l, err := b.acquire(ctx, apitype.Limits{})
+				if err == nil {
+					err = l.Release(ctx)
+				}
+				return time.Since(start), err
+			}})
+		if err != nil {
+			return err
+		}
 		b.add(row{name: fmt.Sprintf("acquire + release, %d leases held", n), unit: latency, sidecar: s[0],
 			floorName: "local fork/exec", floor: s[2]})
+		b.add(row{name: fmt.Sprintf("acquire + release with a spare ready, %d leases held", n), unit: latency,
+			sidecar: spare[0], floorName: "local fork/exec", floor: s[2]})
 		b.add(row{name: fmt.Sprintf("exec `true`, %d leases held", n), unit: latency, sidecar: s[1],
 			floorName: "local fork/exec", floor: s[2]})
 		st := daemontest.ReadProcStatus(b.d.Pid())
