@@ -1,8 +1,9 @@
 package confine
 
 // Child cgroups are made and removed off the exec path. On cgroup v1 a child is a
-// directory in each of five hierarchies: making one costs about 0.5 ms and removing a
-// used one about 1 ms, as much as the rest of starting /bin/true. So each cell keeps an
+// directory in the memory and freezer hierarchies (cgroupv1.go), and removing a used
+// memory cgroup makes the kernel walk every filesystem's LRU lists: together a good part of
+// what the rest of starting /bin/true costs. So each cell keeps an
 // empty child made ahead, and a finished tree's child, once it has been emptied, is
 // removed in the background. A spare is never reused: every tree still gets a fresh
 // cgroup whose counters (OOM kills, refused forks) are its own.
