@@ -39,32 +39,13 @@ func (b *bench) caseScale(ctx context.Context) error {
 		}
 		probe := held[len(held)/2]
 		s, err := interleave(ctx, 2, b.sz.reps,
-			timed("acquire + release", func(ctx context.Context) error {
-				l, err := b.acquire(ctx, apitype.Limits{})
-				if err != nil {
-					return err
-				}
-				return l.Release(ctx)
-			}),
+			timed("acquire + release", b.acquireRelease),
 			timed("exec", func(ctx context.Context) error { return execTrue(ctx, probe) }),
 			timed("fork/exec", forkExecTrue))
 		if err != nil {
 			return err
 		}
-		spare, err := interleave(ctx, 1, b.sz.reps, contender{name: "acquire + release, a spare ready",
-			run: func(ctx context.Context) (time.Duration, error) {
-				select {
-				case <-time.After(sparePace):
-				case <-ctx.Done():
-					return 0, ctx.Err()
-				}
-				start := time.Now()
-				l, err := b.acquire(ctx, apitype.Limits{})
-				if err == nil {
-					err = l.Release(ctx)
-				}
-				return time.Since(start), err
-			}})
+		spare, err := interleave(ctx, 1, b.sz.reps, afterIdle("acquire + release, a spare ready", sparePace, b.acquireRelease))
 		if err != nil {
 			return err
 		}
@@ -81,4 +62,13 @@ func (b *bench) caseScale(ctx context.Context) error {
 	b.note("Daemon RSS with leases held (lease-count curve): %s.", strings.Join(rss, ", "))
 	b.note("The daemon and every process under it (script workers, each lease's zygote and launcher): %s.", strings.Join(tree, "; "))
 	return nil
+}
+
+// acquireRelease acquires a lease of the default shape and releases it.
+func (b *bench) acquireRelease(ctx context.Context) error {
+	l, err := b.acquire(ctx, apitype.Limits{})
+	if err != nil {
+		return err
+	}
+	return l.Release(ctx)
 }
