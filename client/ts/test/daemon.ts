@@ -52,64 +52,45 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   const cgroupParent = `sidecar-test-ts-${process.pid}` + (i === undefined ? "" : `-${i}`);
   // Fleet members: 235000 + 1000 i, away from the single daemon's range and the Go suites'.
   const uidRange = i === undefined ? "233000-233999" : `${235000 + 1000 * i}-${235999 + 1000 * i}`;
-  const child: ChildProcess = spawn(bin, ["serve"], {
-    env: {
-      PATH: process.env.PATH,
-      SIDECAR_STATE_DIR: join(work, "state"),
-      SIDECAR_AUTH_TOKEN_FILE: tokenFile,
-      ...(opts.tlsDir
-        ? { SIDECAR_TLS_CERT_FILE: join(opts.tlsDir, "server.crt"), SIDECAR_TLS_KEY_FILE: join(opts.tlsDir, "server.key") }
-        : { SIDECAR_TLS_SELF_SIGNED: "true" }),
-      SIDECAR_LISTEN_ADDR: "127.0.0.1:0",
-      SIDECAR_ISOLATION: root ? "strict" : "none",
-      SIDECAR_CGROUP_PARENT: cgroupParent,
-      SIDECAR_UID_RANGE: uidRange,
-      SCRIPT_ENABLED: "false",
-      ...opts.env,
-    },
-    stdio: ["ignore", "ignore", "pipe"],
-  });
-  // A test run that dies must not leave the daemon behind.
-  const killOnExit = () => child.kill("SIGKILL");
-  process.on("exit", killOnExit);
-  let stderr = "";
-  const env: Record<string, string> = {};
-  const exited = new Promise<void>((resolve) => child.on("exit", () => resolve()));
-  await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error("no client lines from serve:\n" + stderr)), 60_000);
-    child.on("exit", (code) => {
-      clearTimeout(timer);
-      reject(new Error(`serve exited ${code}:\n${stderr}`));
-    });
-    child.stderr!.on("data", (b: Buffer) => {
-      stderr += b.toString();
-      for (const line of stderr.split("\n")) {
-        const m = /^export (\w+)=(.*)$/.exec(line);
-        if (m) env[m[1]] = m[2];
-      }
-      // The token file's line comes last (the CA file's only when self-signed).
-      if (env.SANDBOX_REMOTE_URL && env.SANDBOX_REMOTE_AUTH_TOKEN_FILE) {
-        clearTimeout(timer);
-        resolve();
-      }
-    });
-  });
-  const ca = readFileSync(opts.tlsDir ? join(opts.tlsDir, "ca.crt") : env.SANDBOX_REMOTE_CA_FILE);
-  const client = new Client({ url: env.SANDBOX_REMOTE_URL, token, ca });
+  const serveEnv = {
+    PATH: process.env.PATH,
+    SIDECAR_STATE_DIR: join(work, "state"),
+    SIDECAR_AUTH_TOKEN_FILE: tokenFile,
+    ...(opts.tlsDir
+      ? { SIDECAR_TLS_CERT_FILE: join(opts.tlsDir, "server.crt"), SIDECAR_TLS_KEY_FILE: join(opts.tlsDir, "server.key") }
+      : { SIDECAR_TLS_SELF_SIGNED: "true" }),
+    SIDECAR_LISTEN_ADDR: "127.0.0.1:0",
+    SIDECAR_ISOLATION: root ? "strict" : "none",
+    SIDECAR_CGROUP_PARENT: cgroupParent,
+    SIDECAR_UID_RANGE: uidRange,
+    SCRIPT_ENABLED: "false",
+    ...opts.env,
+  };
+  let run = await serve(bin, serveEnv);
+  let killed = false;
+  const ca = readFileSync(opts.tlsDir ? join(opts.tlsDir, "ca.crt") : run.env.SANDBOX_REMOTE_CA_FILE);
+  const client = new Client({ url: run.env.SANDBOX_REMOTE_URL, token, ca });
   return {
-    client, url: env.SANDBOX_REMOTE_URL, ca, token,
+    client, url: run.env.SANDBOX_REMOTE_URL, ca, token,
     async kill() {
-      child.kill("SIGKILL");
-      await exited;
+      await run.kill("SIGKILL");
+      killed = true;
     },
     async stop() {
-      for (const l of await client.listLeases().catch(() => [])) {
-        await client.releaseLease(l.id).catch(() => undefined);
+      if (killed) {
+        // What a killed daemon left (its spare lease's mounts and cgroups, the bind of its
+        // state dir) goes as an operator's goes: start it again and stop it
+        // (docs/operations.md, "Troubleshooting"); its leases are released then.
+        run = await serve(bin, serveEnv);
+        client.close();
       }
-      client.close();
-      child.kill("SIGTERM");
-      await exited;
-      process.off("exit", killOnExit);
+      // The restarted daemon listens on a port of its own.
+      const c = killed ? new Client({ url: run.env.SANDBOX_REMOTE_URL, token, ca }) : client;
+      for (const l of await c.listLeases().catch(() => [])) {
+        await c.releaseLease(l.id).catch(() => undefined);
+      }
+      c.close();
+      await run.kill("SIGTERM");
       for (const dir of ["", "cpu/", "cpuacct/", "memory/", "pids/", "freezer/"]) {
         try {
           rmdirSync(`/sys/fs/cgroup/${dir}${cgroupParent}`); // only an empty cgroup goes
@@ -123,6 +104,50 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
   };
 }
 
+interface Serving {
+  /** env holds the `export NAME=value` lines serve printed. */
+  env: Record<string, string>;
+  /** kill sends sig and waits for the daemon to exit. */
+  kill(sig: NodeJS.Signals): Promise<void>;
+}
+
+/** serve starts `sidecar serve` and waits for the client lines it prints once listening. */
+async function serve(bin: string, env: Record<string, string | undefined>): Promise<Serving> {
+  const child: ChildProcess = spawn(bin, ["serve"], { env, stdio: ["ignore", "ignore", "pipe"] });
+  // A test run that dies must not leave the daemon behind.
+  const killOnExit = () => child.kill("SIGKILL");
+  process.on("exit", killOnExit);
+  let stderr = "";
+  const printed: Record<string, string> = {};
+  const exited = new Promise<void>((resolve) => child.on("exit", () => resolve()));
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error("no client lines from serve:\n" + stderr)), 60_000);
+    child.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`serve exited ${code}:\n${stderr}`));
+    });
+    child.stderr!.on("data", (b: Buffer) => {
+      stderr += b.toString();
+      for (const line of stderr.split("\n")) {
+        const m = /^export (\w+)=(.*)$/.exec(line);
+        if (m) printed[m[1]] = m[2];
+      }
+      // The token file's line comes last (the CA file's only when self-signed).
+      if (printed.SANDBOX_REMOTE_URL && printed.SANDBOX_REMOTE_AUTH_TOKEN_FILE) {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+  });
+  return {
+    env: printed,
+    async kill(sig) {
+      child.kill(sig);
+      await exited;
+      process.off("exit", killOnExit);
+    },
+  };
+}
 /** unbindState takes off the bind a strict daemon makes of its state dir and removes at
  * its stop: one killed (kill()) leaves it, for its next start (docs/operations.md). */
 function unbindState(state: string): void {
