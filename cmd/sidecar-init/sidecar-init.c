@@ -579,6 +579,61 @@ static void bind_private(const struct config *c, const char *src, const char *ds
 		fail(EXIT_SETUP, "setup", "bind %s on %s: %s", src, dst, strerror(errno));
 }
 
+/* A host that replaces one of its files by rename (useradd and groupadd do, and so do
+ * DHCP clients and systemd-resolved with resolv.conf) detaches every bind on the old file
+ * in every mount namespace: a lease on the host's root would see the host's file from
+ * then on. A zygote keeps a detached copy of each bind of the lease's files and moves it
+ * in again before it forks a launcher when the file at its place is no longer the
+ * lease's (heal_user_files). A copy, not the source: that is under a mount the view
+ * detaches, from which nothing can be bound. */
+#define MAX_USER_FILES 3
+static struct {
+	const char *dst;
+	int tree; /* open_tree(OPEN_TREE_CLONE) of the bind on dst */
+} user_files[MAX_USER_FILES];
+static size_t n_user_files;
+
+static int clone_bind(const char *dst)
+{
+	return (int)syscall(SYS_open_tree, AT_FDCWD, dst, OPEN_TREE_CLONE | O_CLOEXEC);
+}
+
+/* bind_user_file binds a lease's own passwd, group or resolv.conf on the host's; a zygote
+ * on the host's root also keeps a copy of the bind for heal_user_files. */
+static void bind_user_file(const struct config *c, const char *src, const char *dst)
+{
+	bind_private(c, src, dst);
+	if (!c->fork || has(c->root))
+		return; /* a root's /etc is the lease's own: whatever it renames there stays */
+	int tree = clone_bind(dst);
+	if (tree < 0 || n_user_files == MAX_USER_FILES)
+		fail(EXIT_SETUP, "setup", "keep the bind on %s: %s", dst, tree < 0 ? strerror(errno) : "too many");
+	user_files[n_user_files].dst = dst;
+	user_files[n_user_files].tree = tree;
+	n_user_files++;
+}
+
+/* heal_user_files moves a kept bind in again where the host's rename detached it, and
+ * keeps a copy of that for the next time. A bind that cannot be made again ends the
+ * zygote: the daemon then starts the lease's commands the plain way, each in a view
+ * made afresh. */
+static void heal_user_files(void)
+{
+	for (size_t i = 0; i < n_user_files; i++) {
+		const char *dst = user_files[i].dst;
+		struct stat want, at;
+		if (fstat(user_files[i].tree, &want) < 0)
+			fail(EXIT_SETUP, "zygote", "stat the bind of %s: %s", dst, strerror(errno));
+		if (stat(dst, &at) == 0 && at.st_dev == want.st_dev && at.st_ino == want.st_ino)
+			continue;
+		if (syscall(SYS_move_mount, user_files[i].tree, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS) < 0)
+			fail(EXIT_SETUP, "zygote", "bind %s again: %s", dst, strerror(errno));
+		(void)close(user_files[i].tree);
+		if ((user_files[i].tree = clone_bind(dst)) < 0)
+			fail(EXIT_SETUP, "zygote", "keep the bind on %s: %s", dst, strerror(errno));
+	}
+}
+
 /* private_bind binds a lease directory (its home tree, its workdir) on dst, nosuid and
  * nodev like /tmp (as initproc.privateBind). */
 static void private_bind(const struct config *c, const char *src, const char *dst)
@@ -730,11 +785,11 @@ static void private_mounts(const struct config *c)
 	if (has(c->root))
 		root_dev_read_only(c);
 	if (has(c->passwd))
-		bind_private(c, c->passwd, "/etc/passwd");
+		bind_user_file(c, c->passwd, "/etc/passwd");
 	if (has(c->group))
-		bind_private(c, c->group, "/etc/group");
+		bind_user_file(c, c->group, "/etc/group");
 	if (has(c->resolv))
-		bind_private(c, c->resolv, "/etc/resolv.conf");
+		bind_user_file(c, c->resolv, "/etc/resolv.conf");
 	if (has(c->home))
 		private_bind(c, c->home, HOME_MOUNT);
 	if (has(c->work_dir))
@@ -1133,6 +1188,7 @@ __attribute__((noreturn)) static void serve_forks(struct config *c)
 		memcpy(fds, CMSG_DATA(h), nfds * sizeof(int));
 		if ((kind != 'f' && kind != 'c') || (kind == 'c' && nfds != 3))
 			fail(EXIT_SETUP, "zygote", "bad request");
+		heal_user_files();
 		int pidfd = -1, born_in_cgroup = 0;
 		long pid = -1;
 		errno = ENOSYS;

@@ -294,3 +294,64 @@ func TestZygoteDeadFallsBack(t *testing.T) {
 		t.Errorf("the killed zygote %d was not reaped", first.Zygote)
 	}
 }
+
+// A host that replaces its /etc/group by rename (groupadd does; DHCP clients and
+// systemd-resolved do with resolv.conf) detaches the lease's bind on it in every mount
+// namespace. A zygote binds it again before it forks the next launcher: from then on the
+// lease sees its own file again, its running processes included, and the host's mount
+// table is left as it was. It renames over the host's file, so it runs where the host is
+// disposable: make vm-test sets SIDECAR_TEST_DISPOSABLE_HOST.
+func TestUserFilesOutliveAHostRename(t *testing.T) {
+	if os.Getenv("SIDECAR_TEST_DISPOSABLE_HOST") != "1" {
+		t.Skip("renames over the host's /etc/group: runs in make vm-test (SIDECAR_TEST_DISPOSABLE_HOST=1)")
+	}
+	forEachHelper(t, testUserFilesOutliveAHostRename)
+}
+
+func testUserFilesOutliveAHostRename(t *testing.T, s *Sandbox) {
+	l := newTestLease(t, s, nil)
+	group := func() string {
+		t.Helper()
+		if !cold(t) {
+			readyLauncher(t, s, l.ID)
+		}
+		cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"cat", "/etc/group"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := runPrepared(t, cmd, tr)
+		if r.exitCode != 0 {
+			t.Fatalf("cat /etc/group: %+v", r)
+		}
+		return r.stdout
+	}
+	host, err := os.ReadFile("/etc/group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := group()
+	if own == string(host) || !strings.Contains(own, LeaseUser+":") {
+		t.Fatalf("the lease's /etc/group is the host's or lacks %s:\n%s", LeaseUser, own)
+	}
+	// The host's file again, the same bytes in a new file: what groupadd leaves.
+	next := "/etc/group.sidecar-test"
+	if err := os.WriteFile(next, host, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, "/etc/group"); err != nil {
+		t.Fatal(err)
+	}
+	group() // a launcher forked before the rename may run it in the detached view
+	if got := group(); got != own {
+		t.Fatalf("after the host's rename the lease sees:\n%s\nwant its own:\n%s", got, own)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == "/etc/group" {
+			t.Fatalf("the host's mount table holds a mount on /etc/group: %s", line)
+		}
+	}
+}
