@@ -18,7 +18,7 @@ const streamBytes = 64 << 20
 // is what the daemon's output path delivers; lossy, it counts delivered bytes only.
 // cpu-ns/B is the test process's CPU time (daemon and client, not the lease's process)
 // per byte, steadier than the rate on a loaded machine.
-// `go test -run X -bench AttachStdout -benchtime 5x ./sidecar/`.
+// `go test -run X -bench AttachStdout -benchtime 5x ./internal/daemon/`.
 func BenchmarkAttachStdout(b *testing.B) {
 	d := startDaemon(b)
 	ctx := context.Background()

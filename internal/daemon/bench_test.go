@@ -18,7 +18,7 @@ import (
 )
 
 // Benchmarks run against the real daemon over real TLS through the real client, next to
-// the floor measured in the same run. `go test -bench . -benchtime 200x ./sidecar/`.
+// the floor measured in the same run. `go test -bench . -benchtime 200x ./internal/daemon/`.
 
 // BenchmarkNoop is an authenticated request that does nothing: TLS, auth, routing.
 func BenchmarkNoop(b *testing.B) {

@@ -25,7 +25,7 @@ const transferBytes = 256 << 20
 // BenchmarkTransfer moves one big file through the real client and daemon (a lease on its
 // loop-mounted ext4 filesystem) beside raw TLS 1.3 on loopback in the same process, so
 // that each cost shows alone: upload = digest + fsync + atomic rename, download = digest,
-// over HTTP/2 and HTTP/1.1. `go test -run X -bench Transfer -benchtime 3x ./sidecar/`.
+// over HTTP/2 and HTTP/1.1. `go test -run X -bench Transfer -benchtime 3x ./internal/daemon/`.
 func BenchmarkTransfer(b *testing.B) {
 	d := startDaemon(b, func(c *daemon.Config) { c.DiskQuota = "loop" })
 	ctx := context.Background()
