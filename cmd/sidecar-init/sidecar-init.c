@@ -590,6 +590,8 @@ static void bind_private(const struct config *c, const char *src, const char *ds
 static struct {
 	const char *dst;
 	int tree; /* open_tree(OPEN_TREE_CLONE) of the bind on dst */
+	dev_t dev; /* the lease's file, which the bind shows */
+	ino_t ino;
 } user_files[MAX_USER_FILES];
 static size_t n_user_files;
 
@@ -605,11 +607,15 @@ static void bind_user_file(const struct config *c, const char *src, const char *
 	bind_private(c, src, dst);
 	if (!c->fork || has(c->root))
 		return; /* a root's /etc is the lease's own: whatever it renames there stays */
+	struct stat st;
 	int tree = clone_bind(dst);
-	if (tree < 0 || n_user_files == MAX_USER_FILES)
-		fail(EXIT_SETUP, "setup", "keep the bind on %s: %s", dst, tree < 0 ? strerror(errno) : "too many");
+	if (tree < 0 || fstat(tree, &st) < 0 || n_user_files == MAX_USER_FILES)
+		fail(EXIT_SETUP, "setup", "keep the bind on %s: %s", dst,
+		     n_user_files == MAX_USER_FILES ? "too many" : strerror(errno));
 	user_files[n_user_files].dst = dst;
 	user_files[n_user_files].tree = tree;
+	user_files[n_user_files].dev = st.st_dev;
+	user_files[n_user_files].ino = st.st_ino;
 	n_user_files++;
 }
 
@@ -621,10 +627,8 @@ static void heal_user_files(void)
 {
 	for (size_t i = 0; i < n_user_files; i++) {
 		const char *dst = user_files[i].dst;
-		struct stat want, at;
-		if (fstat(user_files[i].tree, &want) < 0)
-			fail(EXIT_SETUP, "zygote", "stat the bind of %s: %s", dst, strerror(errno));
-		if (stat(dst, &at) == 0 && at.st_dev == want.st_dev && at.st_ino == want.st_ino)
+		struct stat at;
+		if (stat(dst, &at) == 0 && at.st_dev == user_files[i].dev && at.st_ino == user_files[i].ino)
 			continue;
 		if (syscall(SYS_move_mount, user_files[i].tree, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_SYMLINKS) < 0)
 			fail(EXIT_SETUP, "zygote", "bind %s again: %s", dst, strerror(errno));

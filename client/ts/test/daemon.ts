@@ -77,15 +77,15 @@ export async function startDaemon(opts: DaemonOptions = {}): Promise<Daemon> {
       killed = true;
     },
     async stop() {
+      let c = client;
       if (killed) {
         // What a killed daemon left (its spare lease's mounts and cgroups, the bind of its
-        // state dir) goes as an operator's goes: start it again and stop it
-        // (docs/operations.md, "Troubleshooting"); its leases are released then.
+        // state dir) goes as an operator's goes: start it again, on a port of its own,
+        // and stop it (docs/operations.md, "Troubleshooting"); its leases go first.
         run = await serve(bin, serveEnv);
         client.close();
+        c = new Client({ url: run.env.SANDBOX_REMOTE_URL, token, ca });
       }
-      // The restarted daemon listens on a port of its own.
-      const c = killed ? new Client({ url: run.env.SANDBOX_REMOTE_URL, token, ca }) : client;
       for (const l of await c.listLeases().catch(() => [])) {
         await c.releaseLease(l.id).catch(() => undefined);
       }
@@ -148,6 +148,7 @@ async function serve(bin: string, env: Record<string, string | undefined>): Prom
     },
   };
 }
+
 /** unbindState takes off the bind a strict daemon makes of its state dir and removes at
  * its stop: one killed (kill()) leaves it, for its next start (docs/operations.md). */
 function unbindState(state: string): void {
