@@ -220,8 +220,8 @@ func TestFaultStalledReaderCut(t *testing.T) {
 	})
 	l := d.acquire("stalled-reader")
 	ctx := context.Background()
-	// A steady trickle (about 2.5 MB/s) that never ends: something is always to be written.
-	startUnwatched(t, l, apitype.StartRequest{ID: "trickle", Argv: []string{"sh", "-c", "while :; do head -c 262144 /dev/zero; sleep 0.1; done"}})
+	// A steady trickle (about 10 MB/s) that never ends: something is always to be written.
+	startUnwatched(t, l, apitype.StartRequest{ID: "trickle", Argv: []string{"sh", "-c", "while :; do head -c 1048576 /dev/zero; sleep 0.1; done"}})
 	conn, _, _ := d.rawAttach(t, "/v1/leases/"+l.ID()+"/processes/trickle/attach?since=-1", true)
 	defer conn.Close()
 	if streamGoroutines() == 0 {
