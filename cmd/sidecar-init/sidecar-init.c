@@ -583,8 +583,8 @@ static void bind_private(const struct config *c, const char *src, const char *ds
  * DHCP clients and systemd-resolved with resolv.conf) detaches every bind on the old file
  * in every mount namespace: a lease on the host's root would see the host's file from
  * then on. A zygote keeps a detached copy of each bind of the lease's files and moves it
- * in again before it forks a launcher when the file at its place is no longer the
- * lease's (heal_user_files). A copy, not the source: that is under a mount the view
+ * in again, before it forks a launcher and when the daemon asks ('h': it watches the
+ * host's files), where the file at its place is no longer the lease's (heal_user_files). A copy, not the source: that is under a mount the view
  * detaches, from which nothing can be bound. */
 #define MAX_USER_FILES 3
 static struct {
@@ -1162,7 +1162,9 @@ __attribute__((noreturn)) static void forked_child(struct config *c, char kind, 
  * the cgroup.procs files to join (v1, opened by the daemon as root; none without
  * cgroups), or 'c' with the socket, the pipe and the cgroup directory it is born in
  * (v2, CLONE_INTO_CGROUP). The child is the daemon's (CLONE_PARENT), which waits for it
- * as for one it started; its pidfd goes back with the answer. End of file: exit 0. Only
+ * as for one it started; its pidfd goes back with the answer. 'h', alone, heals the
+ * lease's user files now (the daemon saw the host rename one) and is answered "H". Before
+ * each fork it heals them anyway. End of file: exit 0. Only
  * the daemon holds the other end: no lease process can ask anything of it. */
 __attribute__((noreturn)) static void serve_forks(struct config *c)
 {
@@ -1184,6 +1186,12 @@ __attribute__((noreturn)) static void serve_forks(struct config *c)
 		if (n < 0)
 			fail(EXIT_SETUP, "zygote", "receive: %s", strerror(errno));
 		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		if (kind == 'h' && h == NULL && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) == 0) {
+			heal_user_files();
+			if (write(LAUNCH_FD, "H", 1) != 1)
+				fail(EXIT_SETUP, "zygote", "answer: %s", strerror(errno));
+			continue;
+		}
 		if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || h == NULL || h->cmsg_level != SOL_SOCKET ||
 		    h->cmsg_type != SCM_RIGHTS || h->cmsg_len < CMSG_LEN(2 * sizeof(int)))
 			fail(EXIT_SETUP, "zygote", "bad request");

@@ -251,6 +251,57 @@ func (z *zygote) request(kind byte, fds []int) (int, int, error) {
 	return pid, rights[0], nil
 }
 
+// Heal has every cell's zygote bind the cell's own files again where the host renamed
+// over its file, which detached the bind in every mount namespace (the helper's
+// heal_user_files): the cell's processes see them again without waiting for the next
+// launcher. A zygote that does not answer is dropped.
+func (e *Engine) Heal() {
+	type pair struct {
+		c *cell
+		z *zygote
+	}
+	var zs []pair
+	e.mu.Lock()
+	for _, c := range e.cells {
+		if c.zygote != nil {
+			zs = append(zs, pair{c, c.zygote})
+		}
+	}
+	e.mu.Unlock()
+	for _, p := range zs {
+		if err := p.z.heal(); err != nil {
+			e.log.Warn("zygote failed to heal its cell's files: dropped", "cell", p.c.id, "err", err)
+			e.zygoteFailed(p.c, p.z)
+		}
+	}
+}
+
+// heal sends 'h' and waits for "H".
+func (z *zygote) heal() error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if z.sock == nil {
+		return nil // dropped meanwhile
+	}
+	sock := int(z.sock.Fd())
+	if err := unix.Sendmsg(sock, []byte{'h'}, nil, nil, 0); err != nil {
+		return fmt.Errorf("%w: %v", errZygote, err)
+	}
+	if ready, err := awaitReadable(sock, zygoteWait); !ready {
+		return fmt.Errorf("%w: no answer: %v", errZygote, err)
+	}
+	var buf [1]byte
+	switch n, _, _, _, err := unix.Recvmsg(sock, buf[:], nil, unix.MSG_DONTWAIT); {
+	case err != nil:
+		return fmt.Errorf("%w: %v", errZygote, err)
+	case n == 0:
+		return fmt.Errorf("%w exited", errZygote)
+	case buf[0] != 'H':
+		return fmt.Errorf("%w: bad answer", errZygote)
+	}
+	return nil
+}
+
 // awaitReadable waits up to d for fd to be readable (or hung up).
 func awaitReadable(fd int, d time.Duration) (bool, error) {
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}

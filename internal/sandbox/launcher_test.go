@@ -333,14 +333,7 @@ func testUserFilesOutliveAHostRename(t *testing.T, s *Sandbox) {
 	if own == string(host) || !strings.Contains(own, LeaseUser+":") {
 		t.Fatalf("the lease's /etc/group is the host's or lacks %s:\n%s", LeaseUser, own)
 	}
-	// The host's file again, the same bytes in a new file: what groupadd leaves.
-	next := "/etc/group.sidecar-test"
-	if err := os.WriteFile(next, host, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(next, "/etc/group"); err != nil {
-		t.Fatal(err)
-	}
+	renameOverGroup(t, host)
 	group() // a launcher forked before the rename may run it in the detached view
 	if got := group(); got != own {
 		t.Fatalf("after the host's rename the lease sees:\n%s\nwant its own:\n%s", got, own)
@@ -353,5 +346,85 @@ func testUserFilesOutliveAHostRename(t *testing.T, s *Sandbox) {
 		if f := strings.Fields(line); len(f) > 4 && f[4] == "/etc/group" {
 			t.Fatalf("the host's mount table holds a mount on /etc/group: %s", line)
 		}
+	}
+}
+
+// renameOverGroup puts host, the host's /etc/group, in a new file and renames that over
+// /etc/group: what groupadd does.
+func renameOverGroup(t *testing.T, host []byte) {
+	t.Helper()
+	next := "/etc/group.sidecar-test"
+	if err := os.WriteFile(next, host, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(next, "/etc/group"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The same rename while the lease runs no command: its long-running process (a server,
+// say) sees the lease's own file again once the daemon saw the rename, without waiting
+// for the next command. The next launcher is ready before the rename, so no fork heals
+// the view: the watch on the host's files must. Only zygotes (the C helper's) keep a view
+// to heal; a plain start makes each command's afresh.
+func TestUserFilesHealWhileALeaseIsIdle(t *testing.T) {
+	if os.Getenv("SIDECAR_TEST_DISPOSABLE_HOST") != "1" {
+		t.Skip("renames over the host's /etc/group: runs in make vm-test (SIDECAR_TEST_DISPOSABLE_HOST=1)")
+	}
+	s := newTestSandboxWith(t, cHelperPath(t))
+	l := newTestLease(t, s, nil)
+	host, err := os.ReadFile("/etc/group")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readyLauncher(t, s, l.ID)
+	cmd, tr, err := s.Command(l.ID, sh(`i=0; while [ $i -lt 1200 ]; do i=$((i+1))
+		if grep -q '^`+LeaseUser+`:' /etc/group; then echo own; else echo host; fi; sleep 0.05; done`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := os.CreateTemp(t.TempDir(), "out")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = out
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); tr.Close() }()
+	seen := func() []string {
+		b, _ := os.ReadFile(out.Name())
+		return strings.Fields(string(b))
+	}
+	waitFor(t, "the loop to see the lease's own /etc/group", func() bool {
+		got := seen()
+		return len(got) > 0 && got[len(got)-1] == "own"
+	})
+	if state := readyLauncher(t, s, l.ID); state.Zygote == 0 {
+		t.Fatal("the C helper's launcher was not forked by a zygote")
+	}
+	renameOverGroup(t, host)
+	n := len(seen()) // the line after may have read before the rename
+	waitFor(t, "the idle lease's loop to see its own /etc/group again", func() bool {
+		got := seen()
+		return len(got) > n+1 && got[len(got)-1] == "own"
+	})
+}
+
+// A heal the daemon asks for (the host replaced none of the lease's files here) leaves
+// the zygote serving: the next launcher is its fork.
+func TestZygoteHealKeepsItServing(t *testing.T) {
+	s := newTestSandboxWith(t, cHelperPath(t))
+	l := newTestLease(t, s, nil)
+	first := readyLauncher(t, s, l.ID)
+	if first.Zygote == 0 {
+		t.Fatal("the C helper's launcher was not forked by a zygote")
+	}
+	s.eng.Heal()
+	if r := run(t, s, l.ID, sh("id -u")); strings.TrimSpace(r.stdout) != strconv.Itoa(l.UID) || r.exitCode != 0 {
+		t.Fatalf("command after a heal: %+v", r)
+	}
+	if next := readyLauncher(t, s, l.ID); next.Zygote != first.Zygote {
+		t.Errorf("after a heal the next launcher's zygote is %d, want %d", next.Zygote, first.Zygote)
 	}
 }

@@ -166,6 +166,7 @@ type Sandbox struct {
 	// landlockMax is Config.LandlockMaxABI: the cap the helper is told to apply.
 	landlockMax int
 	owner       *ownerLock // the lock on the cgroup parent (owner.go), nil without Config.Owner
+	hostFiles   *hostFiles // heals leases' views when the host replaces a user file; nil: not watched
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -327,6 +328,11 @@ func New(cfg Config) (*Sandbox, error) {
 		}
 	}
 	s.eng = confine.NewEngine(confine.EngineConfig{Cgroups: s.cg, Helper: helper, HelperArg: HelperArg, ColdStart: cfg.ColdStart, Forks: cHelper(helper), Logger: cfg.Logger})
+	if cHelper(helper) { // only zygotes, the C helper's, keep binds to heal
+		if s.hostFiles, err = watchHostFiles(s.eng.Heal, cfg.Logger); err != nil {
+			cfg.Logger.Warn("cannot watch the host's passwd, group and resolv.conf: after the host replaces one, a lease on the host's root sees its own again only at its next command", "err", err)
+		}
+	}
 	s.caps.Cgroups = s.cg.Version()
 	s.caps.UIDIsolation = true
 	s.caps.PrivateTmp = true
@@ -693,6 +699,8 @@ func (s *Sandbox) Sweep(ctx context.Context, known func(leaseID string) bool) (c
 // plain way, keep no spares and use the host's PTYs.
 func (s *Sandbox) Close() error {
 	s.mu.Lock()
+	hf := s.hostFiles
+	s.hostFiles = nil
 	if owner := s.owner; owner != nil {
 		leasesLeft := len(s.leases) > 0
 		defer owner.Close(leasesLeft) // the cgroup parent is free again once the work below is done
@@ -704,6 +712,9 @@ func (s *Sandbox) Close() error {
 		le.pts = ""
 	}
 	s.mu.Unlock()
+	if hf != nil {
+		hf.close() // no heal while the engine closes
+	}
 	s.userns.close()
 	var errs []error
 	for _, dir := range pts {
