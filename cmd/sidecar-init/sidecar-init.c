@@ -583,9 +583,10 @@ static void bind_private(const struct config *c, const char *src, const char *ds
  * DHCP clients and systemd-resolved with resolv.conf) detaches every bind on the old file
  * in every mount namespace: a lease on the host's root would see the host's file from
  * then on. A zygote keeps a detached copy of each bind of the lease's files and moves it
- * in again, before it forks a launcher and when the daemon asks ('h': it watches the
- * host's files), where the file at its place is no longer the lease's (heal_user_files). A copy, not the source: that is under a mount the view
- * detaches, from which nothing can be bound. */
+ * in again where the file at its place is no longer the lease's (heal_user_files): before
+ * it forks a launcher, and when the daemon, which watches the host's files, asks ('h').
+ * A copy, not the source: that is under a mount the view detaches, from which nothing
+ * can be bound. */
 #define MAX_USER_FILES 3
 static struct {
 	const char *dst;

@@ -13,12 +13,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// userFiles are the host files a lease on the host's root sees its own of, each a bind in
+// userFiles are the host files a lease on the host's root has its own of, each bound in
 // the lease's mount namespace. A host that replaces one by rename (useradd, groupadd,
-// DHCP clients, systemd-resolved) detaches that bind in every namespace; each lease's
-// zygote binds its file again before its next command, and on the hostFiles watch's word
-// at once, so that a lease's long-running server sees its own resolv.conf again without
-// waiting for a command.
+// DHCP clients, systemd-resolved) detaches that bind in every namespace. Each lease's
+// zygote binds its file again before it forks a launcher, and at once when hostFiles
+// sees the rename, so that a long-running server in an idle lease is not left with the
+// host's resolv.conf.
 var userFiles = []string{"/etc/passwd", "/etc/group", "/etc/resolv.conf"}
 
 // hostFiles watches the directories of userFiles (and of resolv.conf's target, when it is
