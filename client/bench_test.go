@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -91,16 +92,7 @@ func BenchmarkUpload(b *testing.B) {
 			}))
 			srv.EnableHTTP2 = bc.h2
 			srv.Config.HTTP2 = bc.conf
-			srv.StartTLS()
-			b.Cleanup(srv.Close)
-			ca := filepath.Join(b.TempDir(), "ca.pem")
-			if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-				b.Fatal(err)
-			}
-			c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
-			if err != nil {
-				b.Fatal(err)
-			}
+			c := productionClient(b, srv)
 			if bc.h2 {
 				c.bulk = nil // requests take the HTTP/2 transport
 				if bc.conf == nil {
@@ -116,6 +108,44 @@ func BenchmarkUpload(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDownload: a verified download of 64 MiB (the server sends the digest, as the
+// daemon does for ?digest=sha-256) from a server that serves it from memory, through the
+// production transport, so the client's own cost shows: its TLS reads and its sha-256.
+func BenchmarkDownload(b *testing.B) {
+	data := bytes.Repeat([]byte("d"), 64<<20)
+	sum := sha256.Sum256(data)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(apitype.HeaderContentDigest, apitype.FormatDigest(sum[:]))
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		_, _ = w.Write(data)
+	}))
+	c := productionClient(b, srv)
+	b.SetBytes(int64(len(data)))
+	defer reportCPU(b, int64(len(data)))()
+	for b.Loop() {
+		n, err := c.OpenLease("L1", "tok").Download(context.Background(), "f", io.Discard)
+		if err != nil || n != int64(len(data)) {
+			b.Fatal(n, err)
+		}
+	}
+}
+
+// productionClient starts srv with TLS and returns a client that trusts it by a CA file,
+// as a deployment's client does (New's own transports, not the test server's).
+func productionClient(b *testing.B, srv *httptest.Server) *Client {
+	srv.StartTLS()
+	b.Cleanup(srv.Close)
+	ca := filepath.Join(b.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c
 }
 
 // reportCPU, deferred before a benchmark's loop, reports the CPU time the process (client

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"path"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sidecar-sandbox/sidecar/client/apitype"
@@ -75,7 +76,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 		n    int64
 		want []byte
 		etag string
-		buf  = make([]byte, 256<<10)
+		bufs = [][]byte{make([]byte, 256<<10), make([]byte, 256<<10), make([]byte, 256<<10)}
 	)
 	for attempt := 1; ; attempt++ {
 		h := http.Header{"Accept-Encoding": {"identity"}} // the digest is over the raw bytes
@@ -99,7 +100,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 			resp.Body.Close()
 			return n, fmt.Errorf("client: %s changed while it was downloaded", p)
 		}
-		m, rerr, werr := copyCounted(w, hash, resp.Body, buf)
+		m, rerr, werr := copyCounted(w, hash, resp.Body, bufs)
 		resp.Body.Close()
 		n += m
 		if werr != nil {
@@ -122,24 +123,57 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 	return n, nil
 }
 
-// copyCounted copies r to w and hash, telling read errors from write errors.
-func copyCounted(w, hash io.Writer, r io.Reader, buf []byte) (n int64, rerr, werr error) {
-	for {
-		k, err := r.Read(buf)
-		if k > 0 {
-			hash.Write(buf[:k])
-			if _, werr = w.Write(buf[:k]); werr != nil {
-				return n, nil, werr
+// copyCounted copies r to w and hash, telling read errors from write errors. Reading (for
+// a download, TLS decryption) and hashing + writing run on two goroutines, a chunk apart,
+// so that sha-256 is not on the read path: serially the two add up, on two cores they
+// overlap. Every byte read is hashed and written before it returns.
+func copyCounted(w, hash io.Writer, r io.Reader, bufs [][]byte) (n int64, rerr, werr error) {
+	free := make(chan []byte, len(bufs))
+	for _, b := range bufs {
+		free <- b
+	}
+	full := make(chan []byte, len(bufs))
+	var failed atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for b := range full {
+			if werr == nil {
+				hash.Write(b)
+				var k int
+				k, werr = w.Write(b)
+				n += int64(k)
+				failed.Store(werr != nil)
 			}
-			n += int64(k)
+			free <- b[:cap(b)]
 		}
-		if err == io.EOF {
-			return n, nil, nil
-		}
+	}()
+	for rerr == nil && !failed.Load() {
+		b := <-free
+		var k int
+		k, rerr = fill(r, b)
+		full <- b[:k]
+	}
+	close(full)
+	<-done
+	if rerr == io.EOF {
+		rerr = nil
+	}
+	return n, rerr, werr
+}
+
+// fill reads into b until it is full or r fails (io.EOF at the end). One read of a TLS
+// body returns a record (16 KiB at most): a chunk of many is worth a goroutine hand-off.
+func fill(r io.Reader, b []byte) (int, error) {
+	k := 0
+	for k < len(b) {
+		m, err := r.Read(b[k:])
+		k += m
 		if err != nil {
-			return n, err, nil
+			return k, err
 		}
 	}
+	return k, nil
 }
 
 // Stat describes the file at p without following a final symlink.

@@ -166,6 +166,32 @@ func TestDownloadResumesAndVerifies(t *testing.T) {
 	}
 }
 
+// failingWriter takes limit bytes, then fails.
+type failingWriter struct{ limit, n int }
+
+var errWriterFull = errors.New("writer full")
+
+func (w *failingWriter) Write(p []byte) (int, error) {
+	if w.n+len(p) > w.limit {
+		k := w.limit - w.n
+		w.n = w.limit
+		return k, errWriterFull
+	}
+	w.n += len(p)
+	return len(p), nil
+}
+
+func TestDownloadStopsAtAFailedWrite(t *testing.T) {
+	data := bytes.Repeat([]byte("download "), 200000)
+	sum := sha256.Sum256(data)
+	c, _ := newTestClient(t, fakeFile(t, data, 0, sum[:]))
+	w := &failingWriter{limit: 300001}
+	n, err := c.OpenLease("L1", "tok").Download(context.Background(), "f", w)
+	if !errors.Is(err, errWriterFull) || n != 300001 {
+		t.Fatalf("n %d err %v, want 300001 bytes and the writer's error", n, err)
+	}
+}
+
 func TestArchiveRoundTrip(t *testing.T) {
 	src := t.TempDir()
 	mustWrite(t, filepath.Join(src, "a.txt"), "alpha", 0o644)
