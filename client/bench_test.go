@@ -4,12 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/pem"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -130,22 +127,6 @@ func BenchmarkDownload(b *testing.B) {
 			b.Fatal(n, err)
 		}
 	}
-}
-
-// productionClient starts srv with TLS and returns a client that trusts it by a CA file,
-// as a deployment's client does (New's own transports, not the test server's).
-func productionClient(b *testing.B, srv *httptest.Server) *Client {
-	srv.StartTLS()
-	b.Cleanup(srv.Close)
-	ca := filepath.Join(b.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return c
 }
 
 // reportCPU, deferred before a benchmark's loop, reports the CPU time the process (client

@@ -2,8 +2,11 @@ package client
 
 import (
 	"encoding/json"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +32,23 @@ func newTestClient(t testing.TB, h http.Handler) (*Client, *httptest.Server) {
 	c.retry = fastRetry
 	c.reconn = retryPolicy{attempts: 4, base: time.Millisecond, max: 5 * time.Millisecond}
 	return c, srv
+}
+
+// productionClient starts srv with TLS and returns a client that trusts it by a CA file,
+// as a deployment's client does (New's own transports, not the test server's).
+func productionClient(t testing.TB, srv *httptest.Server) *Client {
+	t.Helper()
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // writeProblem answers like the daemon's one error function.

@@ -2,12 +2,9 @@ package client
 
 import (
 	"context"
-	"encoding/pem"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 
@@ -36,16 +33,7 @@ func TestCAFileHTTP2AndWebsocket(t *testing.T) {
 		writeJSON(w, 200, apitype.Info{Version: "test"})
 	}))
 	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := productionClient(t, srv)
 	info, err := c.Info(context.Background())
 	if err != nil || info.Version != "test" {
 		t.Fatalf("info %+v err %v", info, err)
@@ -100,16 +88,7 @@ func TestCloseIdleConnections(t *testing.T) {
 			delete(open, c)
 		}
 	}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := productionClient(t, srv)
 	ctx := context.Background()
 	if _, err := c.Info(ctx); err != nil {
 		t.Fatal(err)
