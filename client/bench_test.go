@@ -107,26 +107,39 @@ func BenchmarkUpload(b *testing.B) {
 	}
 }
 
-// BenchmarkDownload: a verified download of 64 MiB (the server sends the digest, as the
-// daemon does for ?digest=sha-256) from a server that serves it from memory, through the
-// production transport, so the client's own cost shows: its TLS reads and its sha-256.
+// BenchmarkDownload: a verified download (the server sends the digest, as the daemon does
+// for ?digest=sha-256) from a server that serves it from memory, through the production
+// transport, so the client's own cost shows: its TLS reads and its sha-256. "4KiB" is a
+// small file, as agents read most files (ReadFile is a Download into a buffer).
 func BenchmarkDownload(b *testing.B) {
-	data := bytes.Repeat([]byte("d"), 64<<20)
-	sum := sha256.Sum256(data)
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(apitype.HeaderContentDigest, apitype.FormatDigest(sum[:]))
-		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-		_, _ = w.Write(data)
-	}))
-	c := productionClient(b, srv)
-	b.SetBytes(int64(len(data)))
-	defer reportCPU(b, int64(len(data)))()
-	for b.Loop() {
-		n, err := c.OpenLease("L1", "tok").Download(context.Background(), "f", io.Discard)
-		if err != nil || n != int64(len(data)) {
-			b.Fatal(n, err)
-		}
+	for _, size := range []int{4 << 10, 64 << 20} {
+		b.Run(sizeLabel(size), func(b *testing.B) {
+			data := bytes.Repeat([]byte("d"), size)
+			sum := sha256.Sum256(data)
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set(apitype.HeaderContentDigest, apitype.FormatDigest(sum[:]))
+				w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+				_, _ = w.Write(data)
+			}))
+			c := productionClient(b, srv)
+			b.SetBytes(int64(len(data)))
+			b.ReportAllocs()
+			defer reportCPU(b, int64(len(data)))()
+			for b.Loop() {
+				n, err := c.OpenLease("L1", "tok").Download(context.Background(), "f", io.Discard)
+				if err != nil || n != int64(len(data)) {
+					b.Fatal(n, err)
+				}
+			}
+		})
 	}
+}
+
+func sizeLabel(n int) string {
+	if n >= 1<<20 {
+		return strconv.Itoa(n>>20) + "MiB"
+	}
+	return strconv.Itoa(n>>10) + "KiB"
 }
 
 // reportCPU, deferred before a benchmark's loop, reports the CPU time the process (client

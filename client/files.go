@@ -76,7 +76,6 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 		n    int64
 		want []byte
 		etag string
-		bufs = [][]byte{make([]byte, 256<<10), make([]byte, 256<<10), make([]byte, 256<<10)}
 	)
 	for attempt := 1; ; attempt++ {
 		h := http.Header{"Accept-Encoding": {"identity"}} // the digest is over the raw bytes
@@ -100,7 +99,7 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 			resp.Body.Close()
 			return n, fmt.Errorf("client: %s changed while it was downloaded", p)
 		}
-		m, rerr, werr := copyCounted(w, hash, resp.Body, bufs)
+		m, rerr, werr := copyCounted(w, hash, resp.Body, resp.ContentLength)
 		resp.Body.Close()
 		n += m
 		if werr != nil {
@@ -123,16 +122,32 @@ func (l *Lease) Download(ctx context.Context, p string, w io.Writer) (int64, err
 	return n, nil
 }
 
-// copyCounted copies r to w and hash, telling read errors from write errors. Reading (for
-// a download, TLS decryption) and hashing + writing run on two goroutines, a chunk apart,
-// so that sha-256 is not on the read path: serially the two add up, on two cores they
-// overlap. Every byte read is hashed and written before it returns.
-func copyCounted(w, hash io.Writer, r io.Reader, bufs [][]byte) (n int64, rerr, werr error) {
-	free := make(chan []byte, len(bufs))
-	for _, b := range bufs {
-		free <- b
+// downloadChunk is what a download reads before it hands the bytes on to be hashed and
+// written; three are in flight.
+const downloadChunk = 256 << 10
+
+// copyCounted copies r, of size bytes (-1: unknown), to w and hash, telling read errors
+// from write errors. A body longer than a chunk is read (for a download, TLS decryption)
+// on this goroutine and hashed and written on another, a chunk apart, so that sha-256 is
+// not on the read path: serially the two add up, on two cores they overlap. A shorter one
+// (most files an agent reads) has nothing to overlap and is copied here, through a buffer
+// its size. Every byte read is hashed and written before it returns.
+func copyCounted(w, hash io.Writer, r io.Reader, size int64) (n int64, rerr, werr error) {
+	if size >= 0 && size <= downloadChunk {
+		b := make([]byte, size)
+		k, rerr := fill(r, b)
+		hash.Write(b[:k])
+		k, werr = w.Write(b[:k])
+		if rerr == io.EOF {
+			rerr = nil
+		}
+		return int64(k), rerr, werr
 	}
-	full := make(chan []byte, len(bufs))
+	free := make(chan []byte, 3)
+	for range cap(free) {
+		free <- make([]byte, downloadChunk)
+	}
+	full := make(chan []byte, cap(free))
 	var failed atomic.Bool
 	done := make(chan struct{})
 	go func() {

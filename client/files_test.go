@@ -151,12 +151,18 @@ func fakeFile(t *testing.T, data []byte, cutAt int, digest []byte) http.Handler 
 func TestDownloadResumesAndVerifies(t *testing.T) {
 	data := bytes.Repeat([]byte("download "), 100000)
 	sum := sha256.Sum256(data)
-	for _, cut := range []int{0, 1, 450001} {
-		c, _ := newTestClient(t, fakeFile(t, data, cut, sum[:]))
+	small := data[:10000] // one chunk: copied without the hashing goroutine
+	smallSum := sha256.Sum256(small)
+	for _, tc := range []struct {
+		data []byte
+		sum  []byte
+		cut  int
+	}{{data, sum[:], 0}, {data, sum[:], 1}, {data, sum[:], 450001}, {small, smallSum[:], 0}, {small, smallSum[:], 4001}} {
+		c, _ := newTestClient(t, fakeFile(t, tc.data, tc.cut, tc.sum))
 		var got bytes.Buffer
 		n, err := c.OpenLease("L1", "tok").Download(context.Background(), "f", &got)
-		if err != nil || n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
-			t.Fatalf("cut %d: n %d err %v", cut, n, err)
+		if err != nil || n != int64(len(tc.data)) || !bytes.Equal(got.Bytes(), tc.data) {
+			t.Fatalf("%d bytes cut at %d: n %d err %v", len(tc.data), tc.cut, n, err)
 		}
 	}
 	bad := sha256.Sum256([]byte("something else"))
