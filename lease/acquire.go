@@ -214,10 +214,10 @@ func (m *Manager) enter(ctx context.Context, l Lease, r Request) (Lease, error) 
 }
 
 // adopt makes a spare the lease of request r: the session's, created now. The next spare
-// is made spareAfterTake later.
+// is made once that lease is quiet (refillAfterTake).
 func (m *Manager) adopt(ctx context.Context, spare Lease, r Request) (Lease, error) {
 	l := m.newLease(spare.ID, spare.UID, r)
-	defer time.AfterFunc(spareAfterTake, m.wakeSpares)
+	defer m.refillAfterTake(l.ID)
 	return m.enter(ctx, l, r)
 }
 

@@ -16,10 +16,15 @@ import (
 // spare down first. A spare whose image changed since it was made (Config.SpareCurrent)
 // is taken down instead of handed out.
 
-// spareAfterTake is how long after a spare is taken the next one is made: not beside the
-// new lease's first commands, which would share the CPUs with its set-up (about what a
-// lease's acquire costs).
-const spareAfterTake = 250 * time.Millisecond
+// The next spare is made once the lease the last one became is quiet: released, or
+// spareQuiet without a request (an agent's commands come in bursts with pauses between);
+// spareAfterTake after the take at the latest. Made beside that lease's commands, its
+// set-up (about what an acquire costs) would share the CPUs with them; made at a fixed
+// delay, it slowed every acquire that came at about that delay after the last one.
+const (
+	spareQuiet     = 100 * time.Millisecond
+	spareAfterTake = 250 * time.Millisecond
+)
 
 // spareRetry is how often keepSpares looks again while the default image is not ready.
 const spareRetry = time.Second
@@ -89,6 +94,44 @@ func (m *Manager) keepSpares(ctx context.Context) {
 		case <-m.spareWake:
 		case <-again:
 		}
+	}
+}
+
+// refillAfterTake wakes keepSpares once lease id, just made of a spare, is quiet, or
+// spareAfterTake from now at the latest.
+func (m *Manager) refillAfterTake(id string) {
+	latest := time.Now().Add(spareAfterTake)
+	go func() {
+		for {
+			m.mu.RLock()
+			e := m.leases[id]
+			var since time.Duration
+			var state entryState
+			if e != nil {
+				since, state = m.cfg.Now().Sub(time.Unix(0, e.lastActivity.Load())), e.state
+			}
+			m.mu.RUnlock()
+			d := refillWait(e != nil, state, since, time.Until(latest))
+			if d <= 0 {
+				m.wakeSpares()
+				return
+			}
+			time.Sleep(d)
+		}
+	}()
+}
+
+// refillWait is how long the next spare still waits for the lease a spare became: none
+// once it is gone or was quiet for spareQuiet, or once left (until spareAfterTake) ran
+// out; while it is being released, a little (its teardown kills its processes).
+func refillWait(listed bool, state entryState, sinceActivity, left time.Duration) time.Duration {
+	switch {
+	case !listed || left <= 0:
+		return 0
+	case state != stateLive:
+		return min(left, spareQuiet/10)
+	default:
+		return max(0, min(left, spareQuiet-sinceActivity))
 	}
 }
 

@@ -258,6 +258,11 @@ func executableInView(v view, p string) bool {
 	} else if inAny(p, systemExecDirs) {
 		// System directories are the host's, read-only to leases: following their
 		// symlinks is safe, but the target must stay where Landlock allows execution.
+		// A PATH search misses in most directories: one stat each tells it before the
+		// walk of every component.
+		if _, err := os.Stat(p); err != nil {
+			return false
+		}
 		var real string
 		if real, err = filepath.EvalSymlinks(p); err == nil && inAny(real, systemExecDirs) {
 			st, err = os.Stat(real)
