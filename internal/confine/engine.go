@@ -68,8 +68,9 @@ type EngineConfig struct {
 	// ColdStart makes every command start the plain way, without launchers: for
 	// benchmarks that compare the two.
 	ColdStart bool
-	// Forks says the helper can be a zygote that forks launchers (initproc.Config.Fork:
-	// the C helper); false: each launcher is a helper the daemon starts.
+	// Forks says the helper is the C one: it can be a zygote that forks launchers
+	// (initproc.Config.Fork), and it never starts a thread; false: each launcher is a
+	// helper the daemon starts.
 	Forks  bool
 	Logger *slog.Logger
 }
@@ -207,10 +208,10 @@ func (e *Engine) Usage(id string) (Usage, error) {
 		removedOOM = c.oomKills
 		removing = maps.Clone(c.removing)
 		if c.launcher.started() {
-			launchers = tasks(c.launcher.proc)
+			launchers = e.tasks(c.launcher.proc)
 		}
 		if c.zygote != nil {
-			launchers += tasks(c.zygote.proc)
+			launchers += e.tasks(c.zygote.proc)
 		}
 	}
 	e.mu.Unlock()

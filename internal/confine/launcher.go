@@ -89,9 +89,13 @@ func (l *launcher) started() bool {
 	}
 }
 
-// tasks is how many of the cell's pids a launcher or zygote holds: its threads (one for
-// the C helper, the runtime's few for the Go one).
-func tasks(p *os.Process) int64 {
+// tasks is how many of the cell's pids a launcher or zygote holds: one for the C helper,
+// which never starts a thread (an inspection need not ask /proc); the Go one's runtime
+// starts threads as it goes.
+func (e *Engine) tasks(p *os.Process) int64 {
+	if e.forks {
+		return 1
+	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid)) // not reaped: the pid is still its
 	if err != nil {
 		return 0
