@@ -845,10 +845,10 @@ static void add_rule(int ruleset, const char *path, uint64_t access)
 		fail(EXIT_SETUP, "setup", "landlock rule %s: close: %s", path, strerror(errno));
 }
 
-/* restrict_self confines this process (and what it execs) to the policy: the best ABI the
- * kernel has (capped at landlock_max_abi when set), never less than the daemon's minimum;
- * no_new_privs is set already. */
-static void restrict_self(const struct config *c)
+/* build_ruleset makes the lease's Landlock ruleset, its rules opened in this process's
+ * view: the best ABI the kernel has (capped at landlock_max_abi when set), never less
+ * than the daemon's minimum. -1: a kernel without Landlock (best effort). */
+static int build_ruleset(const struct config *c)
 {
 	int abi = landlock_abi();
 	if (c->ll_max_abi > 0 && abi > c->ll_max_abi)
@@ -856,7 +856,7 @@ static void restrict_self(const struct config *c)
 	if (abi < c->ll_min_abi)
 		fail(EXIT_SETUP, "setup", "landlock ABI %d, need %ld", abi, c->ll_min_abi);
 	if (abi == 0)
-		return; /* best effort on a kernel without Landlock */
+		return -1;
 	uint64_t fs = handled_fs(abi);
 	struct ll_ruleset_attr attr = {.handled_access_fs = fs};
 	if (abi >= 6)
@@ -877,9 +877,25 @@ static void restrict_self(const struct config *c)
 	for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
 		for (size_t i = 0; i < groups[g].paths->n; i++)
 			add_rule((int)rfd, groups[g].paths->v[i], groups[g].access & fs);
+	return (int)rfd;
+}
+
+/* A zygote's ruleset: built once in its view (serve_forks), before any launcher, and
+ * applied by each launcher it forks, which would otherwise open every rule's path again.
+ * Its rules name the view's directories and device files, which a heal (a user file
+ * bound again) leaves as they are. -1: none (a plain helper builds its own). */
+static int zygote_ruleset = -1;
+
+/* restrict_self confines this process (and what it execs) to the lease's policy;
+ * no_new_privs is set already. */
+static void restrict_self(const struct config *c)
+{
+	int rfd = zygote_ruleset >= 0 ? zygote_ruleset : build_ruleset(c);
+	if (rfd < 0)
+		return; /* best effort on a kernel without Landlock */
 	if (syscall(SYS_landlock_restrict_self, rfd, 0) < 0)
 		fail(EXIT_SETUP, "setup", "landlock_restrict_self: %s", strerror(errno));
-	if (close((int)rfd) < 0)
+	if (close(rfd) < 0)
 		fail(EXIT_SETUP, "setup", "landlock ruleset close: %s", strerror(errno));
 }
 
@@ -1169,6 +1185,12 @@ __attribute__((noreturn)) static void forked_child(struct config *c, char kind, 
  * the daemon holds the other end: no lease process can ask anything of it. */
 __attribute__((noreturn)) static void serve_forks(struct config *c)
 {
+	if (c->landlock) {
+		/* Above the descriptors a launcher takes by number, which would replace it. */
+		int rfd = build_ruleset(c);
+		if (rfd >= 0 && ((zygote_ruleset = fcntl(rfd, F_DUPFD_CLOEXEC, USERNS_FD + 1)) < 0 || close(rfd) < 0))
+			fail(EXIT_SETUP, "zygote", "landlock ruleset: %s", strerror(errno));
+	}
 	char kind = 'R';
 	if (write(LAUNCH_FD, &kind, 1) != 1)
 		fail(EXIT_SETUP, "zygote", "ready: %s", strerror(errno));
