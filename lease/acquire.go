@@ -19,6 +19,7 @@ func (m *Manager) Acquire(ctx context.Context, r Request) (l Lease, created bool
 	if err != nil {
 		return Lease{}, false, err
 	}
+	m.noteTurnover()
 	reaped, waited := false, false
 	for {
 		m.mu.Lock()
@@ -214,7 +215,7 @@ func (m *Manager) enter(ctx context.Context, l Lease, r Request) (Lease, error) 
 }
 
 // adopt makes a spare the lease of request r: the session's, created now. The next spare
-// is made once that lease is quiet (refillAfterTake).
+// is made once the daemon is quiet (refillAfterTake).
 func (m *Manager) adopt(ctx context.Context, spare Lease, r Request) (Lease, error) {
 	l := m.newLease(spare.ID, spare.UID, r)
 	defer m.refillAfterTake(l.ID)

@@ -71,6 +71,9 @@ type Manager struct {
 	spares    []Lease
 	making    []string
 	spareWake chan struct{}
+	// lastTurnover is when the last Acquire or Release came (unix nanoseconds of
+	// Config.Now): a spare waits for a pause in those too (refillAfterTake).
+	lastTurnover atomic.Int64
 
 	persistMu sync.Mutex  // serialises state writes; taken before mu, never inside it
 	journal   *journal    // guarded by persistMu

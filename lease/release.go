@@ -13,6 +13,7 @@ import (
 // Unknown, already released or being released: ErrNotFound. If teardown fails the lease
 // stays, so a retry (or the reaper, once it expires) tries again.
 func (m *Manager) Release(ctx context.Context, id string) error {
+	m.noteTurnover()
 	_, err := m.release(ctx, id, EventReleased)
 	return err
 }

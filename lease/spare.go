@@ -16,11 +16,12 @@ import (
 // spare down first. A spare whose image changed since it was made (Config.SpareCurrent)
 // is taken down instead of handed out.
 
-// The next spare is made once the lease the last one became is quiet: released, or
-// spareQuiet without a request (an agent's commands come in bursts with pauses between);
-// spareAfterTake after the take at the latest. Made beside that lease's commands, its
-// set-up (about what an acquire costs) would share the CPUs with them; made at a fixed
-// delay, it slowed every acquire that came at about that delay after the last one.
+// The next spare is made once the daemon is quiet: spareQuiet without a request on the
+// lease the last one became (an agent's commands come in bursts with pauses between) and
+// without an acquire or release of any lease; spareAfterTake after the take at the
+// latest. Made beside that lease's commands, or beside acquires that make their own
+// leases, its set-up (about what an acquire costs) would share the CPUs with them; made
+// at a fixed delay, it slowed every acquire that came at about that delay after the last.
 const (
 	spareQuiet     = 100 * time.Millisecond
 	spareAfterTake = 250 * time.Millisecond
@@ -97,21 +98,19 @@ func (m *Manager) keepSpares(ctx context.Context) {
 	}
 }
 
-// refillAfterTake wakes keepSpares once lease id, just made of a spare, is quiet, or
-// spareAfterTake from now at the latest.
+// refillAfterTake wakes keepSpares once the daemon is quiet after lease id was made of a
+// spare, or spareAfterTake from now at the latest.
 func (m *Manager) refillAfterTake(id string) {
 	latest := time.Now().Add(spareAfterTake)
 	go func() {
 		for {
+			last := m.lastTurnover.Load()
 			m.mu.RLock()
-			e := m.leases[id]
-			var since time.Duration
-			var state entryState
-			if e != nil {
-				since, state = m.cfg.Now().Sub(time.Unix(0, e.lastActivity.Load())), e.state
+			if e := m.leases[id]; e != nil {
+				last = max(last, e.lastActivity.Load())
 			}
 			m.mu.RUnlock()
-			d := refillWait(e != nil, state, since, time.Until(latest))
+			d := refillWait(m.cfg.Now().Sub(time.Unix(0, last)), time.Until(latest))
 			if d <= 0 {
 				m.wakeSpares()
 				return
@@ -121,19 +120,14 @@ func (m *Manager) refillAfterTake(id string) {
 	}()
 }
 
-// refillWait is how long the next spare still waits for the lease a spare became: none
-// once it is gone or was quiet for spareQuiet, or once left (until spareAfterTake) ran
-// out; while it is being released, a little (its teardown kills its processes).
-func refillWait(listed bool, state entryState, sinceActivity, left time.Duration) time.Duration {
-	switch {
-	case !listed || left <= 0:
-		return 0
-	case state != stateLive:
-		return min(left, spareQuiet/10)
-	default:
-		return max(0, min(left, spareQuiet-sinceActivity))
-	}
+// refillWait is how long the next spare still waits, sinceActivity after the last request
+// it waits out and left before spareAfterTake runs out.
+func refillWait(sinceActivity, left time.Duration) time.Duration {
+	return max(0, min(left, spareQuiet-sinceActivity))
 }
+
+// noteTurnover records an acquire or release now, for refillAfterTake.
+func (m *Manager) noteTurnover() { m.lastTurnover.Store(m.cfg.Now().UnixNano()) }
 
 // wakeSpares asks keepSpares to look again.
 func (m *Manager) wakeSpares() {

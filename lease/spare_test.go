@@ -195,27 +195,23 @@ func TestSparesOnlyWhereTheyFit(t *testing.T) {
 	}
 }
 
-// TestRefillWaitsForAQuietLease: the next spare waits for the lease the last one became
-// to go or to be quiet for spareQuiet, and never past spareAfterTake.
-func TestRefillWaitsForAQuietLease(t *testing.T) {
+// TestRefillWaitsForAQuietDaemon: the next spare waits until spareQuiet has passed since
+// the last request it waits out, and never past spareAfterTake.
+func TestRefillWaitsForAQuietDaemon(t *testing.T) {
 	ms := time.Millisecond
 	for _, c := range []struct {
 		name        string
-		listed      bool
-		state       entryState
 		since, left time.Duration
 		want        time.Duration
 	}{
-		{"released", false, 0, 0, 200 * ms, 0},
-		{"quiet", true, stateLive, spareQuiet, 200 * ms, 0},
-		{"quiet longer", true, stateLive, spareQuiet + 5*ms, 200 * ms, 0},
-		{"busy: the rest of the quiet wait", true, stateLive, 30 * ms, 200 * ms, spareQuiet - 30*ms},
-		{"busy, the latest near", true, stateLive, 0, 10 * ms, 10 * ms},
-		{"busy, the latest passed", true, stateLive, 0, -ms, 0},
-		{"a clock jump back", true, stateLive, -time.Hour, 200 * ms, 200 * ms},
-		{"being released", true, stateReleasing, 0, 200 * ms, spareQuiet / 10},
+		{"quiet", spareQuiet, 200 * ms, 0},
+		{"quiet longer", spareQuiet + 5*ms, 200 * ms, 0},
+		{"busy: the rest of the quiet wait", 30 * ms, 200 * ms, spareQuiet - 30*ms},
+		{"busy, the latest near", 0, 10 * ms, 10 * ms},
+		{"busy, the latest passed", 0, -ms, 0},
+		{"a clock jump back", -time.Hour, 200 * ms, 200 * ms},
 	} {
-		if got := refillWait(c.listed, c.state, c.since, c.left); got != c.want {
+		if got := refillWait(c.since, c.left); got != c.want {
 			t.Errorf("%s: refillWait = %v, want %v", c.name, got, c.want)
 		}
 	}
