@@ -12,8 +12,8 @@ import (
 )
 
 // sparePace spaces the acquires of the spare rows: the daemon makes the next spare lease
-// once the lease the last one became is quiet, 250 ms after the take at the latest
-// (lease/spare.go), and making it takes some tens of ms.
+// once the daemon is quiet after a take, 250 ms after it at the latest (lease/spare.go),
+// and making it takes some tens of ms.
 const sparePace = 500 * time.Millisecond
 
 // caseScale: the lease-count curve. With 10, 100, (1,000) leases held, acquire + release
