@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,10 +214,9 @@ func TestWorkersBeyondTheFirstOnDemand(t *testing.T) {
 	r := newRunner(t, func(c *Config) { c.Workers = 3; c.WorkerIdle = 200 * time.Millisecond })
 	expectRecovered(t, r)
 	live := func() int { r.mu.Lock(); defer r.mu.Unlock(); return len(r.live) }
-	// A script that came while the first worker was still being replaced (the one that
-	// compiled QuickJS gives way to one that loads the cache) may have started a second,
-	// which retires after WorkerIdle.
-	waitFor(t, "one worker while quiet", func() bool { return live() == 1 })
+	if n := live(); n != 1 {
+		t.Fatalf("%d workers after one script, want 1", n)
+	}
 	// Three scripts at once: two more workers start for them.
 	var wg sync.WaitGroup
 	for range 3 {
@@ -233,6 +233,27 @@ func TestWorkersBeyondTheFirstOnDemand(t *testing.T) {
 	wg.Wait()
 	waitFor(t, "the extra workers retired", func() bool { return live() == 1 })
 	expectRecovered(t, r) // the first one still serves
+}
+
+// A daemon's first script waits while the first worker compiles QuickJS into an empty
+// cache and one that loads the cache takes its place; it takes that one, and no other
+// slot starts a worker for it.
+func TestFirstScriptStartsOneWorker(t *testing.T) {
+	cache, err := os.MkdirTemp("", "sidecar-script-emptycache-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(cache) })
+	r := newRunner(t, func(c *Config) { c.CacheDir = cache; c.Workers = 3 })
+	if res, err := run(t, r, `function transform(x) { return x + 1 }`, "1"); err != nil || string(res.Result) != "2" {
+		t.Fatalf("script: %s, %v", res.Result, err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.seq.Load(); n != 2 {
+		t.Errorf("%d workers started, want 2: the one that compiled and the one in its place", n)
+	}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {

@@ -31,7 +31,8 @@ type Runner struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	seq    atomic.Int64
-	warm   chan struct{} // closed once the first worker is ready and the cache sealed
+	warm   chan struct{} // closed once slot 0 offered its first worker (or failed to start one)
+	warmed sync.Once
 	mu     sync.Mutex
 	live   map[*proc]struct{}
 	closed bool
@@ -226,7 +227,10 @@ func (r *Runner) removeDirs() {
 func (r *Runner) keepSlot(slot int) {
 	defer r.wg.Done()
 	if slot > 0 {
-		select { // later workers load what the first one compiled
+		// Later workers load what the first one compiled, and start only once slot 0's
+		// worker is offered: a caller that waited for the compile takes that one, and no
+		// second worker starts for it.
+		select {
 		case <-r.warm:
 		case <-r.ctx.Done():
 			return
@@ -234,8 +238,10 @@ func (r *Runner) keepSlot(slot int) {
 	}
 	backoff := 100 * time.Millisecond
 	for first := true; ; first = false {
-		if slot > 0 && !r.q.waiters() {
-			select { // parked: no worker until a caller needs one
+		// Parked: no worker until a caller needs one. A demand signal may be stale (its
+		// caller was served meanwhile), hence the loop.
+		for slot > 0 && !r.q.waiters() {
+			select {
 			case <-r.q.demand:
 			case <-r.ctx.Done():
 				return
@@ -245,7 +251,6 @@ func (r *Runner) keepSlot(slot int) {
 		p, err := r.spawnWorker(r.ctx, r.seq.Add(1))
 		if slot == 0 && first {
 			r.sealCache()
-			close(r.warm)
 			if err == nil {
 				// This worker compiled QuickJS and keeps the compiler's memory (~90 MiB
 				// resident against ~30 MiB for one that loads the cache): one that
@@ -255,6 +260,9 @@ func (r *Runner) keepSlot(slot int) {
 			}
 		}
 		if err != nil {
+			if slot == 0 {
+				r.warmed.Do(func() { close(r.warm) }) // the other slots try on their own
+			}
 			if r.ctx.Err() != nil {
 				return
 			}
@@ -277,6 +285,9 @@ func (r *Runner) keepSlot(slot int) {
 			return
 		}
 		r.q.offer(p)
+		if slot == 0 {
+			r.warmed.Do(func() { close(r.warm) })
+		}
 		if !r.serve(slot, p) {
 			return
 		}
