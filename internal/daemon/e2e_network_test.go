@@ -23,20 +23,25 @@ import (
 	"github.com/sidecar-sandbox/sidecar/internal/nettest"
 )
 
-// fetchPy fetches argv[1] through the lease's proxy variables, as pip and requests do,
-// and prints the status and body, or "refused <code> <body>" / "error <reason>".
+// fetchPy fetches each of argv[1:] through the lease's proxy variables, as pip and
+// requests do, and prints a line per URL: the status and body, or "refused <code>
+// <body>" / "error <reason>", newlines as spaces. One interpreter for them all: a python3
+// start is most of a fetch's time (seconds under make vm-test's emulation).
 const fetchPy = `
 import sys, urllib.request, urllib.error
-try:
-    r = urllib.request.urlopen(sys.argv[1], timeout=10)
-    print(r.status, r.read().decode())
-except urllib.error.HTTPError as e:
-    print("refused", e.code, e.read().decode())
-except Exception as e:
-    print("error", e)
+for url in sys.argv[1:]:
+    try:
+        r = urllib.request.urlopen(url, timeout=10)
+        out = "%d %s" % (r.status, r.read().decode())
+    except urllib.error.HTTPError as e:
+        out = "refused %d %s" % (e.code, e.read().decode())
+    except Exception as e:
+        out = "error %s" % e
+    print(" ".join(out.split("\n")).strip(), flush=True)
 `
 
-// serverPy serves its directory on argv[1] (all addresses), and a websocket echo at /ws.
+// serverPy serves its directory on argv[1] (all addresses), and a websocket echo at /ws;
+// it creates the file argv[2] once it listens.
 const serverPy = `
 import sys, base64, hashlib, http.server, socketserver
 class H(http.server.SimpleHTTPRequestHandler):
@@ -58,7 +63,9 @@ class H(http.server.SimpleHTTPRequestHandler):
             wf.write(bytes([0x80 | op, len(data)]) + data); wf.flush()
     def log_message(self, *a): pass
 socketserver.TCPServer.allow_reuse_address = True
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H)
+open(sys.argv[2], "w").close()
+srv.serve_forever()
 `
 
 type netWorld struct {
@@ -101,27 +108,38 @@ func serveText(t *testing.T, ln net.Listener, text string) {
 	t.Cleanup(func() { srv.Close() })
 }
 
-func fetch(t *testing.T, l *client.Lease, url string) string {
+// fetchAll fetches urls from inside l, in order, and returns a result per URL (fetchPy).
+func fetchAll(t *testing.T, l *client.Lease, urls ...string) []string {
 	t.Helper()
-	r, err := l.Exec(context.Background(), apitype.ExecRequest{Argv: []string{"python3", "-c", fetchPy, url}})
+	r, err := l.Exec(context.Background(), apitype.ExecRequest{Argv: append([]string{"python3", "-c", fetchPy}, urls...)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.TrimSpace(r.Stdout + r.Stderr)
+	got := strings.Split(strings.TrimSuffix(r.Stdout, "\n"), "\n")
+	if r.ExitCode != 0 || len(got) != len(urls) {
+		t.Fatalf("fetch %q: exit %d: %q %q", urls, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return got
+}
+
+func fetch(t *testing.T, l *client.Lease, url string) string {
+	t.Helper()
+	return fetchAll(t, l, url)[0]
 }
 
 // serve starts the test server on port in the lease, serving a.html = content, and waits
-// until it answers inside the lease.
+// until it listens inside the lease.
 func serve(t *testing.T, l *client.Lease, port int, content string) {
 	t.Helper()
 	ctx := context.Background()
 	if err := l.WriteFile(ctx, "srv/a.html", []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.Start(ctx, apitype.StartRequest{Argv: []string{"python3", "-c", serverPy, fmt.Sprint(port)}, Cwd: "srv"}); err != nil {
+	ready := fmt.Sprintf(".listening-%d-%d", port, time.Now().UnixNano())
+	if _, err := l.Start(ctx, apitype.StartRequest{Argv: []string{"python3", "-c", serverPy, fmt.Sprint(port), ready}, Cwd: "srv"}); err != nil {
 		t.Fatal(err)
 	}
-	r, err := l.Exec(ctx, sh(fmt.Sprintf(`for i in $(seq 100); do python3 -c "import socket; socket.create_connection(('127.0.0.1', %d), 1)" 2>/dev/null && exit 0; sleep 0.1; done; exit 1`, port)))
+	r, err := l.Exec(ctx, sh(fmt.Sprintf(`for i in $(seq 600); do [ -e srv/%s ] && exit 0; sleep 0.1; done; exit 1`, ready)))
 	if err != nil || r.ExitCode != 0 {
 		t.Fatalf("server on %d did not come up: %v %+v", port, err, r)
 	}
@@ -136,40 +154,43 @@ func TestLeasesDoNotReachEachOtherOrTheHost(t *testing.T) {
 		t.Errorf("B's own server: %q", got)
 	}
 	// The lease's 127.0.0.1 is its own (NO_PROXY keeps it off the proxy): the host's
-	// services and the daemon's port are not there.
-	for _, url := range []string{"http://" + w.hostLoopback + "/", w.d.url + "/healthz"} {
-		if got := fetch(t, a, url); !strings.Contains(got, "Connection refused") {
-			t.Errorf("%s from a lease: %q, want its own loopback's refusal", url, got)
+	// services and the daemon's port are not there. Through the proxy, private ranges,
+	// the metadata address and this host are denied; a public host is reached, by
+	// address and by name.
+	urls := []string{
+		"http://" + w.hostLoopback + "/", w.d.url + "/healthz",
+		"http://" + w.private.Addr.String() + "/", "http://169.254.169.254/", "http://" + w.pub.Peer.String() + "/",
+		"http://" + w.pub.Addr.String() + "/", "http://pub.example/",
+	}
+	got := fetchAll(t, a, urls...)
+	for i, what := range []string{"the host's loopback", "the daemon's port"} {
+		if !strings.Contains(got[i], "Connection refused") {
+			t.Errorf("%s (%s) from a lease: %q, want its own loopback's refusal", what, urls[i], got[i])
 		}
 	}
-	for name, url := range map[string]string{
-		"a private address":   "http://" + w.private.Addr.String() + "/",
-		"cloud metadata":      "http://169.254.169.254/",
-		"this host's address": "http://" + w.pub.Peer.String() + "/",
-	} {
-		if got := fetch(t, a, url); !strings.HasPrefix(got, "refused 403") || !strings.Contains(got, "deny set") {
-			t.Errorf("%s (%s) through the proxy: %q, want 403 naming the deny set", name, url, got)
+	for i, what := range []string{"a private address", "cloud metadata", "this host's address"} {
+		if g := got[2+i]; !strings.HasPrefix(g, "refused 403") || !strings.Contains(g, "deny set") {
+			t.Errorf("%s (%s) through the proxy: %q, want 403 naming the deny set", what, urls[2+i], g)
 		}
 	}
-	// Without the proxy there is no route out of the lease at all.
+	for i, what := range []string{"by address", "by name"} {
+		if g := got[5+i]; g != "200 host "+w.pub.Name {
+			t.Errorf("a public host under the default policy, %s: %q", what, g)
+		}
+	}
+	// Without the proxy there is no route out of the lease at all; its resolver answers.
 	r, err := a.Exec(context.Background(), sh(`python3 -c "
 import socket
-for addr in ['`+strings.Replace(w.hostLoopback, ":", "',", 1)+`), ('`+w.pub.Addr.String()+`', 80), ('169.254.169.254', 80)]:
+for addr in [('`+strings.Replace(w.hostLoopback, ":", "',", 1)+`), ('`+w.pub.Addr.String()+`', 80), ('169.254.169.254', 80)]:
     try: socket.create_connection(addr, 3); print('reached', addr)
     except OSError as e: print('no', e.errno)
+print(socket.gethostbyname('pub.example'))
 "`))
-	if err != nil || strings.Contains(r.Stdout, "reached") {
-		t.Errorf("direct connections from a lease: %q %v", r.Stdout, err)
-	}
-	if got := fetch(t, a, "http://"+w.pub.Addr.String()+"/"); got != "200 host "+w.pub.Name {
-		t.Errorf("a public host under the default policy: %q", got)
-	}
-	if got := fetch(t, a, "http://pub.example/"); got != "200 host "+w.pub.Name {
-		t.Errorf("a public host by name: %q", got)
-	}
-	r, err = a.Exec(context.Background(), sh(`python3 -c "import socket; print(socket.gethostbyname('pub.example'))"`))
-	if err != nil || strings.TrimSpace(r.Stdout) != w.pub.Addr.String() {
-		t.Errorf("the lease's resolver: %q %q %v", r.Stdout, r.Stderr, err)
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if err != nil || strings.Contains(r.Stdout, "reached") || len(lines) != 4 {
+		t.Errorf("direct connections from a lease: %q %q %v", r.Stdout, r.Stderr, err)
+	} else if lines[3] != w.pub.Addr.String() {
+		t.Errorf("the lease's resolver: %q", lines[3])
 	}
 	info, err := a.Get(context.Background())
 	if err != nil {
@@ -193,17 +214,19 @@ func TestLeaseNetworkPolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release(ctx)
-	if got := fetch(t, l, "http://"+w.pub.Addr.String()+"/"); got != "200 host "+w.pub.Name {
-		t.Errorf("the allowed host: %q", got)
+	got := fetchAll(t, l, "http://"+w.pub.Addr.String()+"/", "http://"+w.neighbour.Addr.String()+"/",
+		"http://"+w.private.Addr.String()+"/", "http://169.254.169.254/")
+	if got[0] != "200 host "+w.pub.Name {
+		t.Errorf("the allowed host: %q", got[0])
 	}
-	if got := fetch(t, l, "http://"+w.neighbour.Addr.String()+"/"); !strings.HasPrefix(got, "refused 403") {
-		t.Errorf("its neighbour: %q", got)
+	if !strings.HasPrefix(got[1], "refused 403") {
+		t.Errorf("its neighbour: %q", got[1])
 	}
-	if got := fetch(t, l, "http://"+w.private.Addr.String()+"/"); got != "200 host "+w.private.Name {
-		t.Errorf("a private host the operator and the lease both opened: %q", got)
+	if got[2] != "200 host "+w.private.Name {
+		t.Errorf("a private host the operator and the lease both opened: %q", got[2])
 	}
-	if got := fetch(t, l, "http://169.254.169.254/"); !strings.HasPrefix(got, "refused 403") {
-		t.Errorf("metadata under an allow-list: %q", got)
+	if !strings.HasPrefix(got[3], "refused 403") {
+		t.Errorf("metadata under an allow-list: %q", got[3])
 	}
 	// A lease token cannot open its own lease's egress.
 	status, hdr, body := w.d.raw("PUT", "/v1/leases/"+l.ID()+"/network", l.Token(), strings.NewReader(`{"egress":"internet"}`), nil)

@@ -20,8 +20,10 @@ import (
 
 // The daemon's memory is bounded by its configuration, not by what leases do (issue 19):
 // many leases each run more concurrent execs than allowed, every exec writing twice the
-// output limit to each stream (random bytes: the worst case of the JSON reply) and then
-// sleeping. The built daemon runs as a child, so its resident set is read from /proc:
+// output limit to each stream (random bytes: the worst case of the JSON reply), marking
+// that it did with a file, and then waiting until the test lets them end (another file in
+// their workspace), 30 s at most: no exec ends, and frees its share of the budget, before
+// every one wrote all its output. The built daemon runs as a child, so its resident set is read from /proc:
 // VmHWM, the kernel's high-water mark, is the peak without sampling. The bound is the
 // one docs/reliability.md states.
 func TestFaultExecOutputAttack(t *testing.T) {
@@ -61,7 +63,8 @@ func TestFaultExecOutputAttack(t *testing.T) {
 		for range perLease {
 			wg.Go(func() {
 				res, err := l.Exec(ctx, apitype.ExecRequest{Argv: []string{"sh", "-c",
-					"head -c 2M /dev/urandom; head -c 2M /dev/urandom >&2; sleep 10"}})
+					"head -c 2M /dev/urandom; head -c 2M /dev/urandom >&2; : > written-$$; " +
+						"for i in $(seq 300); do [ -e attack-over ] && break; sleep 0.1; done"}})
 				switch {
 				case errors.Is(err, client.ErrExecLimit):
 					refused.Add(1)
@@ -83,7 +86,7 @@ func TestFaultExecOutputAttack(t *testing.T) {
 			})
 		}
 	}
-	// Once the cap has refused every exec over it, the rest are running (sleeping 10 s):
+	// Once the cap has refused every exec over it, the rest are running (waiting):
 	// the daemon must still answer, and run another lease's exec in full.
 	waitFor(t, "the exec cap to refuse the execs over it", time.Minute, func() bool {
 		return refused.Load() == leases*(perLease-maxExecs)
@@ -100,6 +103,26 @@ func TestFaultExecOutputAttack(t *testing.T) {
 	}
 	if n := replied.Load(); n != 0 {
 		t.Fatalf("%d attacking execs had already replied: the bystander did not run during the attack", n)
+	}
+	for _, l := range attackers {
+		waitFor(t, "every exec of the lease to write its output", time.Minute, func() bool {
+			entries, err := l.List(ctx, ".")
+			if err != nil {
+				t.Fatal(err)
+			}
+			written := 0
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name, "written-") {
+					written++
+				}
+			}
+			return written == maxExecs
+		})
+	}
+	for _, l := range attackers {
+		if err := l.WriteFile(ctx, "attack-over", nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	wg.Wait()
 	peak := procStatusBytes(t, pid, "VmHWM")
