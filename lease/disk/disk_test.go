@@ -203,12 +203,16 @@ func waitGone(t testing.TB, root string) {
 	}
 }
 
-// settled is what is left under root once loop devices had up to 10 s to go: a loop
-// device clears itself (autoclear) as its last user goes, asynchronously (the kernel's
-// rundown runs in a work queue, after the unmount or LOOP_CLR_FD has returned).
+// settled is what is left under root once loop devices had up to two minutes to go: a
+// loop device clears itself (autoclear) as its last user goes, asynchronously (the
+// kernel's rundown runs in a work queue, after the unmount or LOOP_CLR_FD has returned);
+// and its last user may be another process's mount namespace made while the filesystem
+// was mounted here (a lease of a suite running beside this one: `go test ./...` runs
+// packages at once), which keeps the filesystem, and so the device, until it ends. A
+// device left for good is still reported.
 func settled(t testing.TB, root string) []string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	left := leftovers(t, root)
 	for len(left) > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond) // poll
