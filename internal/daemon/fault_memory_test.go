@@ -23,8 +23,8 @@ import (
 // output limit to each stream (random bytes: the worst case of the JSON reply), marking
 // that it did with a file, and then waiting until the test lets them end (another file in
 // their workspace), 30 s at most: no exec ends, and frees its share of the budget, before
-// every one wrote all its output. The built daemon runs as a child, so its resident set is read from /proc:
-// VmHWM, the kernel's high-water mark, is the peak without sampling. The bound is the
+// every one wrote all its output. The built daemon runs as a child, so its resident set
+// is read from /proc: VmHWM, the kernel's high-water mark, is the peak without sampling. The bound is the
 // one docs/reliability.md states.
 func TestFaultExecOutputAttack(t *testing.T) {
 	const (

@@ -261,7 +261,7 @@ func (r *Runner) keepSlot(slot int) {
 		}
 		if err != nil {
 			if slot == 0 {
-				r.warmed.Do(func() { close(r.warm) }) // the other slots try on their own
+				r.markWarm() // the other slots try on their own
 			}
 			if r.ctx.Err() != nil {
 				return
@@ -286,13 +286,16 @@ func (r *Runner) keepSlot(slot int) {
 		}
 		r.q.offer(p)
 		if slot == 0 {
-			r.warmed.Do(func() { close(r.warm) })
+			r.markWarm()
 		}
 		if !r.serve(slot, p) {
 			return
 		}
 	}
 }
+
+// markWarm lets the slots beyond the first start their workers (once).
+func (r *Runner) markWarm() { r.warmed.Do(func() { close(r.warm) }) }
 
 // serve waits until slot's worker p is gone: exited (killed after a failed script, or
 // died), or, for a slot other than 0, retired idle. It returns false when the Runner
