@@ -74,7 +74,11 @@ type Client struct {
 	// the stream's pipe and again out of it, a goroutine hand-off per frame). Bulk
 	// transfers on their own connections also leave the shared HTTP/2 one to the small
 	// requests, which would otherwise queue behind megabytes of DATA frames.
-	bulk   *http.Client
+	bulk *http.Client
+	// built: the transports New made, which CloseIdleConnections reaches even when
+	// Config.WrapTransport hides them from http.Client's (which only forwards to a
+	// transport with a CloseIdleConnections method).
+	built  []*http.Transport
 	ws     *websocket.Dialer
 	log    *slog.Logger
 	retry  retryPolicy
@@ -147,6 +151,7 @@ func New(cfg Config) (*Client, error) {
 		b.TLSClientConfig = tlsConf.Clone()
 		b.TLSClientConfig.NextProtos = []string{"http/1.1"}
 		c.bulk = &http.Client{Transport: b}
+		c.built = []*http.Transport{t, b}
 		if cfg.WrapTransport != nil {
 			c.hc.Transport = cfg.WrapTransport(c.hc.Transport)
 			c.bulk.Transport = cfg.WrapTransport(c.bulk.Transport)
@@ -179,6 +184,9 @@ func (c *Client) CloseIdleConnections() {
 	c.hc.CloseIdleConnections()
 	if c.bulk != nil {
 		c.bulk.CloseIdleConnections()
+	}
+	for _, t := range c.built {
+		t.CloseIdleConnections()
 	}
 }
 

@@ -36,7 +36,7 @@ func newTestClient(t testing.TB, h http.Handler) (*Client, *httptest.Server) {
 
 // productionClient starts srv with TLS and returns a client that trusts it by a CA file,
 // as a deployment's client does (New's own transports, not the test server's).
-func productionClient(t testing.TB, srv *httptest.Server) *Client {
+func productionClient(t testing.TB, srv *httptest.Server, mods ...func(*Config)) *Client {
 	t.Helper()
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
@@ -44,7 +44,11 @@ func productionClient(t testing.TB, srv *httptest.Server) *Client {
 	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Config{URL: srv.URL, Token: testToken, CAFile: ca})
+	cfg := Config{URL: srv.URL, Token: testToken, CAFile: ca}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,3 +94,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	testtool.WaitFor(t, what, 5*time.Second, cond)
 }
+
+// roundTripFunc is a RoundTripper of one function, as a tracing wrapper would be.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -66,43 +66,53 @@ func TestCAFileHTTP2AndWebsocket(t *testing.T) {
 }
 
 // CloseIdleConnections closes the kept-alive connections of both transports (the HTTP/2
-// one and the HTTP/1.1 one of bulk downloads): the server sees every connection close.
+// one and the HTTP/1.1 one of bulk downloads): the server sees every connection close,
+// also when Config.WrapTransport wraps them in a RoundTripper that has no
+// CloseIdleConnections of its own (http.Client's would then do nothing).
 func TestCloseIdleConnections(t *testing.T) {
-	var mu sync.Mutex
-	open := map[net.Conn]bool{}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/info" {
-			writeJSON(w, 200, apitype.Info{Version: "test"})
-			return
-		}
-		_, _ = w.Write([]byte("payload")) // a file download (bulk)
-	}))
-	srv.EnableHTTP2 = true
-	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch s {
-		case http.StateNew:
-			open[c] = true
-		case http.StateClosed, http.StateHijacked:
-			delete(open, c)
-		}
-	}
-	c := productionClient(t, srv)
-	ctx := context.Background()
-	if _, err := c.Info(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.OpenLease("L1", "tok").ReadFile(ctx, "f"); err != nil {
-		t.Fatal(err)
-	}
-	openConns := func() int { mu.Lock(); defer mu.Unlock(); return len(open) }
-	if n := openConns(); n != 2 {
-		t.Fatalf("%d connections open after an HTTP/2 request and a bulk download, want 2", n)
-	}
-	c.CloseIdleConnections()
-	eventually(t, "every idle connection to close", func() bool { return openConns() == 0 })
-	if _, err := c.Info(ctx); err != nil {
-		t.Fatalf("a request after CloseIdleConnections: %v", err)
+	for _, wrap := range []bool{false, true} {
+		t.Run(map[bool]string{false: "as built", true: "wrapped"}[wrap], func(t *testing.T) {
+			var mu sync.Mutex
+			open := map[net.Conn]bool{}
+			srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/v1/info" {
+					writeJSON(w, 200, apitype.Info{Version: "test"})
+					return
+				}
+				_, _ = w.Write([]byte("payload")) // a file download (bulk)
+			}))
+			srv.EnableHTTP2 = true
+			srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch s {
+				case http.StateNew:
+					open[c] = true
+				case http.StateClosed, http.StateHijacked:
+					delete(open, c)
+				}
+			}
+			c := productionClient(t, srv, func(cfg *Config) {
+				if wrap {
+					cfg.WrapTransport = func(next http.RoundTripper) http.RoundTripper { return roundTripFunc(next.RoundTrip) }
+				}
+			})
+			ctx := context.Background()
+			if _, err := c.Info(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.OpenLease("L1", "tok").ReadFile(ctx, "f"); err != nil {
+				t.Fatal(err)
+			}
+			openConns := func() int { mu.Lock(); defer mu.Unlock(); return len(open) }
+			if n := openConns(); n != 2 {
+				t.Fatalf("%d connections open after an HTTP/2 request and a bulk download, want 2", n)
+			}
+			c.CloseIdleConnections()
+			eventually(t, "every idle connection to close", func() bool { return openConns() == 0 })
+			if _, err := c.Info(ctx); err != nil {
+				t.Fatalf("a request after CloseIdleConnections: %v", err)
+			}
+		})
 	}
 }
