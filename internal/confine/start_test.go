@@ -3,6 +3,7 @@ package confine
 import (
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +85,31 @@ func TestEngineCommand(t *testing.T) {
 	}
 	if pids, _ := e.cg.ChildPids(id, l.Cgroup); !slices.Contains(pids, pid) {
 		t.Errorf("launched: pid %d not in the launcher's cgroup %s (%v)", pid, l.Cgroup, pids)
+	}
+}
+
+// A zygote whose set-up fails is reported, with the helper's reason, as the zygote that
+// exited, not as one that never answered: the daemon keeps no copy of the zygote's end of
+// their socket while it waits (else the wait would last zygoteWait, and a daemon stopping
+// beside a zygote being made would stop that much later).
+func TestZygoteSetUpFailureEndsTheWait(t *testing.T) {
+	id := "t-zygote-setup-failure"
+	e := startEngine(t, id)
+	// The helper here is this test binary, whose Go set-up refuses to be a zygote (only
+	// the C helper can fork and go on): a set-up failure every run.
+	st := base()
+	cfg := st.Config
+	cfg.Await, cfg.Fork = true, true
+	key, err := initproc.Encode(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := e.startZygote(e.live(id), st, key)
+	if err == nil {
+		e.endZygote(id, z)
+		t.Fatal("the Go helper started as a zygote")
+	}
+	if msg := err.Error(); !strings.Contains(msg, "exited before it was ready") || !strings.Contains(msg, "a zygote needs the C helper") {
+		t.Fatalf("zygote set-up failure: %v, want the zygote's exit with its reason", err)
 	}
 }

@@ -113,7 +113,6 @@ func (e *Engine) startZygote(c *cell, st Start, key []byte) (*zygote, error) {
 	}
 	z.sock = os.NewFile(uintptr(fds[0]), "zygote")
 	theirs := os.NewFile(uintptr(fds[1]), "zygote")
-	defer theirs.Close()
 	st.Config.Await, st.Config.Fork = true, true
 	cmd := e.helperCmd(st)
 	parentFiles, report, err := e.prepareHelper(c.id, cmd, st, child, theirs)
@@ -121,6 +120,9 @@ func (e *Engine) startZygote(c *cell, st Start, key []byte) (*zygote, error) {
 		z.report = report
 		err = e.startHelper(c.id, cmd, child, parentFiles)
 	}
+	// The zygote holds its end now: with ours closed, a zygote that exits during its
+	// set-up ends the wait below at once instead of after zygoteWait.
+	theirs.Close()
 	if err == nil {
 		z.proc = cmd.Process
 		var ready bool
