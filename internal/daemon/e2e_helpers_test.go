@@ -122,6 +122,11 @@ type testDaemon struct {
 	caFile   string
 	keyFile  string
 	client   *client.Client
+	// clients: every client newClient made, whose kept-alive connections stop closes
+	// first: the daemon's graceful shutdown waits up to a second for an HTTP/2 client to
+	// hang up after its GOAWAY, a second added to every test.
+	clientsMu sync.Mutex
+	clients   []*client.Client
 }
 
 // isolation is what the tests can have here: full isolation as root (CI), none otherwise.
@@ -294,6 +299,11 @@ func (d *testDaemon) tryStart() error {
 
 func (d *testDaemon) stop() {
 	if d.Daemon != nil {
+		d.clientsMu.Lock()
+		for _, c := range d.clients {
+			c.CloseIdleConnections()
+		}
+		d.clientsMu.Unlock()
 		_ = d.Daemon.Close(context.Background())
 		d.Daemon = nil
 	}
@@ -317,6 +327,9 @@ func (d *testDaemon) newClient(token string) *client.Client {
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	d.clientsMu.Lock()
+	d.clients = append(d.clients, c)
+	d.clientsMu.Unlock()
 	return c
 }
 

@@ -183,6 +183,9 @@ func (b *Binary) Stop() error {
 	if !b.Running() {
 		return nil
 	}
+	// A kept-alive HTTP/2 connection would hold the daemon's graceful shutdown for a
+	// second, waiting for this client to hang up after its GOAWAY.
+	b.Client.CloseIdleConnections()
 	_ = syscall.Kill(b.Pid(), syscall.SIGTERM)
 	select {
 	case <-b.exited:
