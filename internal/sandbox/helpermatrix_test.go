@@ -20,37 +20,44 @@ type testHelper struct {
 }
 
 // testHelpers is set once by TestMain before any test runs and only read afterwards: the
-// test binary itself (the Go helper, through InitMain) and the C sidecar-init.
+// Go helper (the daemon's own binary, `sidecar __sandbox-init`, built as `make build`
+// builds it: not this test binary, whose start-up under the race detector costs several
+// times a command's) and the C sidecar-init.
 var testHelpers []testHelper
 
 const cHelperSource = "../../cmd/sidecar-init/sidecar-init.c"
 
-// buildHelpers compiles the C helper as `make build` does and returns what removes it.
+// buildHelpers compiles both helpers as `make build` does and returns what removes them.
 func buildHelpers() (cleanup func()) {
-	self, err := os.Executable()
+	// The VM tests (test/vm) boot without Go or a compiler: they ship the helpers built.
+	if dir := os.Getenv("SIDECAR_TEST_PREBUILT"); dir != "" {
+		for _, h := range []testHelper{{name: "go", path: filepath.Join(dir, "sidecar")}, {name: "c", path: filepath.Join(dir, "sidecar-init")}} {
+			if _, err := os.Stat(h.path); err != nil {
+				h.err = err.Error()
+			}
+			testHelpers = append(testHelpers, h)
+		}
+		return func() {}
+	}
+	dir, err := os.MkdirTemp("", "sidecar-helpers-test-")
 	if err != nil {
 		panic(err)
 	}
-	testHelpers = []testHelper{{name: "go", path: self}}
-	c := testHelper{name: "c"}
-	// The VM tests (test/vm) boot without a compiler: they ship the helper built.
-	if dir := os.Getenv("SIDECAR_TEST_PREBUILT"); dir != "" {
-		c.path = filepath.Join(dir, "sidecar-init")
-		if _, err := os.Stat(c.path); err != nil {
-			c.err = err.Error()
-		}
-		testHelpers = append(testHelpers, c)
-		return func() {}
+	cleanup = func() { os.RemoveAll(dir) }
+	g := testHelper{name: "go", path: filepath.Join(dir, "sidecar")}
+	build := exec.Command("go", "build", "-trimpath", "-o", g.path, "./cmd/sidecar")
+	build.Dir = "../.."
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		g.err = fmt.Sprintf("go build ./cmd/sidecar: %v\n%s", err, out)
 	}
+	testHelpers = append(testHelpers, g)
+	c := testHelper{name: "c"}
 	cc, err := exec.LookPath("cc")
 	if err != nil {
 		c.skip = "cc is not installed (Debian: apt-get install gcc); it builds cmd/sidecar-init/sidecar-init.c"
 		testHelpers = append(testHelpers, c)
-		return func() {}
-	}
-	dir, err := os.MkdirTemp("", "sidecar-init-test-")
-	if err != nil {
-		panic(err)
+		return cleanup
 	}
 	c.path = filepath.Join(dir, "sidecar-init")
 	out, err := exec.Command(cc, "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", c.path, cHelperSource).CombinedOutput()
@@ -61,7 +68,7 @@ func buildHelpers() (cleanup func()) {
 		c.err = fmt.Sprintf("cc %s: %v\n%s", cHelperSource, err, out)
 	}
 	testHelpers = append(testHelpers, c)
-	return func() { os.RemoveAll(dir) }
+	return cleanup
 }
 
 // usable is the path of helper h, or skips or fails t when h cannot run here.
@@ -77,14 +84,20 @@ func (h testHelper) usable(t testing.TB) string {
 }
 
 // cHelperPath is the C helper's path, or skips or fails t when it cannot run here.
-func cHelperPath(t testing.TB) string {
+func cHelperPath(t testing.TB) string { return testHelperPath(t, "c") }
+
+// goHelperPath is the Go helper's path (the daemon's binary), or fails t when it did
+// not build.
+func goHelperPath(t testing.TB) string { return testHelperPath(t, "go") }
+
+func testHelperPath(t testing.TB, name string) string {
 	t.Helper()
 	for _, h := range testHelpers {
-		if h.name == "c" {
+		if h.name == name {
 			return h.usable(t)
 		}
 	}
-	t.Fatal("no C helper among the test helpers")
+	t.Fatalf("no %s helper among the test helpers", name)
 	return ""
 }
 

@@ -91,7 +91,7 @@ func needPython(t testing.TB) {
 // root on a host with cgroups and Landlock (CI does).
 func newTestSandbox(t testing.TB) *Sandbox {
 	t.Helper()
-	return newTestSandboxWith(t, mustExecutable(t))
+	return newTestSandboxWith(t, goHelperPath(t))
 }
 
 func newTestSandboxWith(t testing.TB, helper string) *Sandbox {

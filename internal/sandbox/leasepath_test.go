@@ -28,7 +28,7 @@ func TestLeasePathExtendsPath(t *testing.T) {
 	if err := os.WriteFile(tool, []byte("#!/bin/sh\necho tool ran as $(id -u)\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	s := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), LeasePath: []string{dir}})
+	s := newTestSandboxConfig(t, Config{HelperPath: goHelperPath(t), LeasePath: []string{dir}})
 	l := newTestLease(t, s, nil)
 
 	r := run(t, s, l.ID, sh(`echo "$PATH"`))

@@ -255,8 +255,7 @@ func testTeardownLeavesNothing(t *testing.T, s *Sandbox) {
 func TestSweepRemovesOrphans(t *testing.T) {
 	s := newTestSandbox(t)
 	parent := testCgroupParent + "/sweep-" + strconv.Itoa(os.Getpid())
-	self, _ := os.Executable()
-	old, err := New(Config{CgroupParent: parent, HelperPath: self})
+	old, err := New(Config{CgroupParent: parent, HelperPath: goHelperPath(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +285,7 @@ func TestSweepRemovesOrphans(t *testing.T) {
 		want = append(want, l.PID)
 	}
 
-	restarted, err := New(Config{CgroupParent: parent, HelperPath: self})
+	restarted, err := New(Config{CgroupParent: parent, HelperPath: goHelperPath(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

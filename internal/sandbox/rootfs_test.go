@@ -318,7 +318,7 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 	layers := newTestImage(t)
 	// Cold: no launcher or spare cgroup of this Sandbox's may appear in the lease's cgroup
 	// while the other one sweeps it (a daemon owns its parent alone; two here share it).
-	s := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), ColdStart: true})
+	s := newTestSandboxConfig(t, Config{HelperPath: goHelperPath(t), ColdStart: true})
 	l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
 	if r := run(t, s, l.ID, sh("echo kept > /scratch/f")); r.exitCode != 0 {
 		t.Fatalf("write: %+v", r)
@@ -344,7 +344,7 @@ func TestLeaseRootAdoptAndSweep(t *testing.T) {
 	// Another daemon on the host, with a cgroup parent of its own, sweeps only its own.
 	const neighbourParent = testCgroupParent + "-neighbour"
 	t.Cleanup(func() { confine.RemoveEmptyParent(neighbourParent) })
-	neighbour := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), CgroupParent: neighbourParent})
+	neighbour := newTestSandboxConfig(t, Config{HelperPath: goHelperPath(t), CgroupParent: neighbourParent})
 	if _, _, err := neighbour.Sweep(ctx, func(string) bool { return false }); err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +419,7 @@ func TestValidateRoot(t *testing.T) {
 // Without strict isolation there is no mount namespace to pivot in: a lease with a root is
 // refused, and nothing is mounted for it.
 func TestLeaseRootNeedsStrictIsolation(t *testing.T) {
-	s, err := New(Config{Isolation: IsolationNone, HelperPath: mustExecutable(t)})
+	s, err := New(Config{Isolation: IsolationNone, HelperPath: goHelperPath(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -446,7 +446,7 @@ func TestLeaseRootLandlockABIs(t *testing.T) {
 	layers := newTestImage(t)
 	for _, abi := range []int{1, 3, NoLandlock} {
 		t.Run(strconv.Itoa(abi), func(t *testing.T) {
-			s := newTestSandboxConfig(t, Config{HelperPath: mustExecutable(t), LandlockMaxABI: abi})
+			s := newTestSandboxConfig(t, Config{HelperPath: goHelperPath(t), LandlockMaxABI: abi})
 			l := newTestLease(t, s, func(l *LeaseSpec) { l.Root = imageRoot(layers) })
 			r := run(t, s, l.ID, sh(`ls / >/dev/null && echo hi > /scratch/x && cat /scratch/x /etc/os-release; echo 600 2>/dev/null > /proc/self/oom_score_adj && echo proc written`))
 			want := "hi\n" + testImageOSRelease

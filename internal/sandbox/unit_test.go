@@ -192,12 +192,9 @@ func TestProbeNamespacesLeavesNoThreadBehind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	helper := goHelperPath(t)
 	for range 20 {
-		if missing := probeNamespaces(self); len(missing) > 0 {
+		if missing := probeNamespaces(helper); len(missing) > 0 {
 			t.Fatalf("probe: %v", missing)
 		}
 	}
