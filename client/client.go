@@ -181,10 +181,7 @@ func (c *Client) CloseIdleConnections() {
 		c.fleet.closeIdle()
 		return
 	}
-	c.hc.CloseIdleConnections()
-	if c.bulk != nil {
-		c.bulk.CloseIdleConnections()
-	}
+	c.hc.CloseIdleConnections() // a caller's HTTPClient; ours are in built
 	for _, t := range c.built {
 		t.CloseIdleConnections()
 	}
