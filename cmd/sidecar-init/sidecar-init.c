@@ -69,7 +69,8 @@
 #include <linux/openat2.h>
 #include <linux/seccomp.h>
 
-enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5, LAUNCH_FD = 6, USERNS_FD = 7 };
+enum { CONFIG_FD = 3, REPORT_FD = 4, NETNS_FD = 5, LAUNCH_FD = 6, USERNS_FD = 7, MOUNTNS_FD = 8, TREE_FD = 9 };
+enum { MAX_TREES = 16 }; /* initproc.MaxTrees */
 enum { CONFIG_FULL, CONFIG_LAUNCH }; /* what parse_config accepts */
 enum { EXIT_SETUP = 125, EXIT_CANNOT_EXEC = 126, EXIT_NOT_FOUND = 127 };
 enum { MAX_CONFIG_SIZE = 4 << 20, REPORT_MAX_LENGTH = 1024 };
@@ -177,10 +178,10 @@ static const struct {
 enum { NRLIMITS = sizeof rlimit_keys / sizeof rlimit_keys[0] };
 
 struct config {
-	struct list argv, env, cgroup_procs, detach, ll_rw, ll_rx, ll_ro, ll_dev;
+	struct list argv, env, cgroup_procs, detach, tree, ll_rw, ll_rx, ll_ro, ll_dev;
 	const char *dir, *tmp_dir, *host_mount_ns, *pts_dir, *passwd, *group, *resolv, *home, *work_dir, *root;
 	long uid, gid, ll_min_abi, ll_max_abi;
-	int netns, landlock, have_uid, have_gid, await, fork, userns;
+	int netns, landlock, have_uid, have_gid, await, fork, userns, mountns;
 	struct sock_fprog seccomp; /* .len 0: no filter */
 	long rlimit[NRLIMITS];
 	int have_rlimit[NRLIMITS];
@@ -271,13 +272,13 @@ static long parse_id(const char *key, const char *s)
 	return v;
 }
 
-static const char *const list_keys[] = {"argv", "env", "cgroup_procs", "detach", "ll_rw", "ll_rx", "ll_ro", "ll_dev"};
+static const char *const list_keys[] = {"argv", "env", "cgroup_procs", "detach", "tree", "ll_rw", "ll_rx", "ll_ro", "ll_dev"};
 enum { NLISTS = sizeof list_keys / sizeof list_keys[0] };
 
 /* lists_of fills lists with c's repeated keys' lists, in list_keys' order. */
 static void lists_of(struct config *c, struct list *lists[NLISTS])
 {
-	struct list *all[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->detach, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
+	struct list *all[NLISTS] = {&c->argv, &c->env, &c->cgroup_procs, &c->detach, &c->tree, &c->ll_rw, &c->ll_rx, &c->ll_ro, &c->ll_dev};
 	memcpy(lists, all, sizeof all);
 }
 
@@ -328,6 +329,58 @@ static void parse_filter(const char *hex, struct sock_fprog *prog)
 	prog->filter = (struct sock_filter *)(void *)b; /* malloc's alignment suits it */
 }
 
+/* clean_abs says p is a clean absolute path: no empty, "." or ".." component, no trailing
+ * "/" (as Go's path.Clean leaves it). */
+static int clean_abs(const char *p)
+{
+	if (p[0] != '/' || p[1] == '\0')
+		return 0;
+	for (const char *s = p; *s != '\0';) {
+		const char *e = strchrnul(s + 1, '/');
+		size_t n = (size_t)(e - s - 1);
+		if (n == 0 || (n == 1 && s[1] == '.') || (n == 2 && s[1] == '.' && s[2] == '.'))
+			return 0;
+		s = e;
+	}
+	return 1;
+}
+
+/* under says p lies strictly beneath directory d (both clean and absolute). */
+static int under(const char *p, const char *d)
+{
+	size_t n = strlen(d);
+	return strncmp(p, d, n) == 0 && p[n] == '/' && p[n + 1] != '\0';
+}
+
+/* detach_root_of is the "detach" root p lies strictly beneath, or NULL. */
+static const char *detach_root_of(const struct config *c, const char *p)
+{
+	if (!clean_abs(p))
+		return NULL;
+	for (size_t i = 0; i < c->detach.n; i++)
+		if (under(p, c->detach.v[i]))
+			return c->detach.v[i];
+	return NULL;
+}
+
+/* check_trees holds "tree" to what enter_mount_ns can put back (as initproc.checkTrees):
+ * only with "mountns", at most MAX_TREES, each a clean path beneath a detach root, none
+ * beneath or the same as another. */
+static void check_trees(const struct config *c)
+{
+	if (c->tree.n > 0 && !c->mountns)
+		fail(EXIT_SETUP, "config", "bad config: tree without mountns");
+	if (c->tree.n > MAX_TREES)
+		fail(EXIT_SETUP, "config", "bad config: more than %d trees", MAX_TREES);
+	for (size_t i = 0; i < c->tree.n; i++) {
+		if (detach_root_of(c, c->tree.v[i]) == NULL)
+			fail(EXIT_SETUP, "config", "bad config: tree %s: not a clean path under a detach root", c->tree.v[i]);
+		for (size_t j = 0; j < c->tree.n; j++)
+			if (i != j && (under(c->tree.v[i], c->tree.v[j]) || strcmp(c->tree.v[i], c->tree.v[j]) == 0))
+				fail(EXIT_SETUP, "config", "bad config: tree %s: under or the same as another", c->tree.v[i]);
+	}
+}
+
 /* parse_config splits buf (len bytes, NUL at buf[len]) into c. Two passes: count the list
  * entries, allocate exactly, then fill; strings stay in buf. mode CONFIG_LAUNCH accepts a
  * launched command: argv, env and dir only. */
@@ -343,6 +396,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 		int seen_dir = 0, seen_tmp = 0, seen_mns = 0, seen_pts = 0, seen_uid = 0, seen_gid = 0;
 		int seen_passwd = 0, seen_group = 0, seen_resolv = 0, seen_home = 0, seen_work = 0, seen_root = 0;
 		int seen_netns = 0, seen_ll = 0, seen_ll_max = 0, seen_rules = 0, seen_seccomp = 0, seen_await = 0, seen_userns = 0;
+		int seen_mountns = 0;
 		int seen_rlimit[NRLIMITS] = {0};
 		size_t off = mlen;
 		while (off < len) {
@@ -412,6 +466,12 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				if (strcmp(one, "1") != 0)
 					fail(EXIT_SETUP, "config", "bad config: userns: not 1");
 				c->userns = 1;
+			} else if (strcmp(key, "mountns") == 0) {
+				const char *one;
+				set_once(&one, &seen_mountns, key, v);
+				if (strcmp(one, "1") != 0)
+					fail(EXIT_SETUP, "config", "bad config: mountns: not 1");
+				c->mountns = 1;
 			} else if (strcmp(key, "seccomp") == 0) {
 				const char *hex;
 				set_once(&hex, &seen_seccomp, key, v);
@@ -440,7 +500,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				lists[i]->n = 0;
 			}
 			c->dir = c->tmp_dir = c->host_mount_ns = c->pts_dir = c->passwd = c->group = c->resolv = c->home = c->work_dir = c->root = NULL;
-			c->netns = c->await = c->fork = c->userns = 0;
+			c->netns = c->await = c->fork = c->userns = c->mountns = 0;
 			memset(c->have_rlimit, 0, sizeof c->have_rlimit);
 			continue;
 		}
@@ -458,6 +518,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 			fail(EXIT_SETUP, "config", "bad config: userns without a uid and gid to map root onto");
 		if (seen_rules && !seen_ll)
 			fail(EXIT_SETUP, "config", "bad config: landlock rules without a policy");
+		check_trees(c);
 		c->landlock = seen_ll;
 	}
 }
@@ -755,6 +816,61 @@ static void private_cgroups(const struct config *c)
 		fail(EXIT_SETUP, "setup", "hide %s: %s", CGROUP_MOUNT, strerror(errno));
 }
 
+/* put_tree puts the detached tree on fd back at path, beneath root, a tmpfs of this
+ * namespace's own: the directories down to it are made, then its mount point (a directory,
+ * or an empty file for a file's tree), which must be new. */
+static void put_tree(const char *root, const char *path, int fd)
+{
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		fail(EXIT_SETUP, "setup", "tree %s: %s", path, strerror(errno));
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+	if (n >= sizeof buf)
+		fail(EXIT_SETUP, "setup", "tree %s: path too long", path);
+	memcpy(buf, path, n + 1);
+	for (char *s = buf + strlen(root) + 1; (s = strchr(s, '/')) != NULL; *s++ = '/') {
+		*s = '\0';
+		if (mkdir(buf, 0700) < 0 && errno != EEXIST)
+			fail(EXIT_SETUP, "setup", "tree %s: mkdir %s: %s", path, buf, strerror(errno));
+	}
+	if (S_ISDIR(st.st_mode)) {
+		if (mkdir(buf, 0700) < 0)
+			fail(EXIT_SETUP, "setup", "tree %s: mkdir: %s", path, strerror(errno));
+	} else {
+		int f = open(buf, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+		if (f < 0 || close(f) < 0)
+			fail(EXIT_SETUP, "setup", "tree %s: create: %s", path, strerror(errno));
+	}
+	if (syscall(SYS_move_mount, fd, "", AT_FDCWD, buf, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+		fail(EXIT_SETUP, "setup", "tree %s: move_mount: %s", path, strerror(errno));
+	if (close(fd) < 0)
+		fail(EXIT_SETUP, "setup", "tree %s: close: %s", path, strerror(errno));
+}
+
+/* enter_mount_ns (config "mountns") makes the private mount namespace a copy of the one on
+ * MOUNTNS_FD, the daemon's without any lease's mounts, not of the daemon's own, whose copy
+ * would cost a mount per lease held; then it puts the bind sources (config "tree", on
+ * TREE_FD and up) back at their paths, on a tmpfs over each detach root, so that the binds
+ * below find what they would in a copy of the daemon's namespace (and no other lease's
+ * mounts), and detaching the roots drops them. */
+static void enter_mount_ns(const struct config *c)
+{
+	if (syscall(SYS_setns, MOUNTNS_FD, CLONE_NEWNS) < 0)
+		fail(EXIT_SETUP, "setup", "enter the helpers' mount namespace: %s", strerror(errno));
+	if (unshare(CLONE_NEWNS) < 0)
+		fail(EXIT_SETUP, "setup", "mount namespace: %s", strerror(errno));
+	if (close(MOUNTNS_FD) < 0)
+		fail(EXIT_SETUP, "setup", "close the helpers' mount namespace: %s", strerror(errno));
+	if (mount("", "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		fail(EXIT_SETUP, "setup", "make / private: %s", strerror(errno));
+	for (size_t i = 0; i < c->detach.n; i++)
+		if (mount("tmpfs", c->detach.v[i], "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700,size=64k,nr_inodes=1024") < 0)
+			fail(EXIT_SETUP, "setup", "tmpfs on %s: %s", c->detach.v[i], strerror(errno));
+	for (size_t i = 0; i < c->tree.n; i++)
+		put_tree(detach_root_of(c, c->tree.v[i]), c->tree.v[i], TREE_FD + (int)i);
+}
+
 /* detach_lease_mounts detaches the directories that hold every lease's mounts from the
  * private mount namespace, last, since every bind has its source there (as
  * initproc.detachLeaseMounts). */
@@ -1001,6 +1117,8 @@ static void setup(const struct config *c)
 		write_file("setup: join cgroup", c->cgroup_procs.v[i], pid);
 	if (c->netns && syscall(SYS_setns, NETNS_FD, CLONE_NEWNET) < 0)
 		fail(EXIT_SETUP, "setup", "join network namespace: %s", strerror(errno));
+	if (c->mountns)
+		enter_mount_ns(c);
 	private_mounts(c);
 	if (!c->fork)
 		setup_process(c);

@@ -21,7 +21,7 @@ type Engine struct {
 	helper    string
 	helperArg string
 	coldStart bool
-	forks     bool          // the helper can be a zygote (zygote.go)
+	forks     bool          // the helper is the C one: a zygote (zygote.go), Start.MountNS
 	launching chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu    sync.Mutex
@@ -69,8 +69,8 @@ type EngineConfig struct {
 	// benchmarks that compare the two.
 	ColdStart bool
 	// Forks says the helper is the C one: it can be a zygote that forks launchers
-	// (initproc.Config.Fork), and it never starts a thread; false: each launcher is a
-	// helper the daemon starts.
+	// (initproc.Config.Fork) and enter Start.MountNS, and it never starts a thread; false:
+	// each launcher is a helper the daemon starts, in a copy of the daemon's namespace.
 	Forks  bool
 	Logger *slog.Logger
 }

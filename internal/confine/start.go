@@ -20,7 +20,11 @@ type Start struct {
 	NetNS  *os.File // the network namespace the helper enters; nil: the host's
 	UserNS *os.File // the user namespace the helper enters as root; nil: none (it drops to Config.UID)
 	NewNS  bool     // the helper unshares a mount namespace of its own
-	TTY    bool
+	// MountNS (with NewNS) is the namespace the C helper copies for its own instead of the
+	// daemon's: the daemon's without the lease roots' mounts (Config.MountNS), where every
+	// bind source is under a lease root or the host's. nil, or the Go helper: the daemon's.
+	MountNS *os.File
+	TTY     bool
 }
 
 // SetTemplate gives cell id what its launchers are made with (Start.Config without
@@ -102,6 +106,14 @@ func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, 
 		}
 	}
 	cfg.NetNS, cfg.UserNS = s.NetNS != nil, s.UserNS != nil
+	var trees []*os.File
+	if s.NewNS && s.MountNS != nil && e.forks {
+		if trees, err = openTrees(&cfg); err != nil {
+			return parentFiles, nil, err
+		}
+		parentFiles = append(parentFiles, trees...)
+		cmd.SysProcAttr.Cloneflags &^= syscall.CLONE_NEWNS // the helper makes its own from MountNS
+	}
 	b, err := initproc.Encode(&cfg)
 	if err != nil {
 		return parentFiles, nil, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -117,11 +129,29 @@ func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, 
 	}
 	parentFiles = append(parentFiles, w)
 	// At initproc's descriptor numbers; a nil entry is closed in the helper.
-	cmd.ExtraFiles = []*os.File{config, w, s.NetNS, extra}
-	if s.UserNS != nil {
-		cmd.ExtraFiles = append(cmd.ExtraFiles, s.UserNS)
+	cmd.ExtraFiles = []*os.File{config, w, s.NetNS, extra, s.UserNS}
+	if cfg.MountNS {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, s.MountNS)
+		cmd.ExtraFiles = append(cmd.ExtraFiles, trees...)
 	}
 	return parentFiles, r, nil
+}
+
+// openTrees sets cfg.MountNS and cfg.Trees and opens the trees: a detached copy of each of
+// the helper's bind sources under the lease roots, with the mounts beneath it, which the
+// helper puts back in its view's namespace (initproc.Config.Trees).
+func openTrees(cfg *initproc.Config) ([]*os.File, error) {
+	cfg.MountNS, cfg.Trees = true, cfg.BindSources()
+	var trees []*os.File
+	for _, p := range cfg.Trees {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			closeAll(trees)
+			return nil, &SetupError{Step: "copy bind source", Msg: fmt.Sprintf("open_tree %s: %v", p, err)}
+		}
+		trees = append(trees, os.NewFile(uintptr(fd), p))
+	}
+	return trees, nil
 }
 
 // startHelper starts a prepared helper and closes the daemon's copies of its files.

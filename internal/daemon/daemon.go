@@ -38,6 +38,7 @@ type Daemon struct {
 	sandbox *sandbox.Sandbox
 	// mountRoots are the state dir and work root as mount points (nil: isolation none).
 	mountRoots *sandbox.MountRoots
+	helperNS   *os.File // mountRoots.HelperMountNS, for the sandbox
 	network    leaseNetwork
 	procs      *process.Manager
 	shells     *shell.Manager
@@ -131,9 +132,13 @@ func (d *Daemon) open(ctx context.Context) error {
 		if d.mountRoots, err = sandbox.BindMountRoots(roots, filepath.Join(cfg.StateDir, "mount-roots"), log.With("component", "sandbox")); err != nil {
 			return err
 		}
+		if d.helperNS, err = d.mountRoots.HelperMountNS(); err != nil {
+			log.Warn("cannot make the helpers' mount namespace: each lease's helpers copy the daemon's, a mount per lease held", "component", "sandbox", "err", err)
+		}
 	}
 	if d.sandbox, err = sandbox.New(sandbox.Config{
 		DetachRoots:    d.mountRoots.Dirs(),
+		HelperMountNS:  d.helperNS,
 		LeasePath:      leasePath,
 		CgroupParent:   cfg.CgroupParent,
 		Isolation:      cfg.Isolation,
@@ -455,6 +460,9 @@ func (d *Daemon) Close(ctx context.Context) error {
 		}
 		if d.sandbox != nil {
 			err = errors.Join(err, d.sandbox.Close()) // background cgroup work, spare cgroups
+		}
+		if d.helperNS != nil {
+			d.helperNS.Close()
 		}
 		if d.scripts != nil {
 			_ = d.scripts.Close()

@@ -100,7 +100,7 @@ func (s *Sandbox) start(le *lease) confine.Start {
 	if le.spec.Root == nil || !le.spec.Root.AsRoot {
 		userns = nil // it only maps the layers: the processes stay the lease's uid
 	}
-	return confine.Start{Config: s.helperConfig(le), Dir: workdir, NetNS: netns, UserNS: userns, NewNS: s.caps.PrivateTmp}
+	return confine.Start{Config: s.helperConfig(le), Dir: workdir, NetNS: netns, UserNS: userns, NewNS: s.caps.PrivateTmp, MountNS: s.helperNS}
 }
 
 // helperConfig is the lease-wide part of a helper's config: all but the command and its

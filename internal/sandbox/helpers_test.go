@@ -109,36 +109,51 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = testCgroupParent
 	}
-	if cfg.PTYRoot == "" {
-		// Not /tmp (leases hide it); removed with Remove, never RemoveAll: a devpts
-		// instance left mounted there fails the test instead of being walked into.
-		root, err := os.MkdirTemp("/var/tmp", "sidecar-pts-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.PTYRoot = root
+	// One directory holds the PTY instances, user files and lease directories (newTestLease)
+	// as the daemon's state dir and work root hold them: a mount point the helpers detach.
+	// Not under /tmp (leases hide it); emptied with Remove, never RemoveAll: a mount left
+	// there fails the test instead of being walked into.
+	root, err := os.MkdirTemp("/var/tmp", "sidecar-sbx-")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The PTY root holds every test lease's mounts: a mount point the helpers detach, as
-	// the daemon's state dir is.
-	roots, err := BindMountRoots([]string{cfg.PTYRoot}, cfg.PTYRoot+".mount-roots", slog.Default())
+	os.Chmod(root, 0o711) // lease uids traverse it to reach their own 0700 dirs
+	dirs := []string{root}
+	if cfg.PTYRoot == "" {
+		cfg.PTYRoot = filepath.Join(root, "pts")
+	} else {
+		dirs = append(dirs, cfg.PTYRoot)
+	}
+	if cfg.UserRoot == "" {
+		cfg.UserRoot = filepath.Join(root, "users")
+	}
+	leases := filepath.Join(root, "leases")
+	if err := os.Mkdir(leases, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	roots, err := BindMountRoots(dirs, root+".mount-roots", slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.DetachRoots = roots.Dirs()
-	if cfg.UserRoot == "" {
-		root, err := os.MkdirTemp("/var/tmp", "sidecar-users-")
-		if err != nil {
-			t.Fatal(err)
+	if cfg.HelperMountNS, err = roots.HelperMountNS(); err != nil {
+		t.Fatal(err)
+	}
+	remove := func() {
+		cfg.HelperMountNS.Close()
+		for _, d := range []string{cfg.PTYRoot, cfg.UserRoot, leases, root} {
+			if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+				t.Errorf("after Close: %v", err) // empty by now: Retire removes each lease's files
+			}
 		}
-		cfg.UserRoot = root
 	}
 	s, err := New(cfg)
 	if err != nil {
 		roots.Close()
-		os.Remove(cfg.PTYRoot)
-		os.Remove(cfg.UserRoot)
+		remove()
 		t.Fatalf("New: %v", err)
 	}
+	testLeaseDirs.Store(s, leases)
 	t.Cleanup(func() {
 		if err := s.Close(); err != nil {
 			t.Errorf("Sandbox.Close: %v", err)
@@ -146,16 +161,15 @@ func newTestSandboxConfig(t testing.TB, cfg Config) *Sandbox {
 		if err := roots.Close(); err != nil {
 			t.Errorf("MountRoots.Close: %v", err)
 		}
-		if err := os.Remove(cfg.PTYRoot); err != nil {
-			t.Errorf("PTY root after Close: %v", err)
-		}
-		// Empty by now: Retire removes each lease's files.
-		if err := os.Remove(cfg.UserRoot); err != nil {
-			t.Errorf("user root after Close: %v", err)
-		}
+		remove()
+		testLeaseDirs.Delete(s)
 	})
 	return s
 }
+
+// testLeaseDirs maps a sandbox of newTestSandboxConfig to where its test leases' directories
+// go: under its mount root, as the daemon's work root is.
+var testLeaseDirs sync.Map
 
 // settle waits for the background cgroup work (spares, removals) of s's leases.
 func (s *Sandbox) settle() {
@@ -186,7 +200,11 @@ func newTestLease(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
 
 func newTestLeaseAs(t testing.TB, s *Sandbox, mod func(*LeaseSpec)) LeaseSpec {
 	t.Helper()
-	base, err := os.MkdirTemp("/var/tmp", "sidecar-sandbox-") // not /tmp: the lease's own /tmp hides it
+	parent := "/var/tmp" // not /tmp: the lease's own /tmp hides it
+	if d, ok := testLeaseDirs.Load(s); ok {
+		parent = d.(string)
+	}
+	base, err := os.MkdirTemp(parent, "sidecar-sandbox-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -21,11 +22,59 @@ import (
 // are made mount points here, once, so that a helper can detach each with one call
 // (Config.DetachRoots, initproc.Config.Detach) and keep only its own lease's binds.
 
+// HelperMountNS is a mount namespace for the C helper to copy instead of the daemon's
+// (sandbox Config.HelperMountNS): the daemon's with the roots detached, so without any
+// lease's mounts, now or later. Copying the daemon's own costs a mount per lease held, and
+// its teardown as much again, at every helper's start; the helper puts its lease's bind
+// sources back (initproc.Config.Trees). Its mounts are slaves of the daemon's: the host's
+// later mounts and unmounts reach it where they reach the daemon's through propagation
+// (systemd makes every mount shared); one made on a private mount does not, and leases
+// started after it do not see it either. nil when a root could not be made a mount point:
+// what is mounted under it later would be missing there. The namespace lives as long as
+// the returned file.
+func (r *MountRoots) HelperMountNS() (*os.File, error) {
+	if r == nil || !r.complete || len(r.dirs) == 0 {
+		return nil, nil
+	}
+	return helperMountNS(r.dirs)
+}
+
+func helperMountNS(roots []string) (*os.File, error) {
+	type made struct {
+		ns  *os.File
+		err error
+	}
+	done := make(chan made, 1)
+	go func() {
+		// Never unlocked: the thread leaves the daemon's namespace, so it must end with
+		// this goroutine rather than run anything else.
+		runtime.LockOSThread()
+		ns, err := func() (*os.File, error) {
+			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+				return nil, fmt.Errorf("unshare: %w", err)
+			}
+			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+				return nil, fmt.Errorf("make / a slave: %w", err)
+			}
+			for _, r := range roots {
+				if err := unix.Unmount(r, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+					return nil, fmt.Errorf("detach %s: %w", r, err)
+				}
+			}
+			return os.Open("/proc/thread-self/ns/mnt")
+		}()
+		done <- made{ns, err}
+	}()
+	m := <-done
+	return m.ns, m.err
+}
+
 // MountRoots are the lease roots made mount points for the daemon's lifetime.
 type MountRoots struct {
-	dirs   []string // what helpers detach: every root that is a mount point
-	ours   []string // bound by a sidecar (this run or an earlier one): unbound once empty
-	marker string
+	dirs     []string // what helpers detach: every root that is a mount point
+	complete bool     // every root asked for is in dirs
+	ours     []string // bound by a sidecar (this run or an earlier one): unbound once empty
+	marker   string
 }
 
 // BindMountRoots makes each of dirs (existing; symlinks resolved; one under another
@@ -36,7 +85,7 @@ type MountRoots struct {
 // did not bind) is left alone, and its leases' helpers copy those mounts until a start
 // finds it empty.
 func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots, error) {
-	r := &MountRoots{marker: marker}
+	r := &MountRoots{marker: marker, complete: true}
 	listed, err := r.readMarker()
 	if err != nil {
 		return nil, err
@@ -64,10 +113,12 @@ func BindMountRoots(dirs []string, marker string, log *slog.Logger) (*MountRoots
 			}
 		case len(mounts) > 0:
 			log.Warn("lease root has mounts under it but is no mount point: each lease's helpers keep a copy of them until the daemon starts with none there", "dir", dir)
+			r.complete = false
 			continue
 		default:
 			if err := bindPrivate(dir); err != nil {
 				log.Warn("cannot make a lease root a mount point: each lease's helpers keep a copy of the mounts under it", "dir", dir, "err", err)
+				r.complete = false
 				continue
 			}
 			r.ours = append(r.ours, dir)

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -209,5 +210,80 @@ func TestMountRootsThroughASymlink(t *testing.T) {
 	}
 	if isMountPoint(t, root) {
 		t.Error("Close left the bind")
+	}
+}
+
+// mountsInNS lists the mount points at or under dir in mount namespace ns.
+func mountsInNS(t *testing.T, ns *os.File, dir string) []string {
+	t.Helper()
+	type read struct {
+		mounts []string
+		err    error
+	}
+	done := make(chan read, 1)
+	go func() {
+		// Never unlocked: the thread leaves this namespace and must end with the goroutine.
+		runtime.LockOSThread()
+		var r read
+		if r.err = unix.Unshare(unix.CLONE_FS); r.err == nil {
+			r.err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS)
+		}
+		var f *os.File
+		if r.err == nil {
+			f, r.err = os.Open("/proc/thread-self/mountinfo")
+		}
+		if r.err == nil {
+			var ms []*mountinfo.Info
+			ms, r.err = mountinfo.GetMountsFromReader(f, mountinfo.PrefixFilter(dir))
+			f.Close()
+			for _, m := range ms {
+				r.mounts = append(r.mounts, m.Mountpoint)
+			}
+		}
+		done <- r
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	slices.Sort(r.mounts)
+	return r.mounts
+}
+
+// The helpers' mount namespace holds none of the roots' mounts, neither those made before
+// it nor after, while the host's later mounts elsewhere reach it where they propagate.
+func TestHelperMountNS(t *testing.T) {
+	base := mountRootsDir(t)
+	if err := unix.Mount(base, base, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("", base, "", unix.MS_SHARED, ""); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(base, "state")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r, err := BindMountRoots([]string{root}, filepath.Join(base, "marker"), slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	mountTmpfs(t, filepath.Join(root, "before"))
+	ns, err := r.HelperMountNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() }) // before mountRootsDir's cleanup: the namespace goes with it
+	mountTmpfs(t, filepath.Join(root, "after"))
+	mountTmpfs(t, filepath.Join(base, "host"))
+	if got := mountsInNS(t, ns, root); len(got) != 0 {
+		t.Errorf("the helpers' namespace has mounts at or under the root: %q", got)
+	}
+	if got, want := mountsInNS(t, ns, base), []string{base, filepath.Join(base, "host")}; !slices.Equal(got, want) {
+		t.Errorf("the helpers' namespace has %q under %s, want %q", got, base, want)
+	}
+	if got := len(mountsAt(t, root, true)); got != 3 {
+		t.Errorf("the daemon's namespace has %d mounts at or under the root, want 3 (its bind and two)", got)
 	}
 }

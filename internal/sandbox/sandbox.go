@@ -62,7 +62,11 @@ type Config struct {
 	// strict isolation detaches them from each lease helper's mount namespace, which then
 	// holds no other lease's mounts.
 	DetachRoots []string
-	Logger      *slog.Logger
+	// HelperMountNS (MountRoots.HelperMountNS) is what the C helper copies for a lease's
+	// mount namespace instead of the daemon's, with the lease's bind sources put back;
+	// nil: the daemon's. The caller closes it after Close.
+	HelperMountNS *os.File
+	Logger        *slog.Logger
 
 	// Operator floors: New fails below them, naming what the host needs. 0 / "": none.
 	MinLandlockABI int    // the lowest Landlock ABI lease processes may get (1..MaxKnownLandlockABI)
@@ -141,17 +145,18 @@ var leaseIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
 
 // Sandbox is the isolation layer; it is safe for concurrent use.
 type Sandbox struct {
-	caps    Caps
-	log     *slog.Logger
-	cg      confine.Cgroups   // nil without cgroups
-	eng     *confine.Engine   // starts every lease process; a lease is a cell there
-	helper  string            // the helper binary
-	userns  *usernsFactory    // makes the user namespaces of leases whose layers are id-mapped
-	hostMNS string            // the daemon's mount namespace, which the helper must not mount in
-	filter  []unix.SockFilter // the system-call filter every lease process loads; nil: none
-	ptyRoot string            // where leases' devpts instances are mounted; "" for the host's PTYs
-	detach  []string          // Config.DetachRoots
-	maxPTYs int
+	caps     Caps
+	log      *slog.Logger
+	cg       confine.Cgroups   // nil without cgroups
+	eng      *confine.Engine   // starts every lease process; a lease is a cell there
+	helper   string            // the helper binary
+	userns   *usernsFactory    // makes the user namespaces of leases whose layers are id-mapped
+	hostMNS  string            // the daemon's mount namespace, which the helper must not mount in
+	filter   []unix.SockFilter // the system-call filter every lease process loads; nil: none
+	ptyRoot  string            // where leases' devpts instances are mounted; "" for the host's PTYs
+	detach   []string          // Config.DetachRoots
+	helperNS *os.File          // Config.HelperMountNS, with the C helper only
+	maxPTYs  int
 	// userRoot holds each lease's passwd and group ("": none); users is what they say.
 	userRoot string
 	users    userDB
@@ -328,6 +333,9 @@ func New(cfg Config) (*Sandbox, error) {
 		}
 	}
 	s.eng = confine.NewEngine(confine.EngineConfig{Cgroups: s.cg, Helper: helper, HelperArg: HelperArg, ColdStart: cfg.ColdStart, Forks: cHelper(helper), Logger: cfg.Logger})
+	if cHelper(helper) { // only the C helper can enter it
+		s.helperNS = cfg.HelperMountNS
+	}
 	if cHelper(helper) { // only zygotes, the C helper's, keep binds to heal
 		if s.hostFiles, err = watchHostFiles(s.eng.Heal, cfg.Logger); err != nil {
 			cfg.Logger.Warn("cannot watch the host's passwd, group and resolv.conf: after the host replaces one, a lease on the host's root sees its own again only at its next command", "err", err)

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,7 +20,7 @@ import (
 //
 //	"sidecar-init/1\0" ( key "\0" value "\0" )*
 //
-// Repeated keys (argv, env, cgroup_procs, detach, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
+// Repeated keys (argv, env, cgroup_procs, detach, tree, ll_rw, ll_rx, ll_ro, ll_dev) keep their order;
 // the others appear at most once; uid and gid exactly once. Numbers are plain decimal (no
 // sign, at most 10 digits, at most 2^31-1). "landlock" carries the minimum ABI and turns the
 // policy on; "landlock_max_abi" caps the ABI applied (0 or absent: no cap); ll_* keys and
@@ -26,7 +28,9 @@ import (
 // lowercase hex, each instruction (struct sock_filter: code u16, jt u8, jf u8, k u32) in
 // the host's byte order, 1 to BPF_MAXINSNS of them. "await" is "1", "fork" or absent (with it
 // there is no argv, env or dir: a launcher, launch.go, or with "fork" a zygote); each
-// "rlimit_<name>" (a RlimitResources name) at most once. Unknown keys, a missing final NUL and
+// "rlimit_<name>" (a RlimitResources name) at most once. "mountns" is "1"; each "tree"
+// (at most MaxTrees, only with "mountns") is a clean absolute path strictly under a
+// "detach" root, none under or the same as another. Unknown keys, a missing final NUL and
 // anything else unexpected are errors: the helper fails closed.
 const configMagic = "sidecar-init/1"
 
@@ -56,6 +60,8 @@ const (
 	keyWorkDir     = "work_dir"
 	keyRoot        = "root"
 	keyDetach      = "detach"
+	keyMountNS     = "mountns"
+	keyTree        = "tree"
 	keyRlimit      = "rlimit_"
 	keyAwait       = "await"
 	keyUserNS      = "userns"
@@ -135,6 +141,13 @@ func Encode(cfg *Config) ([]byte, error) {
 		put(keyRoot, cfg.Root)
 	}
 	putAll(keyDetach, cfg.Detach)
+	if cfg.MountNS {
+		put(keyMountNS, "1")
+	}
+	putAll(keyTree, cfg.Trees)
+	if terr := checkTrees(cfg); terr != nil {
+		err = terr
+	}
 	if cfg.NetNS {
 		put(keyNetNS, "1")
 	}
@@ -203,7 +216,7 @@ func Decode(b []byte) (*Config, error) {
 	for i := 0; i < len(fields); i += 2 {
 		key, v := fields[i], fields[i+1]
 		switch key {
-		case keyArgv, keyEnv, keyCgroupProcs, keyDetach, keyRW, keyRX, keyRO, keyDev:
+		case keyArgv, keyEnv, keyCgroupProcs, keyDetach, keyTree, keyRW, keyRX, keyRO, keyDev:
 		default:
 			if seen[key] {
 				return nil, fmt.Errorf("%w: %s twice", errConfig, key)
@@ -244,6 +257,13 @@ func Decode(b []byte) (*Config, error) {
 			cfg.Root = v
 		case keyDetach:
 			cfg.Detach = append(cfg.Detach, v)
+		case keyMountNS:
+			if v != "1" {
+				err = errors.New("not 1")
+			}
+			cfg.MountNS = true
+		case keyTree:
+			cfg.Trees = append(cfg.Trees, v)
 		case keyNetNS:
 			if v != "1" {
 				err = errors.New("not 1")
@@ -298,10 +318,73 @@ func Decode(b []byte) (*Config, error) {
 	case !seen[keyLandlock] && (seen[keyRW] || seen[keyRX] || seen[keyRO] || seen[keyDev] || seen[keyLandlockMax]):
 		return nil, fmt.Errorf("%w: landlock rules without a policy", errConfig)
 	}
+	if err := checkTrees(&cfg); err != nil {
+		return nil, err
+	}
 	if seen[keyLandlock] {
 		cfg.Landlock = &ll
 	}
 	return &cfg, nil
+}
+
+// checkTrees holds Config.Trees to what the helper can put back: with MountNS, at most
+// MaxTrees, each a clean absolute path strictly under a Detach root (where its tmpfs
+// goes), none under or the same as another.
+func checkTrees(cfg *Config) error {
+	if len(cfg.Trees) > 0 && !cfg.MountNS {
+		return fmt.Errorf("%w: tree without mountns", errConfig)
+	}
+	if len(cfg.Trees) > MaxTrees {
+		return fmt.Errorf("%w: %d trees, more than %d", errConfig, len(cfg.Trees), MaxTrees)
+	}
+	for i, t := range cfg.Trees {
+		if detachRootOf(cfg.Detach, t) == "" {
+			return fmt.Errorf("%w: tree %q: not a clean path under a detach root", errConfig, t)
+		}
+		for j, u := range cfg.Trees {
+			if i != j && (t == u || strings.HasPrefix(t, u+"/")) {
+				return fmt.Errorf("%w: tree %q: under or the same as another", errConfig, t)
+			}
+		}
+	}
+	return nil
+}
+
+// detachRootOf is the root of detach that p lies strictly under, "" if none or if p is
+// not a clean absolute path (the C helper checks the same: no empty, "." or ".."
+// component, no trailing "/").
+func detachRootOf(detach []string, p string) string {
+	if !strings.HasPrefix(p, "/") || p != path.Clean(p) {
+		return ""
+	}
+	for _, d := range detach {
+		if strings.HasPrefix(p, d+"/") && len(p) > len(d)+1 {
+			return d
+		}
+	}
+	return ""
+}
+
+// BindSources are the host paths under the Detach roots the helper binds from in its
+// view, the outermost of nested ones (a tree copies the mounts beneath its path): what
+// MountNS takes as Trees. The others (the host's /etc/resolv.conf) are the host's.
+func (c *Config) BindSources() []string {
+	var out []string
+	for _, p := range []string{c.TmpDir, c.PTSDir, c.Passwd, c.Group, c.Resolv, c.Home, c.WorkDir, c.Root} {
+		if p != "" && detachRootOf(c.Detach, p) != "" {
+			out = append(out, p)
+		}
+	}
+	// One tree each, the outermost: a tree copies the mounts beneath its path. Sorted, a
+	// path comes after every path it lies under.
+	slices.Sort(out)
+	var trees []string
+	for _, p := range slices.Compact(out) {
+		if !slices.ContainsFunc(trees, func(q string) bool { return strings.HasPrefix(p, q+"/") }) {
+			trees = append(trees, p)
+		}
+	}
+	return trees
 }
 
 // parseID accepts what the C helper accepts: 1 to 10 decimal digits, at most 2^31-1.

@@ -15,7 +15,7 @@ func fullConfig() *Config {
 		Dir: "/w", UID: 1000, GID: 2147483647,
 		CgroupProcs: []string{"/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"},
 		TmpDir:      "/t", HostMountNS: "mnt:[4026531841]", NetNS: true, Root: "/l/root/merged", Home: "/l/home",
-		Detach:   []string{"/var/lib/sidecar", "/srv/work"},
+		Detach: []string{"/var/lib/sidecar", "/srv/work"}, MountNS: true, Trees: []string{"/var/lib/sidecar/pts/l1", "/srv/work/l1/tmp"},
 		Landlock: &Landlock{MinABI: 6, MaxABI: 7, RW: []string{"/w", "/tmp"}, RX: []string{"/usr"}, RO: []string{"/etc"}, Dev: []string{"/dev/null"}},
 		Rlimits:  []Rlimit{{"nofile", 4096}, {"core", 0}, {"memlock", 65536}, {"msgqueue", 819200}, {"sigpending", 4096}},
 		Seccomp:  []unix.SockFilter{{Code: 0x20, K: 4}, {Code: 0x15, Jt: 1, Jf: 0, K: 0xc000003e}, {Code: 0x6, K: 0x7fff0000}},
@@ -45,18 +45,23 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 
 func TestEncodeRefuses(t *testing.T) {
 	for name, mod := range map[string]func(*Config){
-		"empty argv":   func(c *Config) { c.Argv = nil },
-		"empty argv0":  func(c *Config) { c.Argv[0] = "" },
-		"NUL in arg":   func(c *Config) { c.Argv[1] = "a\x00b" },
-		"NUL in env":   func(c *Config) { c.Env[0] = "A=\x00" },
-		"NUL in path":  func(c *Config) { c.Landlock.RO = []string{"/etc\x00/x"} },
-		"negative uid": func(c *Config) { c.UID = -1 },
-		"huge gid":     func(c *Config) { c.GID = 1 << 31 },
-		"userns as 0":  func(c *Config) { c.UID = 0 },
-		"too large":    func(c *Config) { c.Env = append(c.Env, strings.Repeat("x", MaxConfigSize)) },
-		"bad rlimit":   func(c *Config) { c.Rlimits = []Rlimit{{"fsize", 1}} },
-		"huge rlimit":  func(c *Config) { c.Rlimits = []Rlimit{{"nofile", 1 << 31}} },
-		"long filter":  func(c *Config) { c.Seccomp = make([]unix.SockFilter, unix.BPF_MAXINSNS+1) },
+		"empty argv":           func(c *Config) { c.Argv = nil },
+		"empty argv0":          func(c *Config) { c.Argv[0] = "" },
+		"NUL in arg":           func(c *Config) { c.Argv[1] = "a\x00b" },
+		"NUL in env":           func(c *Config) { c.Env[0] = "A=\x00" },
+		"NUL in path":          func(c *Config) { c.Landlock.RO = []string{"/etc\x00/x"} },
+		"negative uid":         func(c *Config) { c.UID = -1 },
+		"huge gid":             func(c *Config) { c.GID = 1 << 31 },
+		"userns as 0":          func(c *Config) { c.UID = 0 },
+		"too large":            func(c *Config) { c.Env = append(c.Env, strings.Repeat("x", MaxConfigSize)) },
+		"bad rlimit":           func(c *Config) { c.Rlimits = []Rlimit{{"fsize", 1}} },
+		"huge rlimit":          func(c *Config) { c.Rlimits = []Rlimit{{"nofile", 1 << 31}} },
+		"long filter":          func(c *Config) { c.Seccomp = make([]unix.SockFilter, unix.BPF_MAXINSNS+1) },
+		"tree without mountns": func(c *Config) { c.MountNS = false },
+		"tree a detach root":   func(c *Config) { c.Trees = []string{"/srv/work"} },
+		"tree outside":         func(c *Config) { c.Trees = []string{"/etc/resolv.conf"} },
+		"tree not clean":       func(c *Config) { c.Trees = []string{"/srv/work/l1/"} },
+		"tree under a tree":    func(c *Config) { c.Trees = []string{"/srv/work/l1", "/srv/work/l1/tmp"} },
 	} {
 		cfg := fullConfig()
 		mod(cfg)
@@ -91,4 +96,23 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode(Encode(Decode(%q))) = %+v, %v; want %+v", b, cfg2, err, cfg)
 		}
 	})
+}
+
+// BindSources lists each source under a detach root once, the outermost of nested ones.
+func TestBindSources(t *testing.T) {
+	cfg := &Config{
+		Detach: []string{"/state", "/work"},
+		TmpDir: "/work/l1/tmp", WorkDir: "/work/l1/work", Home: "/work/l1/work/home", PTSDir: "/state/pts/l1",
+		Passwd: "/state/users/l1/passwd", Group: "/state/users/l1/group", Resolv: "/etc/resolv.conf",
+		Root: "/state/users/l1/passwd", // a duplicate, for the test's sake
+	}
+	want := []string{"/state/pts/l1", "/state/users/l1/group", "/state/users/l1/passwd", "/work/l1/tmp", "/work/l1/work"}
+	got := cfg.BindSources()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("BindSources() = %q, want %q", got, want)
+	}
+	cfg.Argv, cfg.MountNS, cfg.Trees = []string{"true"}, true, got
+	if _, err := Encode(cfg); err != nil {
+		t.Errorf("Encode refused BindSources as trees: %v", err)
+	}
 }

@@ -24,6 +24,12 @@ const (
 	LaunchFD = 6
 	// UserNSFD is the lease's user namespace, present when Config.UserNS is set.
 	UserNSFD = 7
+	// MountNSFD is the mount namespace the helper copies, present when Config.MountNS is set.
+	MountNSFD = 8
+	// TreeFD is the first of Config.Trees' descriptors, one after another in their order.
+	TreeFD = 9
+	// MaxTrees bounds Config.Trees (a lease has at most eight bind sources).
+	MaxTrees = 16
 )
 
 // Workspace is where lease processes see their workdir (Config.WorkDir). It must exist on
@@ -88,6 +94,19 @@ type Config struct {
 	// holds no other lease's mounts (a copy of each, per lease, would grow with the square
 	// of the leases held). With a Root, pivoting detaches them with the rest.
 	Detach []string
+	// MountNS says MountNSFD is the mount namespace to copy for the private one instead of
+	// the daemon's: the daemon's without the Detach roots' mounts (sandbox's
+	// HelperMountNS), so that making the view costs the same with one lease held or a
+	// thousand. The bind sources come as Trees. Only the C helper can
+	// (ErrMountNSNeedsC): setns into a mount namespace takes a process that shares its
+	// filesystem attributes with no other thread.
+	MountNS bool
+	// Trees (with MountNS) are the bind sources, each under a Detach root (BindSources):
+	// TreeFD+i is a detached copy (open_tree) of what the daemon sees at Trees[i], which
+	// the helper puts back at the same path, on a tmpfs over its root, before its binds,
+	// so that they bind what they would in a copy of the daemon's namespace; detaching
+	// the roots drops them.
+	Trees []string
 	// Root is the lease's root directory (an overlay the daemon mounted): every mount
 	// above goes into it instead of the host's root, with a /dev of its own, and the
 	// helper pivots into it after the last (root.go). "": the host's root.

@@ -26,6 +26,9 @@ func Main() {
 	if cfg.Fork {
 		fail(ExitSetup, "setup", ErrForkNeedsC)
 	}
+	if cfg.MountNS {
+		fail(ExitSetup, "setup", ErrMountNSNeedsC)
+	}
 	if err := setup(cfg); err != nil {
 		fail(ExitSetup, "setup", err)
 	}
@@ -191,6 +194,10 @@ func detachLeaseMounts(cfg *Config) error {
 // ErrForkNeedsC refuses Config.Fork: a zygote forks and goes on running, which a Go
 // program cannot do.
 var ErrForkNeedsC = errors.New("a zygote needs the C helper (sidecar-init built from sidecar-init.c): a Go program cannot fork and go on running")
+
+// ErrMountNSNeedsC refuses Config.MountNS: setns(CLONE_NEWNS) takes a process whose
+// filesystem attributes no other thread shares, and a Go program's threads share them.
+var ErrMountNSNeedsC = errors.New("entering a prepared mount namespace needs the C helper (sidecar-init built from sidecar-init.c): a Go helper's threads share their filesystem attributes")
 
 // ErrUserNSNeedsC refuses Config.UserNS: the kernel lets only a single-threaded process
 // into a user namespace, and a Go program always has several threads.
