@@ -138,18 +138,23 @@ func (e *Engine) prepareHelper(id string, cmd *exec.Cmd, s Start, child string, 
 }
 
 // openTrees sets cfg.MountNS and cfg.Trees and opens the trees: a detached copy of each of
-// the helper's bind sources under the lease roots, with the mounts beneath it, which the
-// helper puts back in its view's namespace (initproc.Config.Trees).
+// the helper's bind sources under the lease roots, which the helper puts back in its
+// view's namespace (initproc.Config.Trees).
 func openTrees(cfg *initproc.Config) ([]*os.File, error) {
-	cfg.MountNS, cfg.Trees = true, cfg.BindSources()
+	cfg.MountNS, cfg.Trees = true, nil
 	var trees []*os.File
-	for _, p := range cfg.Trees {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, p, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	for _, src := range cfg.BindSources() {
+		flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC
+		if src.Recursive {
+			flags |= unix.AT_RECURSIVE
+		}
+		fd, err := unix.OpenTree(unix.AT_FDCWD, src.Path, uint(flags))
 		if err != nil {
 			closeAll(trees)
-			return nil, &SetupError{Step: "copy bind source", Msg: fmt.Sprintf("open_tree %s: %v", p, err)}
+			return nil, &SetupError{Step: "copy bind source", Msg: fmt.Sprintf("open_tree %s: %v", src.Path, err)}
 		}
-		trees = append(trees, os.NewFile(uintptr(fd), p))
+		cfg.Trees = append(cfg.Trees, src.Path)
+		trees = append(trees, os.NewFile(uintptr(fd), src.Path))
 	}
 	return trees, nil
 }

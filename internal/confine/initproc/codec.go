@@ -365,26 +365,37 @@ func detachRootOf(detach []string, p string) string {
 	return ""
 }
 
-// BindSources are the host paths under the Detach roots the helper binds from in its
-// view, the outermost of nested ones (a tree copies the mounts beneath its path): what
-// MountNS takes as Trees. The others (the host's /etc/resolv.conf) are the host's.
-func (c *Config) BindSources() []string {
-	var out []string
+// A BindSource is a host path under a Detach root that the helper binds from in its view.
+type BindSource struct {
+	Path string
+	// Recursive: its copy must carry the mounts beneath it (the image root's, or those of
+	// a source under it); the others are copied alone, as the helper binds them, which
+	// costs the same however many mounts share their filesystem.
+	Recursive bool
+}
+
+// BindSources are the helper's bind sources under the Detach roots, what MountNS takes as
+// Trees, in path order; a source under another goes with that one's copy. The others (the
+// host's /etc/resolv.conf) are the host's.
+func (c *Config) BindSources() []BindSource {
+	var paths []string
 	for _, p := range []string{c.TmpDir, c.PTSDir, c.Passwd, c.Group, c.Resolv, c.Home, c.WorkDir, c.Root} {
 		if p != "" && detachRootOf(c.Detach, p) != "" {
-			out = append(out, p)
+			paths = append(paths, p)
 		}
 	}
-	// One tree each, the outermost: a tree copies the mounts beneath its path. Sorted, a
-	// path comes after every path it lies under.
-	slices.Sort(out)
-	var trees []string
-	for _, p := range slices.Compact(out) {
-		if !slices.ContainsFunc(trees, func(q string) bool { return strings.HasPrefix(p, q+"/") }) {
-			trees = append(trees, p)
+	// Sorted, a path comes after every path it lies under.
+	slices.Sort(paths)
+	var out []BindSource
+	for _, p := range slices.Compact(paths) {
+		i := slices.IndexFunc(out, func(s BindSource) bool { return strings.HasPrefix(p, s.Path+"/") })
+		if i >= 0 {
+			out[i].Recursive = true
+			continue
 		}
+		out = append(out, BindSource{Path: p, Recursive: p == c.Root})
 	}
-	return trees
+	return out
 }
 
 // parseID accepts what the C helper accepts: 1 to 10 decimal digits, at most 2^31-1.

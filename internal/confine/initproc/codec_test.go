@@ -98,20 +98,25 @@ func FuzzDecode(f *testing.F) {
 	})
 }
 
-// BindSources lists each source under a detach root once, the outermost of nested ones.
+// BindSources lists each source under a detach root once, a source under another in that
+// one's recursive copy, and the image root recursive.
 func TestBindSources(t *testing.T) {
 	cfg := &Config{
 		Detach: []string{"/state", "/work"},
 		TmpDir: "/work/l1/tmp", WorkDir: "/work/l1/work", Home: "/work/l1/work/home", PTSDir: "/state/pts/l1",
 		Passwd: "/state/users/l1/passwd", Group: "/state/users/l1/group", Resolv: "/etc/resolv.conf",
-		Root: "/state/users/l1/passwd", // a duplicate, for the test's sake
+		Root: "/work/l1/root/merged",
 	}
-	want := []string{"/state/pts/l1", "/state/users/l1/group", "/state/users/l1/passwd", "/work/l1/tmp", "/work/l1/work"}
+	want := []BindSource{{"/state/pts/l1", false}, {"/state/users/l1/group", false}, {"/state/users/l1/passwd", false},
+		{"/work/l1/root/merged", true}, {"/work/l1/tmp", false}, {"/work/l1/work", true}}
 	got := cfg.BindSources()
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("BindSources() = %q, want %q", got, want)
+		t.Errorf("BindSources() = %v, want %v", got, want)
 	}
-	cfg.Argv, cfg.MountNS, cfg.Trees = []string{"true"}, true, got
+	cfg.Argv, cfg.MountNS = []string{"true"}, true
+	for _, s := range got {
+		cfg.Trees = append(cfg.Trees, s.Path)
+	}
 	if _, err := Encode(cfg); err != nil {
 		t.Errorf("Encode refused BindSources as trees: %v", err)
 	}
