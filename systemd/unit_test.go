@@ -141,7 +141,7 @@ func TestUnitContract(t *testing.T) {
 	}
 	// What the daemon needs must stay in the bounding set; what it does not, out.
 	caps := strings.Fields(strings.Join(s["CapabilityBoundingSet"], " "))
-	for _, c := range []string{"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE"} {
+	for _, c := range []string{"CAP_SETUID", "CAP_SETGID", "CAP_CHOWN", "CAP_FOWNER", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT"} {
 		if !slices.Contains(caps, c) {
 			t.Errorf("CapabilityBoundingSet lacks %s", c)
 		}

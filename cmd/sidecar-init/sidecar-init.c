@@ -17,9 +17,12 @@
  *   fd 6  with "await": the launch socket (SOCK_SEQPACKET) of a launcher, below, or with
  *         "await" "fork" the request socket of a zygote (serve_forks)
  *   fd 7  the lease's user namespace, when the config says "userns"
+ *   fd 8  the mount namespace to copy, when the config says "mountns"; fds 9 and up its
+ *         "tree"s, in their order
  *
- * Steps: join the command's cgroups (v1), join the netns, make / private and bind the
- * lease's tmp on /tmp, mount a private /proc (hidepid=invisible) and hide the host's cgroup
+ * Steps: join the command's cgroups (v1), join the netns, with "mountns" enter a copy of
+ * the namespace on fd 8 and put the trees back (enter_mount_ns), make / private and bind
+ * the lease's tmp on /tmp, mount a private /proc (hidepid=invisible) and hide the host's cgroup
  * tree (a cgroup namespace, an empty /sys/fs/cgroup) when dropping to a uid,
  * bind the lease's devpts, its passwd, group and resolv.conf files over /etc's, its home tree on
  * /home and its workdir on /workspace (nosuid,nodev; last); with "root" (a lease in an image) every one of those mounts

@@ -15,9 +15,8 @@ import (
 )
 
 // A zygote makes a cell's launchers by forking. Making a launcher the plain way costs a
-// fork of the daemon, an exec of the helper, a copy of the daemon's mount namespace (every
-// lease's mounts in it) and the cell's mounts made again, then torn down when the command
-// ends. A zygote is the C helper started once per cell with "await fork": it joins its
+// fork of the daemon, an exec of the helper, a mount namespace copied (Start.MountNS) and
+// the cell's mounts made again, then torn down when the command ends. A zygote is the C helper started once per cell with "await fork": it joins its
 // own child cgroup and the cell's network namespace, makes the cell's mount namespace and
 // mounts, and stays, root and unconfined, in that view. Each launcher is then a fork of
 // it (clone3 with CLONE_PARENT: the daemon's child, which it waits for as for one it

@@ -243,8 +243,8 @@ func testLeasesAreIsolated(t *testing.T, d *testDaemon) {
 			t.Errorf("%s was written from a lease", p)
 		}
 	}
-	// B's mount table, a copy of the daemon's after A's disk was mounted, holds no lease's
-	// mounts: none under the state dir or the work root (docs/operations.md).
+	// B's mount table, made after A's disk was mounted, holds no lease's mounts: none under
+	// the state dir or the work root (docs/operations.md).
 	mounts := must(b.Exec(ctx, sh(`cut -d' ' -f5 /proc/self/mountinfo`)))(t)
 	for _, p := range strings.Fields(mounts.Stdout) {
 		for _, root := range []string{d.cfg.StateDir, d.cfg.WorkRoot} {

@@ -20,7 +20,9 @@ import (
 // (a million at 1,000 leases, ~380 MB of kernel memory), and every release would detach
 // its mounts from every other lease's namespace. The directories that hold those mounts
 // are made mount points here, once, so that a helper can detach each with one call
-// (Config.DetachRoots, initproc.Config.Detach) and keep only its own lease's binds.
+// (Config.DetachRoots, initproc.Config.Detach) and keep only its own lease's binds; and
+// the C helper starts from a namespace without them at all (HelperMountNS), whose copy
+// costs the same however many leases are held.
 
 // HelperMountNS is a mount namespace for the C helper to copy instead of the daemon's
 // (sandbox Config.HelperMountNS): the daemon's with the roots detached, so without any
@@ -36,7 +38,17 @@ func (r *MountRoots) HelperMountNS() (*os.File, error) {
 	if r == nil || !r.complete || len(r.dirs) == 0 {
 		return nil, nil
 	}
+	// The helper, root with the daemon's bounding set, needs it to enter the namespace.
+	if ok, err := boundingSetHas(unix.CAP_SYS_CHROOT); err != nil || !ok {
+		return nil, errors.Join(errors.New("entering it takes CAP_SYS_CHROOT, which is not in the daemon's capability bounding set (a systemd unit's CapabilityBoundingSet=)"), err)
+	}
 	return helperMountNS(r.dirs)
+}
+
+// boundingSetHas says whether capability c is in this process's bounding set.
+func boundingSetHas(c int) (bool, error) {
+	ok, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+	return ok == 1, err
 }
 
 func helperMountNS(roots []string) (*os.File, error) {
@@ -45,9 +57,13 @@ func helperMountNS(roots []string) (*os.File, error) {
 		err error
 	}
 	done := make(chan made, 1)
+	// The caller's thread waits, locked, so that the goroutine below runs on another: the
+	// runtime cannot end the main thread, and /proc/self names that one.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	go func() {
-		// Never unlocked: the thread leaves the daemon's namespace, so it must end with
-		// this goroutine rather than run anything else.
+		// Never unlocked: the thread leaves the daemon's mount namespace and working
+		// directory, so it must end with this goroutine rather than run anything else.
 		runtime.LockOSThread()
 		ns, err := func() (*os.File, error) {
 			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {

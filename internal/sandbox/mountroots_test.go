@@ -287,3 +287,35 @@ func TestHelperMountNS(t *testing.T) {
 		t.Errorf("the daemon's namespace has %d mounts at or under the root, want 3 (its bind and two)", got)
 	}
 }
+
+// Making the helpers' namespace leaves every thread of the daemon in the daemon's mount
+// namespace: a thread left in it (the main thread cannot end) would make /proc/self name
+// the wrong namespace.
+func TestHelperMountNSLeavesNoThreadBehind(t *testing.T) {
+	base := mountRootsDir(t)
+	r, err := BindMountRoots([]string{base}, base+".marker", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); os.Remove(base + ".marker") })
+	host, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		ns, err := r.HelperMountNS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns.Close()
+	}
+	tasks, err := filepath.Glob("/proc/self/task/*/ns/mnt")
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("threads: %v %v", tasks, err)
+	}
+	for _, task := range tasks {
+		if ns, err := os.Readlink(task); err == nil && ns != host {
+			t.Errorf("%s is in %s, not the daemon's %s", task, ns, host)
+		}
+	}
+}
