@@ -149,18 +149,18 @@ func TestMountRootsLeaveOthersAlone(t *testing.T) {
 	}
 }
 
-// Under a shared mount (systemd makes every mount shared) the bind is private: a lease's
-// mount under it is not copied under the bind's source, the same directory, where a
-// helper's detach would leave it.
-func TestMountRootsUnderASharedMount(t *testing.T) {
-	base := mountRootsDir(t)
+// rootUnderASharedMount binds a fresh directory, base, on itself, shared (as systemd makes
+// every mount), and makes base/state a mount root under it.
+func rootUnderASharedMount(t *testing.T) (base, root string, r *MountRoots) {
+	t.Helper()
+	base = mountRootsDir(t)
 	if err := unix.Mount(base, base, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Mount("", base, "", unix.MS_SHARED, ""); err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(base, "state")
+	root = filepath.Join(base, "state")
 	if err := os.Mkdir(root, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +168,14 @@ func TestMountRootsUnderASharedMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return base, root, r
+}
+
+// Under a shared mount (systemd makes every mount shared) the bind is private: a lease's
+// mount under it is not copied under the bind's source, the same directory, where a
+// helper's detach would leave it.
+func TestMountRootsUnderASharedMount(t *testing.T) {
+	base, root, r := rootUnderASharedMount(t)
 	lease := filepath.Join(root, "l1")
 	mountTmpfs(t, lease)
 	if got := len(mountsAt(t, lease, false)); got != 1 {
@@ -253,21 +261,7 @@ func mountsInNS(t *testing.T, ns *os.File, dir string) []string {
 // The helpers' mount namespace holds none of the roots' mounts, neither those made before
 // it nor after, while the host's later mounts elsewhere reach it where they propagate.
 func TestHelperMountNS(t *testing.T) {
-	base := mountRootsDir(t)
-	if err := unix.Mount(base, base, "", unix.MS_BIND, ""); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Mount("", base, "", unix.MS_SHARED, ""); err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(base, "state")
-	if err := os.Mkdir(root, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	r, err := BindMountRoots([]string{root}, filepath.Join(base, "marker"), slog.Default())
-	if err != nil {
-		t.Fatal(err)
-	}
+	base, root, r := rootUnderASharedMount(t)
 	t.Cleanup(func() { r.Close() })
 	mountTmpfs(t, filepath.Join(root, "before"))
 	ns, err := r.HelperMountNS()
