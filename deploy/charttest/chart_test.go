@@ -264,9 +264,11 @@ func checkStatefulSet(t *testing.T, s *appsv1.StatefulSet, values map[string]any
 		t.Errorf("securityContext: %+v, want root", sc)
 	case priv && (sc.Privileged == nil || !*sc.Privileged):
 		t.Errorf("privileged: %v", sc.Privileged)
-	// NET_BIND_SERVICE: each lease's resolver listens on port 53 of its namespace.
+	// NET_BIND_SERVICE: each lease's resolver listens on port 53 of its namespace;
+	// SYS_CHROOT: each helper enters the mount namespace the daemon prepared.
 	case !priv && (sc.Privileged == nil || *sc.Privileged || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Add, "SYS_ADMIN") ||
-		!slices.Contains(sc.Capabilities.Add, "NET_BIND_SERVICE") || !slices.Contains(sc.Capabilities.Drop, "ALL")):
+		!slices.Contains(sc.Capabilities.Add, "NET_BIND_SERVICE") || !slices.Contains(sc.Capabilities.Add, "SYS_CHROOT") ||
+		!slices.Contains(sc.Capabilities.Drop, "ALL")):
 		t.Errorf("capabilities: %+v", sc)
 	}
 }
