@@ -45,6 +45,10 @@ func (r *MountRoots) HelperMountNS() (*os.File, error) {
 	return helperMountNS(r.dirs)
 }
 
+// errChrooted: the daemon's root is not its mount namespace's, which a helper entering
+// the helpers' namespace would get instead.
+var errChrooted = errors.New("the daemon runs chrooted: a helper entering the namespace would leave the chroot")
+
 // boundingSetHas says whether capability c is in this process's bounding set.
 func boundingSetHas(c int) (bool, error) {
 	ok, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
@@ -66,18 +70,43 @@ func helperMountNS(roots []string) (*os.File, error) {
 		// directory, so it must end with this goroutine rather than run anything else.
 		runtime.LockOSThread()
 		ns, err := func() (*os.File, error) {
+			var root, nsRoot unix.Stat_t
+			if err := unix.Stat("/", &root); err != nil {
+				return nil, err
+			}
 			if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
 				return nil, fmt.Errorf("unshare: %w", err)
 			}
-			if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
-				return nil, fmt.Errorf("make / a slave: %w", err)
+			ns, err := os.Open("/proc/thread-self/ns/mnt")
+			if err != nil {
+				return nil, err
 			}
-			for _, r := range roots {
-				if err := unix.Unmount(r, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
-					return nil, fmt.Errorf("detach %s: %w", r, err)
+			// A helper entering the namespace gets its root, which is the daemon's unless
+			// the daemon runs chrooted.
+			err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS)
+			if err == nil {
+				err = unix.Stat("/", &nsRoot)
+			}
+			if err == nil && (nsRoot.Dev != root.Dev || nsRoot.Ino != root.Ino) {
+				err = errChrooted
+			}
+			if err == nil {
+				if err = unix.Mount("", "/", "", unix.MS_REC|unix.MS_SLAVE, ""); err != nil {
+					err = fmt.Errorf("make / a slave: %w", err)
 				}
 			}
-			return os.Open("/proc/thread-self/ns/mnt")
+			for _, r := range roots {
+				if err == nil {
+					if err = unix.Unmount(r, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
+						err = fmt.Errorf("detach %s: %w", r, err)
+					}
+				}
+			}
+			if err != nil {
+				ns.Close()
+				return nil, err
+			}
+			return ns, nil
 		}()
 		done <- made{ns, err}
 	}()
