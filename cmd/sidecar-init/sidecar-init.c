@@ -310,6 +310,16 @@ static long parse_id_once(int *seen, const char *key, const char *v)
 	return parse_id(key, v);
 }
 
+/* parse_one_once reads a flag key, whose only value is "1", seen at most once. */
+static int parse_one_once(int *seen, const char *key, const char *v)
+{
+	const char *one;
+	set_once(&one, seen, key, v);
+	if (strcmp(one, "1") != 0)
+		fail(EXIT_SETUP, "config", "bad config: %s: not 1", key);
+	return 1;
+}
+
 static int hex_digit(char ch) { return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1; }
 
 /* parse_filter decodes the "seccomp" value: lowercase hex of 1 to BPF_MAXINSNS struct
@@ -451,11 +461,7 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				c->ll_max_abi = parse_id_once(&seen_ll_max, key, v);
 				seen_rules = 1;
 			} else if (strcmp(key, "netns") == 0) {
-				const char *one;
-				set_once(&one, &seen_netns, key, v);
-				if (strcmp(one, "1") != 0)
-					fail(EXIT_SETUP, "config", "bad config: netns: not 1");
-				c->netns = 1;
+				c->netns = parse_one_once(&seen_netns, key, v);
 			} else if (strcmp(key, "await") == 0) {
 				const char *one;
 				set_once(&one, &seen_await, key, v);
@@ -464,17 +470,9 @@ static void parse_config(char *buf, size_t len, struct config *c, int mode)
 				c->await = 1;
 				c->fork = strcmp(one, "fork") == 0;
 			} else if (strcmp(key, "userns") == 0) {
-				const char *one;
-				set_once(&one, &seen_userns, key, v);
-				if (strcmp(one, "1") != 0)
-					fail(EXIT_SETUP, "config", "bad config: userns: not 1");
-				c->userns = 1;
+				c->userns = parse_one_once(&seen_userns, key, v);
 			} else if (strcmp(key, "mountns") == 0) {
-				const char *one;
-				set_once(&one, &seen_mountns, key, v);
-				if (strcmp(one, "1") != 0)
-					fail(EXIT_SETUP, "config", "bad config: mountns: not 1");
-				c->mountns = 1;
+				c->mountns = parse_one_once(&seen_mountns, key, v);
 			} else if (strcmp(key, "seccomp") == 0) {
 				const char *hex;
 				set_once(&hex, &seen_seccomp, key, v);
