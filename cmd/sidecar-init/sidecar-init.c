@@ -1235,8 +1235,8 @@ struct clone3_args { /* struct clone_args as of Linux 5.7 (CLONE_ARGS_SIZE_VER2)
 
 enum { MAX_FORK_FDS = 2 + 16 }; /* a launch socket, a report pipe, and v1's cgroup.procs files */
 
-/* fork_reply answers a fork request on fd 6: "P<pid>" with the child's pidfd, or "E<message>". */
-static void fork_reply(int pid, int pidfd, int err)
+/* fork_reply answers a fork request on sock: "P<pid>" with the child's pidfd, or "E<message>". */
+static void fork_reply(int sock, int pid, int pidfd, int err)
 {
 	char line[128];
 	int n = pid > 0 ? snprintf(line, sizeof line, "P%d", pid) : snprintf(line, sizeof line, "Eclone: %s", strerror(err));
@@ -1256,8 +1256,8 @@ static void fork_reply(int pid, int pidfd, int err)
 		h->cmsg_len = CMSG_LEN(sizeof(int));
 		memcpy(CMSG_DATA(h), &pidfd, sizeof pidfd);
 	}
-	if (sendmsg(LAUNCH_FD, &m, MSG_NOSIGNAL) != n)
-		fail(EXIT_SETUP, "zygote", "answer: %s", strerror(errno));
+	if (sendmsg(sock, &m, MSG_NOSIGNAL) != n)
+		fail(EXIT_SETUP, "fork", "answer: %s", strerror(errno));
 }
 
 /* forked_child is a zygote's child: it takes its launch socket and report pipe, its cgroup
@@ -1363,7 +1363,127 @@ __attribute__((noreturn)) static void serve_forks(struct config *c)
 		int err = errno;
 		for (size_t i = 0; i < nfds; i++)
 			(void)close(fds[i]);
-		fork_reply((int)pid, pidfd, err);
+		fork_reply(LAUNCH_FD, (int)pid, pidfd, err);
+		if (pid > 0)
+			(void)close(pidfd);
+	}
+}
+
+/* serve_spawns is `sidecar-init spawn ARG`, no config, its request socket (SOCK_SEQPACKET)
+ * on fd 3: it starts helpers for the daemon, which holds several descriptors per lease
+ * (thousands with a thousand leases) that each helper it forked and exec'd itself would
+ * copy and then close in execve, while this process holds two. A request is one message:
+ *
+ *   byte 0     's'
+ *   byte 1     flags: SPAWN_NEWNS (a mount namespace of its own, a copy of this process's,
+ *              which is the daemon's), SPAWN_CGROUP (born in the cgroup directory that is
+ *              the last descriptor: clone3's CLONE_INTO_CGROUP)
+ *   byte 2     n, the descriptor slots, 1 to MAX_SPAWN_SLOTS: fds 3 to 3+n-1 of the helper
+ *   n bytes    '1' where the slot is given (the descriptors follow in slot order), '0'
+ *              where it stays closed
+ *   the rest   the directory the helper starts in, absolute, without NUL
+ *
+ * The child (the daemon's: CLONE_PARENT, as a zygote's launcher) takes its descriptors,
+ * its own session, the directory, and execs this binary as `sidecar-init ARG` with an empty
+ * environment: what the daemon's own start of a helper gives it. The answer is a zygote's:
+ * "P<pid>" with the child's pidfd, or "E<message>" when nothing was started. A bad request
+ * or the end of the socket ends this process; only the daemon holds the other end. */
+enum { SPAWN_NEWNS = 1, SPAWN_CGROUP = 2 };
+enum { MAX_SPAWN_SLOTS = TREE_FD - CONFIG_FD + MAX_TREES, MAX_SPAWN_FDS = MAX_SPAWN_SLOTS + 1 };
+
+/* spawned_child puts the given descriptors on their slots, closes the others, and execs. A
+ * failure once the report pipe (fd 4) is in place is reported on it like a set-up step's. */
+__attribute__((noreturn)) static void spawned_child(int self, char *const argv[], const int *fds, const char *slots,
+						    int nslots, const char *dir)
+{
+	int high[MAX_SPAWN_SLOTS];
+	for (int i = 0, j = 0; i < nslots; i++) {
+		/* Above every slot first: a received descriptor may sit on another's slot. */
+		high[i] = slots[i] == '1' ? fcntl(fds[j++], F_DUPFD_CLOEXEC, CONFIG_FD + MAX_SPAWN_SLOTS) : -1;
+		if (slots[i] == '1' && high[i] < 0)
+			_exit(EXIT_SETUP);
+	}
+	for (int i = 0; i < nslots; i++) {
+		if (high[i] >= 0 ? dup2(high[i], CONFIG_FD + i) < 0 : (close(CONFIG_FD + i) < 0 && errno != EBADF))
+			_exit(EXIT_SETUP);
+	}
+	if (setsid() < 0)
+		fail(EXIT_SETUP, "spawn", "setsid: %s", strerror(errno));
+	if (chdir(dir) < 0)
+		FAIL_ERRNO("spawn", "chdir", dir);
+	char *const envp[] = {NULL};
+	syscall(SYS_execveat, self, "", argv, envp, AT_EMPTY_PATH);
+	fail(EXIT_SETUP, "spawn", "exec: %s", strerror(errno));
+}
+
+static int serve_spawns(char *argv0, char *arg)
+{
+	/* Both above the slots, close-on-exec: no helper inherits them. fail() writes on
+	 * REPORT_FD: /dev/null here, so that a received descriptor never lands there. */
+	int sock = fcntl(CONFIG_FD, F_DUPFD_CLOEXEC, CONFIG_FD + MAX_SPAWN_SLOTS);
+	int self = open("/proc/self/exe", O_PATH | O_CLOEXEC);
+	int selfhigh = self < 0 ? -1 : fcntl(self, F_DUPFD_CLOEXEC, CONFIG_FD + MAX_SPAWN_SLOTS);
+	int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+	if (sock < 0 || close(CONFIG_FD) < 0 || selfhigh < 0 || close(self) < 0 || null < 0 ||
+	    (null != REPORT_FD && (dup3(null, REPORT_FD, O_CLOEXEC) < 0 || close(null) < 0)))
+		fail(EXIT_SETUP, "spawn", "descriptors: %s", strerror(errno));
+	char *const child_argv[] = {argv0, arg, NULL};
+	for (;;) {
+		char req[3 + MAX_SPAWN_SLOTS + PATH_MAX];
+		union {
+			char buf[CMSG_SPACE(MAX_SPAWN_FDS * sizeof(int))];
+			struct cmsghdr align;
+		} u;
+		struct iovec iov = {.iov_base = req, .iov_len = sizeof req - 1}; /* room for a NUL */
+		struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+		ssize_t n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n == 0)
+			return 0; /* the daemon let it go */
+		if (n < 0)
+			fail(EXIT_SETUP, "spawn", "receive: %s", strerror(errno));
+		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+		int fds[MAX_SPAWN_FDS];
+		size_t nfds = 0;
+		if (h != NULL && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+			nfds = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			memcpy(fds, CMSG_DATA(h), nfds * sizeof(int));
+		}
+		int nslots = n >= 3 ? (unsigned char)req[2] : 0;
+		int flags = n >= 3 ? req[1] : -1;
+		size_t given = 0;
+		for (int i = 0; i < nslots && 3 + i < n; i++)
+			given += req[3 + i] == '1';
+		ssize_t dirlen = n - 3 - nslots;
+		if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || (h != NULL && CMSG_NXTHDR(&m, h) != NULL) || n < 3 ||
+		    req[0] != 's' || (flags & ~(SPAWN_NEWNS | SPAWN_CGROUP)) != 0 || nslots < 1 ||
+		    nslots > MAX_SPAWN_SLOTS || dirlen < 1 || req[3 + nslots] != '/' ||
+		    memchr(req + 3 + nslots, '\0', (size_t)dirlen) != NULL ||
+		    nfds != given + ((flags & SPAWN_CGROUP) != 0))
+			fail(EXIT_SETUP, "spawn", "bad request");
+		for (int i = 0; i < nslots; i++)
+			if (req[3 + i] != '0' && req[3 + i] != '1')
+				fail(EXIT_SETUP, "spawn", "bad request");
+		req[n] = '\0';
+		uint64_t clone_flags = CLONE_PARENT | CLONE_PIDFD | ((flags & SPAWN_NEWNS) ? CLONE_NEWNS : 0);
+		int pidfd = -1;
+		long pid;
+		if (flags & SPAWN_CGROUP) {
+			struct clone3_args args = {.flags = clone_flags | CLONE_INTO_CGROUP_FLAG,
+						   .pidfd = (uint64_t)(uintptr_t)&pidfd,
+						   .cgroup = (uint64_t)fds[nfds - 1]};
+			pid = syscall(SYS_clone3, &args, sizeof args);
+		} else {
+			/* The exit signal is this process's (CLONE_PARENT); the pidfd comes back in parent_tid. */
+			pid = syscall(SYS_clone, (unsigned long)clone_flags, NULL, &pidfd, NULL, 0);
+		}
+		if (pid == 0)
+			spawned_child(selfhigh, child_argv, fds, req + 3, nslots, req + 3 + nslots);
+		int err = errno;
+		for (size_t i = 0; i < nfds; i++)
+			(void)close(fds[i]);
+		fork_reply(sock, (int)pid, pidfd, err);
 		if (pid > 0)
 			(void)close(pidfd);
 	}
@@ -1435,6 +1555,8 @@ int main(int argc, char **argv)
 	struct config c;
 	if (argc == 2 && strcmp(argv[1], "userns") == 0)
 		return serve_userns();
+	if (argc == 3 && strcmp(argv[1], "spawn") == 0)
+		return serve_spawns(argv[0], argv[2]);
 	char *buf = read_config(CONFIG_FD, &len);
 	parse_config(buf, len, &c, CONFIG_FULL);
 #ifdef SIDECAR_INIT_PARSE_ONLY

@@ -22,6 +22,7 @@ type Engine struct {
 	helperArg string
 	coldStart bool
 	forks     bool          // the helper is the C one: a zygote (zygote.go), Start.MountNS
+	spawner   *spawner      // starts helpers without streams (spawner.go); nil: the daemon does
 	launching chan struct{} // a slot per launcher being made (launchersAtOnce)
 
 	mu    sync.Mutex
@@ -80,8 +81,15 @@ func NewEngine(cfg EngineConfig) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
+	e := &Engine{cg: cfg.Cgroups, log: cfg.Logger, helper: cfg.Helper, helperArg: cfg.HelperArg,
 		coldStart: cfg.ColdStart, forks: cfg.Forks, launching: make(chan struct{}, launchersAtOnce), cells: map[string]*cell{}, dying: map[string]*cell{}}
+	if cfg.Forks {
+		var err error
+		if e.spawner, err = startSpawner(cfg.Helper, cfg.HelperArg); err != nil {
+			e.log.Warn("no helper spawner: helpers are started by the daemon itself", "err", err)
+		}
+	}
+	return e
 }
 
 // Open makes the cell id with limits, or adopts the one an earlier run left (setting its
@@ -252,6 +260,9 @@ func (e *Engine) Close() error {
 		for _, name := range spare {
 			errs = append(errs, e.cg.RemoveChild(c.id, name))
 		}
+	}
+	if e.spawner != nil {
+		e.spawner.close()
 	}
 	return errors.Join(errs...)
 }

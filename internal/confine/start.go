@@ -1,6 +1,7 @@
 package confine
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -159,9 +160,13 @@ func openTrees(cfg *initproc.Config) ([]*os.File, error) {
 	return trees, nil
 }
 
-// startHelper starts a prepared helper and closes the daemon's copies of its files.
+// startHelper starts a prepared helper, through the spawner when it can, and closes the
+// daemon's copies of its files.
 func (e *Engine) startHelper(id string, cmd *exec.Cmd, child string, parentFiles []*os.File) error {
-	err := cmd.Start()
+	spawned, err := e.spawn(cmd)
+	if !spawned {
+		err = cmd.Start()
+	}
 	closeAll(parentFiles)
 	if err != nil && cmd.SysProcAttr.UseCgroupFD {
 		if _, serr := os.Stat(e.cg.ChildDir(id, child)); serr != nil {
@@ -170,6 +175,25 @@ func (e *Engine) startHelper(id string, cmd *exec.Cmd, child string, parentFiles
 		}
 	}
 	return err
+}
+
+// spawn starts cmd through the spawner; false when the spawner started nothing and the
+// daemon must. A helper the spawner started but lost (reaped before its pidfd came back)
+// is an error, not started again.
+func (e *Engine) spawn(cmd *exec.Cmd) (bool, error) {
+	if e.spawner == nil || !spawns(cmd) {
+		return false, nil
+	}
+	err := e.spawner.start(cmd)
+	var refused *refusedError
+	switch {
+	case errors.Is(err, errSpawnerDropped), errors.As(err, &refused):
+		return false, nil
+	case errors.Is(err, errSpawner):
+		e.log.Warn("the helper spawner failed: helpers are started by the daemon itself from now on", "err", err)
+		return false, nil
+	}
+	return true, err
 }
 
 func closeAll(files []*os.File) {

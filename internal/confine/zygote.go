@@ -215,23 +215,37 @@ func (z *zygote) request(kind byte, fds []int) (int, int, error) {
 	if z.sock == nil {
 		return 0, 0, fmt.Errorf("%w dropped", errZygote)
 	}
-	sock := int(z.sock.Fd())
-	if err := unix.Sendmsg(sock, []byte{kind}, unix.UnixRights(fds...), nil, 0); err != nil {
+	pid, pidfd, err := forkRequest(int(z.sock.Fd()), []byte{kind}, fds)
+	if err != nil {
 		return 0, 0, fmt.Errorf("%w: %v", errZygote, err)
 	}
+	return pid, pidfd, nil
+}
+
+// refusedError is a fork request answered "E<message>": nothing was started.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// forkRequest sends msg and fds on sock, a zygote's or the spawner's, and reads the
+// answer: "P<pid>" with the child's pidfd, or "E<message>" (a *refusedError).
+func forkRequest(sock int, msg []byte, fds []int) (int, int, error) {
+	if err := unix.Sendmsg(sock, msg, unix.UnixRights(fds...), nil, 0); err != nil {
+		return 0, 0, err
+	}
 	if ready, err := awaitReadable(sock, zygoteWait); !ready {
-		return 0, 0, fmt.Errorf("%w: no answer: %v", errZygote, err)
+		return 0, 0, fmt.Errorf("no answer: %v", err)
 	}
 	buf := make([]byte, 256)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := unix.Recvmsg(sock, buf, oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
 	switch {
 	case err != nil:
-		return 0, 0, fmt.Errorf("%w: %v", errZygote, err)
+		return 0, 0, err
 	case n == 0:
-		return 0, 0, fmt.Errorf("%w exited", errZygote)
+		return 0, 0, errors.New("exited")
 	case buf[0] == 'E':
-		return 0, 0, fmt.Errorf("%w: %s", errZygote, buf[1:n])
+		return 0, 0, &refusedError{string(buf[1:n])}
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	var rights []int
@@ -242,12 +256,12 @@ func (z *zygote) request(kind byte, fds []int) (int, int, error) {
 		for _, fd := range rights {
 			unix.Close(fd)
 		}
-		return 0, 0, fmt.Errorf("%w: bad answer", errZygote)
+		return 0, 0, errors.New("bad answer")
 	}
 	pid, err := strconv.Atoi(string(buf[1:n]))
 	if err != nil || pid <= 0 {
 		unix.Close(rights[0])
-		return 0, 0, fmt.Errorf("%w: bad answer", errZygote)
+		return 0, 0, errors.New("bad answer")
 	}
 	return pid, rights[0], nil
 }
