@@ -1372,49 +1372,64 @@ __attribute__((noreturn)) static void serve_forks(struct config *c)
 /* serve_spawns is `sidecar-init spawn ARG`, no config, its request socket (SOCK_SEQPACKET)
  * on fd 3: it starts helpers for the daemon, which holds several descriptors per lease
  * (thousands with a thousand leases) that each helper it forked and exec'd itself would
- * copy and then close in execve, while this process holds two. A request is one message:
+ * copy and then close in execve, while this process holds a handful. A request is one
+ * message:
  *
  *   byte 0     's'
- *   byte 1     flags: SPAWN_NEWNS (a mount namespace of its own, a copy of this process's,
- *              which is the daemon's), SPAWN_CGROUP (born in the cgroup directory that is
- *              the last descriptor: clone3's CLONE_INTO_CGROUP)
+ *   byte 1     flags: SPAWN_NEWNS, a mount namespace of its own (a copy of this process's,
+ *              which is the daemon's)
  *   byte 2     n, the descriptor slots, 1 to MAX_SPAWN_SLOTS: fds 3 to 3+n-1 of the helper
  *   n bytes    '1' where the slot is given (the descriptors follow in slot order), '0'
  *              where it stays closed
  *   the rest   the directory the helper starts in, absolute, without NUL
  *
- * The child (the daemon's: CLONE_PARENT, as a zygote's launcher) takes its descriptors,
- * its own session, the directory, and execs this binary as `sidecar-init ARG` with an empty
- * environment: what the daemon's own start of a helper gives it. The answer is a zygote's:
- * "P<pid>" with the child's pidfd, or "E<message>" when nothing was started. A bad request
- * or the end of the socket ends this process; only the daemon holds the other end. */
-enum { SPAWN_NEWNS = 1, SPAWN_CGROUP = 2 };
-enum { MAX_SPAWN_SLOTS = TREE_FD - CONFIG_FD + MAX_TREES, MAX_SPAWN_FDS = MAX_SPAWN_SLOTS + 1 };
+ * The child is the daemon's (CLONE_PARENT, as a zygote's launcher) and a vfork's
+ * (CLONE_VM | CLONE_VFORK, on a stack of its own: no page tables copied, this process
+ * waits until it has exec'd). It takes its descriptors, its own session and the
+ * directory, and execs this binary as `sidecar-init ARG` with an empty environment: what
+ * the daemon's own start of a helper gives it. A helper born in a cgroup (v2's
+ * CLONE_INTO_CGROUP) is still started by the daemon. The answer is a zygote's: "P<pid>"
+ * with the child's pidfd, or "E<message>" when nothing was started. A bad request or the
+ * end of the socket ends this process; only the daemon holds the other end. */
+enum { SPAWN_NEWNS = 1 };
+enum { MAX_SPAWN_SLOTS = TREE_FD - CONFIG_FD + MAX_TREES };
 
-/* spawned_child puts the given descriptors on their slots, closes the others, and execs. A
- * failure once the report pipe (fd 4) is in place is reported on it like a set-up step's. */
-__attribute__((noreturn)) static void spawned_child(int self, char *const argv[], const int *fds, const char *slots,
-						    int nslots, const char *dir)
+struct spawn {
+	int self;	     /* this binary, O_PATH */
+	char *const *argv;   /* the helper's */
+	const int *fds;	     /* the received descriptors, in slot order */
+	const char *slots;   /* '1' given, '0' closed, one per slot */
+	int nslots;
+	const char *dir;
+};
+
+/* spawned_child puts the given descriptors on their slots, closes the others, and execs.
+ * It shares the spawner's memory (CLONE_VM) and only writes its own stack; a failure once
+ * the report pipe (fd 4) is in place is reported on it like a set-up step's. */
+static int spawned_child(void *arg)
 {
+	const struct spawn *sp = arg;
 	int high[MAX_SPAWN_SLOTS];
-	for (int i = 0, j = 0; i < nslots; i++) {
+	for (int i = 0, j = 0; i < sp->nslots; i++) {
 		/* Above every slot first: a received descriptor may sit on another's slot. */
-		high[i] = slots[i] == '1' ? fcntl(fds[j++], F_DUPFD_CLOEXEC, CONFIG_FD + MAX_SPAWN_SLOTS) : -1;
-		if (slots[i] == '1' && high[i] < 0)
+		high[i] = sp->slots[i] == '1' ? fcntl(sp->fds[j++], F_DUPFD_CLOEXEC, CONFIG_FD + MAX_SPAWN_SLOTS) : -1;
+		if (sp->slots[i] == '1' && high[i] < 0)
 			_exit(EXIT_SETUP);
 	}
-	for (int i = 0; i < nslots; i++) {
+	for (int i = 0; i < sp->nslots; i++) {
 		if (high[i] >= 0 ? dup2(high[i], CONFIG_FD + i) < 0 : (close(CONFIG_FD + i) < 0 && errno != EBADF))
 			_exit(EXIT_SETUP);
 	}
 	if (setsid() < 0)
 		fail(EXIT_SETUP, "spawn", "setsid: %s", strerror(errno));
-	if (chdir(dir) < 0)
-		FAIL_ERRNO("spawn", "chdir", dir);
+	if (chdir(sp->dir) < 0)
+		FAIL_ERRNO("spawn", "chdir", sp->dir);
 	char *const envp[] = {NULL};
-	syscall(SYS_execveat, self, "", argv, envp, AT_EMPTY_PATH);
+	syscall(SYS_execveat, sp->self, "", sp->argv, envp, AT_EMPTY_PATH);
 	fail(EXIT_SETUP, "spawn", "exec: %s", strerror(errno));
 }
+
+static char spawn_stack[64 * 1024] __attribute__((aligned(16)));
 
 static int serve_spawns(char *argv0, char *arg)
 {
@@ -1431,7 +1446,7 @@ static int serve_spawns(char *argv0, char *arg)
 	for (;;) {
 		char req[3 + MAX_SPAWN_SLOTS + PATH_MAX];
 		union {
-			char buf[CMSG_SPACE(MAX_SPAWN_FDS * sizeof(int))];
+			char buf[CMSG_SPACE(MAX_SPAWN_SLOTS * sizeof(int))];
 			struct cmsghdr align;
 		} u;
 		struct iovec iov = {.iov_base = req, .iov_len = sizeof req - 1}; /* room for a NUL */
@@ -1444,7 +1459,7 @@ static int serve_spawns(char *argv0, char *arg)
 		if (n < 0)
 			fail(EXIT_SETUP, "spawn", "receive: %s", strerror(errno));
 		struct cmsghdr *h = CMSG_FIRSTHDR(&m);
-		int fds[MAX_SPAWN_FDS];
+		int fds[MAX_SPAWN_SLOTS];
 		size_t nfds = 0;
 		if (h != NULL && h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
 			nfds = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -1457,33 +1472,24 @@ static int serve_spawns(char *argv0, char *arg)
 			given += req[3 + i] == '1';
 		ssize_t dirlen = n - 3 - nslots;
 		if ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || (h != NULL && CMSG_NXTHDR(&m, h) != NULL) || n < 3 ||
-		    req[0] != 's' || (flags & ~(SPAWN_NEWNS | SPAWN_CGROUP)) != 0 || nslots < 1 ||
-		    nslots > MAX_SPAWN_SLOTS || dirlen < 1 || req[3 + nslots] != '/' ||
-		    memchr(req + 3 + nslots, '\0', (size_t)dirlen) != NULL ||
-		    nfds != given + ((flags & SPAWN_CGROUP) != 0))
+		    req[0] != 's' || (flags & ~SPAWN_NEWNS) != 0 || nslots < 1 || nslots > MAX_SPAWN_SLOTS || dirlen < 1 ||
+		    req[3 + nslots] != '/' || memchr(req + 3 + nslots, '\0', (size_t)dirlen) != NULL || nfds != given)
 			fail(EXIT_SETUP, "spawn", "bad request");
 		for (int i = 0; i < nslots; i++)
 			if (req[3 + i] != '0' && req[3 + i] != '1')
 				fail(EXIT_SETUP, "spawn", "bad request");
 		req[n] = '\0';
-		uint64_t clone_flags = CLONE_PARENT | CLONE_PIDFD | ((flags & SPAWN_NEWNS) ? CLONE_NEWNS : 0);
+		struct spawn sp = {.self = selfhigh, .argv = child_argv, .fds = fds, .slots = req + 3, .nslots = nslots,
+				   .dir = req + 3 + nslots};
+		/* The exit signal is this process's (CLONE_PARENT); the pidfd comes back in parent_tid. */
 		int pidfd = -1;
-		long pid;
-		if (flags & SPAWN_CGROUP) {
-			struct clone3_args args = {.flags = clone_flags | CLONE_INTO_CGROUP_FLAG,
-						   .pidfd = (uint64_t)(uintptr_t)&pidfd,
-						   .cgroup = (uint64_t)fds[nfds - 1]};
-			pid = syscall(SYS_clone3, &args, sizeof args);
-		} else {
-			/* The exit signal is this process's (CLONE_PARENT); the pidfd comes back in parent_tid. */
-			pid = syscall(SYS_clone, (unsigned long)clone_flags, NULL, &pidfd, NULL, 0);
-		}
-		if (pid == 0)
-			spawned_child(selfhigh, child_argv, fds, req + 3, nslots, req + 3 + nslots);
+		int pid = clone(spawned_child, spawn_stack + sizeof spawn_stack,
+				CLONE_VM | CLONE_VFORK | CLONE_PARENT | CLONE_PIDFD | ((flags & SPAWN_NEWNS) ? CLONE_NEWNS : 0),
+				&sp, &pidfd);
 		int err = errno;
 		for (size_t i = 0; i < nfds; i++)
 			(void)close(fds[i]);
-		fork_reply(sock, (int)pid, pidfd, err);
+		fork_reply(sock, pid, pidfd, err);
 		if (pid > 0)
 			(void)close(pidfd);
 	}

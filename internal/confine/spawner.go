@@ -17,11 +17,13 @@ import (
 // engine while the daemon holds few descriptors. The daemon holds several per lease (its
 // helpers' pidfds, report pipes and sockets, the lease network's sockets): a helper it
 // forked itself would copy that table and close each one in its execve, a cost that grew
-// with the leases held on every lease's acquire. A spawned helper is forked from a
-// process holding a handful; it is still the daemon's child (CLONE_PARENT), waited for as for
-// one it started, and gets what the daemon's own start gives it: its descriptors on the
-// same numbers, its own session, its directory, an empty environment, the daemon's mount
-// namespace or a copy of it, its child cgroup on v2.
+// with the leases held on every lease's acquire. A spawned helper is vforked from a
+// process holding a handful; it is still the daemon's child (CLONE_PARENT), waited for as
+// for one it started, and gets what the daemon's own start gives it: its descriptors on
+// the same numbers, its own session, its directory, an empty environment, the daemon's
+// mount namespace or a copy of it. One to be born in its cgroup (v2's CLONE_INTO_CGROUP,
+// where clone3 is allowed) is still started by the daemon: a vfork on a stack of its own
+// takes clone(2), and a plain fork of the spawner costs more than the descriptors it saves.
 //
 // A spawner that fails to answer is dropped, and helpers start the plain way from then on;
 // one that refuses a start (a clone that failed) leaves that start to the plain way.
@@ -32,11 +34,9 @@ type spawner struct {
 	started atomic.Int64
 }
 
-// The request's flags, as sidecar-init's serve_spawns reads them.
-const (
-	spawnNewNS  = 1 // a copy of the spawner's (the daemon's) mount namespace
-	spawnCgroup = 2 // born in the cgroup directory sent last (CLONE_INTO_CGROUP)
-)
+// spawnNewNS is the request's flag for a copy of the spawner's (the daemon's) mount
+// namespace, as sidecar-init's serve_spawns reads it.
+const spawnNewNS = 1
 
 // maxSpawnSlots is serve_spawns' MAX_SPAWN_SLOTS: fds 3 to 24 of a helper.
 const maxSpawnSlots = 22
@@ -74,7 +74,7 @@ func startSpawner(helper, arg string) (*spawner, error) {
 func spawns(cmd *exec.Cmd) bool {
 	a := cmd.SysProcAttr
 	return cmd.Stdin == nil && cmd.Stdout == nil && cmd.Stderr == nil && len(cmd.ExtraFiles) <= maxSpawnSlots &&
-		a != nil && a.Setsid && !a.Setctty && a.Cloneflags&^syscall.CLONE_NEWNS == 0 && filepathIsAbs(cmd.Dir)
+		a != nil && a.Setsid && !a.Setctty && !a.UseCgroupFD && a.Cloneflags&^syscall.CLONE_NEWNS == 0 && filepathIsAbs(cmd.Dir)
 }
 
 func filepathIsAbs(p string) bool { return len(p) > 0 && p[0] == '/' }
@@ -95,10 +95,6 @@ func (s *spawner) start(cmd *exec.Cmd) error {
 		}
 		msg = append(msg, '1')
 		fds = append(fds, int(f.Fd()))
-	}
-	if cmd.SysProcAttr.UseCgroupFD {
-		flags |= spawnCgroup
-		fds = append(fds, cmd.SysProcAttr.CgroupFD)
 	}
 	msg[1] = flags
 	msg = append(msg, cmd.Dir...)
