@@ -102,16 +102,9 @@ func (s *spawner) start(cmd *exec.Cmd) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(pidfd)
-	// The child is ours (CLONE_PARENT), and the reaper leaves a child alone once a pidfd
-	// of it is held: if it is not reaped yet, the pid is still its own.
-	var info unix.Siginfo
-	if err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
-		return fmt.Errorf("spawned helper %d: %w", pid, err)
-	}
-	proc, err := os.FindProcess(pid)
+	proc, err := adoptChild(pid, pidfd)
 	if err != nil {
-		return err
+		return fmt.Errorf("spawned helper: %w", err)
 	}
 	cmd.Process = proc
 	s.started.Add(1)

@@ -190,16 +190,9 @@ func (e *Engine) forkLauncher(c *cell, z *zygote, l *launcher) (err error) {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(pidfd)
-	// The child is ours (CLONE_PARENT), and the reaper leaves a child alone once a pidfd
-	// of it is held: if it is not reaped yet, the pid is still its own.
-	var info unix.Siginfo
-	if err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
-		return fmt.Errorf("forked launcher %d: %w", pid, err)
-	}
-	proc, err := os.FindProcess(pid)
+	proc, err := adoptChild(pid, pidfd)
 	if err != nil {
-		return err
+		return fmt.Errorf("forked launcher: %w", err)
 	}
 	l.proc, l.sock, l.report = proc, sock, report
 	e.mu.Lock()
@@ -220,6 +213,19 @@ func (z *zygote) request(kind byte, fds []int) (int, int, error) {
 		return 0, 0, fmt.Errorf("%w: %v", errZygote, err)
 	}
 	return pid, pidfd, nil
+}
+
+// adoptChild is the process of a child another process cloned for the daemon
+// (CLONE_PARENT), from the pid and pidfd it answered; it closes pidfd. The reaper leaves
+// a child alone once a pidfd of it is held: if it is not reaped yet, the pid is still its
+// own.
+func adoptChild(pid, pidfd int) (*os.Process, error) {
+	defer unix.Close(pidfd)
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PIDFD, pidfd, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil); err != nil {
+		return nil, fmt.Errorf("child %d: %w", pid, err)
+	}
+	return os.FindProcess(pid)
 }
 
 // refusedError is a fork request answered "E<message>": nothing was started.
