@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -74,13 +75,12 @@ func startSpawner(helper, arg string) (*spawner, error) {
 func spawns(cmd *exec.Cmd) bool {
 	a := cmd.SysProcAttr
 	return cmd.Stdin == nil && cmd.Stdout == nil && cmd.Stderr == nil && len(cmd.ExtraFiles) <= maxSpawnSlots &&
-		a != nil && a.Setsid && !a.Setctty && !a.UseCgroupFD && a.Cloneflags&^syscall.CLONE_NEWNS == 0 && filepathIsAbs(cmd.Dir)
+		a != nil && a.Setsid && !a.Setctty && !a.UseCgroupFD && a.Cloneflags&^syscall.CLONE_NEWNS == 0 && filepath.IsAbs(cmd.Dir)
 }
 
-func filepathIsAbs(p string) bool { return len(p) > 0 && p[0] == '/' }
-
 // start starts cmd's helper and sets cmd.Process, as cmd.Start would. An error wrapping
-// errSpawner means the spawner is gone; any other, that this start was refused.
+// errSpawner means the spawner is gone, a *refusedError that it started nothing; any
+// other, that the helper it started was lost.
 func (s *spawner) start(cmd *exec.Cmd) error {
 	var flags byte
 	if cmd.SysProcAttr.Cloneflags&syscall.CLONE_NEWNS != 0 {
@@ -111,7 +111,7 @@ func (s *spawner) start(cmd *exec.Cmd) error {
 	return nil
 }
 
-// request sends one request; the answer is a zygote's (forkAnswer).
+// request sends one request; the answer is a zygote's (forkRequest).
 func (s *spawner) request(msg []byte, fds []int) (int, int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
