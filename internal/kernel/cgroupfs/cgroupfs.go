@@ -44,13 +44,18 @@ func Version() int {
 // runtime's poller, eight system calls for a read of a few bytes instead of three, on
 // the path of every command.
 
-// WriteFile writes a control file (which must already exist).
+// WriteFile writes a control file (which must already exist). A write the kernel
+// interrupted is made again: v1's memory limits refuse with EINTR whenever a signal is
+// pending, and the daemon gets many (SIGCHLD from every helper, the runtime's SIGURG).
 func WriteFile(path, value string) error {
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_TRUNC|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	n, err := unix.Write(fd, []byte(value))
+	for err == unix.EINTR {
+		n, err = unix.Write(fd, []byte(value))
+	}
 	if err == nil && n != len(value) {
 		err = io.ErrShortWrite
 	}
