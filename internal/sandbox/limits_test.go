@@ -164,13 +164,9 @@ func uptimeTicks(t *testing.T) uint64 {
 	return n
 }
 
-// startTicks is when process pid ("self" too) started, in clock ticks since boot.
+// startTicks is when process pid started, in clock ticks since boot.
 func startTicks(pid string) (uint64, bool) {
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	f := strings.Fields(string(b)[strings.LastIndex(string(b), ") ")+2:]) // state ppid … starttime (20th)
+	f := procStat(pid)
 	if len(f) < 20 {
 		return 0, false
 	}
@@ -178,14 +174,21 @@ func startTicks(pid string) (uint64, bool) {
 	return n, err == nil
 }
 
+// procStat is /proc/<pid>/stat's fields after the command name (state ppid pgrp session
+// tty tpgid flags … starttime is the 20th), nil if there is no such process. The name may
+// hold spaces and parentheses: the fields start after its last ") ".
+func procStat(pid string) []string {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	i := strings.LastIndex(string(b), ") ")
+	if err != nil || i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b)[i+2:])
+}
+
 func alive(pid int) bool {
 	const pfExiting = 0x4
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
-	f := strings.Fields(string(b)[i+2:])    // state ppid pgrp session tty tpgid flags ...
+	f := procStat(strconv.Itoa(pid))
 	if len(f) < 7 || f[0] == "Z" || f[0] == "X" {
 		return false
 	}

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -43,10 +42,6 @@ func TestReaperNeverStealsExecChildren(t *testing.T) {
 
 // isZombie says whether pid has exited and waits to be reaped.
 func isZombie(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndex(string(b), ") ") // comm may contain spaces and parentheses
-	return i >= 0 && (strings.HasPrefix(string(b)[i+2:], "Z") || strings.HasPrefix(string(b)[i+2:], "X"))
+	f := procStat(strconv.Itoa(pid))
+	return len(f) > 0 && (f[0] == "Z" || f[0] == "X")
 }
