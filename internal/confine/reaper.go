@@ -24,8 +24,9 @@ func BecomeSubreaper() error {
 	return nil
 }
 
-// reapInterval is the least time between two reaping passes: a zombie holds one of its
-// cell's pids for at most about that long.
+// reapInterval is the least time between two reaping passes. An orphan is reaped by the
+// second pass that finds it a zombie, so it holds one of its cell's pids for about two
+// passes.
 const reapInterval = 50 * time.Millisecond
 
 // RunReaper reaps orphaned zombie children until ctx ends, on SIGCHLD and every second.
@@ -47,8 +48,9 @@ func RunReaper(ctx context.Context, log *slog.Logger) {
 	defer signal.Stop(sigchld)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var r orphanReaper
 	for {
-		if n := ReapOrphans(); n > 0 {
+		if n := r.pass(); n > 0 {
 			log.Debug("reaped orphaned processes", "count", n)
 		}
 		// A pass reads the stat of every child (each cell's launcher is one) and the
@@ -68,21 +70,42 @@ func RunReaper(ctx context.Context, log *slog.Logger) {
 	}
 }
 
-// ReapOrphans reaps the zombie children no os.Process owns, once, and returns how many.
-func ReapOrphans() int {
+// orphanReaper reaps the zombie children no os.Process owns. A child os/exec waits for is
+// reaped by its Wait as soon as it exits, so a zombie that is still there a pass later is
+// most likely an orphan: only then are the daemon's pidfds listed, which reads the fdinfo
+// of every descriptor it holds (nine per lease). Under a stream of commands some child
+// has always just exited, and listing them at every pass cost 2% of the machine's CPU
+// with 100 leases busy. The pidfds still decide: a zombie os/exec holds one for is never
+// reaped here, however long it stays.
+type orphanReaper struct {
+	last map[int]bool // the zombies of the last pass
+}
+
+// pass reaps the zombies that the last pass found too, and returns how many.
+func (r *orphanReaper) pass() int {
 	zombies := zombieChildren()
-	if len(zombies) == 0 {
+	last := r.last
+	r.last = make(map[int]bool, len(zombies))
+	var aged []int
+	for _, pid := range zombies {
+		r.last[pid] = true
+		if last[pid] {
+			aged = append(aged, pid)
+		}
+	}
+	if len(aged) == 0 {
 		return 0
 	}
 	held := heldPidfds()
 	n := 0
-	for _, pid := range zombies {
+	for _, pid := range aged {
 		if held[pid] {
 			continue
 		}
 		var ws unix.WaitStatus
 		if got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil); err == nil && got == pid {
 			n++
+			delete(r.last, pid)
 		}
 	}
 	return n

@@ -33,8 +33,9 @@ func BenchmarkReapPass(b *testing.B) {
 			kids = append(kids, c)
 		}
 		b.Run(fmt.Sprintf("children-%d", n), func(b *testing.B) {
+			var r orphanReaper
 			for b.Loop() {
-				if got := ReapOrphans(); got != 0 {
+				if got := r.pass(); got != 0 {
 					b.Fatalf("reaped %d of our own children", got)
 				}
 			}
@@ -70,9 +71,10 @@ func TestReapOrphansNotExecChildren(t *testing.T) {
 	}
 	wg.Wait()
 	reaped := 0
+	var r orphanReaper
 	deadline := time.Now().Add(20 * time.Second)
 	for reaped < len(orphans) && time.Now().Before(deadline) {
-		reaped += ReapOrphans()
+		reaped += r.pass()
 		time.Sleep(20 * time.Millisecond)
 	}
 	if reaped != len(orphans) {
