@@ -1,18 +1,27 @@
 package confine
 
 // Child cgroups are made and removed off the exec path. On cgroup v1 a child is a
-// directory in the memory and freezer hierarchies (cgroupv1.go), and removing a used
-// memory cgroup makes the kernel walk every filesystem's LRU lists: together a good part of
-// what the rest of starting /bin/true costs. So each cell keeps an
-// empty child made ahead, and a finished tree's child, once it has been emptied, is
-// removed in the background. A spare is never reused: every tree still gets a fresh
-// cgroup whose counters (OOM kills, refused forks) are its own.
+// directory in the memory and freezer hierarchies (cgroupv1.go), and making and removing
+// a memory cgroup is costly: the kernel sets up and later tears down its per-CPU state and
+// walks every filesystem's LRU lists to reparent it. So each cell keeps an empty child
+// made ahead, and a finished tree's child, once emptied, is kept for the cell's next tree
+// (recycleChild): an agent's commands, one after another, then reuse the same few
+// children instead of a mkdir and an rmdir each (under saturating load those and the
+// kernel's workers tearing the children down were 12% of the machine's CPU). A child is
+// reused only while its counters are those of a fresh one: none of its processes was
+// OOM-killed (Tree.OOMKilled reads the child's own count), and nothing else is read per
+// child. Only the cell's own trees reuse it: it holds nothing of another lease.
 
 // spareChildren is how many empty child cgroups each cell keeps ready. One covers an
 // agent's commands, which come one after another (the next spare is made while the
 // command runs); a burst falls back to making children on the exec path. Each spare is a
 // memory cgroup, whose kernel state grows with the number of CPUs, for every live cell.
 const spareChildren = 1
+
+// keptChildren is how many emptied children a cell keeps among its spares for reuse: one
+// for the launcher being made while a command runs and one for the command that just
+// ended, so that commands in a row need no new child.
+const keptChildren = spareChildren + 1
 
 // takeChild returns an empty child cgroup of cell id for a new tree, a spare when there
 // is one, and tops the spares up in the background.
@@ -75,6 +84,27 @@ func (e *Engine) makeSpare(c *cell) {
 		return
 	}
 	e.returnSpare(c.id, name)
+}
+
+// recycleChild puts a finished tree's child cgroup, which has been emptied (its tree was
+// killed: nothing is left in it, and nothing can enter it but what the engine starts
+// there), among the cell's spares for its next tree; one whose processes were OOM-killed,
+// or one more than keptChildren, is removed instead (dropChild).
+func (e *Engine) recycleChild(id, child string) error {
+	if e.cg.ChildOOMKills(id, child) > 0 {
+		return e.dropChild(id, child)
+	}
+	e.mu.Lock()
+	c := e.live(id)
+	keep := c != nil && len(c.spare) < keptChildren
+	if keep {
+		c.spare = append(c.spare, child)
+	}
+	e.mu.Unlock()
+	if keep {
+		return nil
+	}
+	return e.dropChild(id, child)
 }
 
 // dropChild removes a finished tree's child cgroup, which has been emptied, keeping its

@@ -32,9 +32,10 @@
 // ready (launcher.go, with the timing that decides when launchers are made; the launcher
 // sits in a child cgroup of its own), else to one its cell's zygote forks for it at once
 // (zygote.go: the C helper, which made the cell's mounts once, forks each launcher), else
-// it takes a fresh child cgroup of its cell (made ahead, children.go) and starts the
-// helper the plain way (start.go). A closed tree's child that still holds processes stays as the cell's
-// leftovers (leftovers.go); the OOM kills of removed children stay in the cell's tally.
+// it takes an empty child cgroup of its cell (made ahead, or emptied by an earlier tree:
+// children.go) and starts the helper the plain way (start.go). A closed tree's child that
+// still holds processes stays as the cell's leftovers (leftovers.go); the OOM kills of
+// removed children stay in the cell's tally.
 //
 // Cgroups are driven through their files (package cgroupfs), not containerd/cgroups'
 // managers: a confined process joins its cgroup in the helper or by clone3, never through

@@ -23,10 +23,10 @@ import (
 // tens of milliseconds of idle, waits out an RCU grace period: 6-8 ms), mounts the cell's view,
 // drops to its uid and builds its Landlock and seccomp filters, then execs. A launcher is
 // that helper started ahead of time, in the background, for the cell's next command: born
-// in a fresh child cgroup of its own, it does every step but the exec and waits on a socket
-// (initproc/launch.go). A command then costs one message and the exec of its target, and
-// still starts in its own new cgroup, namespaces and Landlock domain before its first
-// instruction.
+// in an empty child cgroup of its own (children.go), it does every step but the exec and
+// waits on a socket (initproc/launch.go). A command then costs one message and the exec of
+// its target, and still starts in its own cgroup, namespaces and Landlock domain before its
+// first instruction.
 //
 // Each cell with a template (SetTemplate) keeps one launcher, made when the template is set
 // and again for each command that takes one, once the cell is quiet (awaitQuiet: an

@@ -113,3 +113,61 @@ func TestZygoteSetUpFailureEndsTheWait(t *testing.T) {
 		t.Fatalf("zygote set-up failure: %v, want the zygote's exit with its reason", err)
 	}
 }
+
+// A finished tree's emptied child cgroup is the cell's next tree's, so commands in a row
+// make no new cgroup; one that still holds a command's leftovers, or one in which the
+// kernel OOM-killed a process, is never another tree's (a reused child would make the
+// next command's oom_killed speak of an earlier one).
+func TestTreesReuseEmptiedChildren(t *testing.T) {
+	id := "t-engine-reuse"
+	e := startEngine(t, id)
+	if err := e.Open(id, Limits{MemoryBytes: 64 << 20, Pids: 64}); err != nil {
+		t.Fatal(err)
+	}
+	run := func(script string) (child string, oomKilled bool) {
+		t.Helper()
+		st := base()
+		st.Config.Argv, st.Config.Env, st.Config.Dir = []string{"/bin/sh", "-c", script}, []string{"PATH=/usr/bin:/bin"}, "/"
+		cmd, tr, err := e.Command(id, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Start(); err != nil {
+			t.Fatal(err)
+		}
+		_ = cmd.Wait()
+		child, oomKilled = tr.(interface{ Cgroup() string }).Cgroup(), tr.OOMKilled()
+		if err := tr.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return child, oomKilled
+	}
+
+	first, _ := run("true")
+	for i := range 3 {
+		if child, _ := run("true"); child != first {
+			t.Fatalf("command %d in child %s, want the emptied %s again", i+2, child, first)
+		}
+	}
+
+	held, _ := run("sleep 60 >/dev/null 2>&1 &")
+	if pids, _ := e.cg.ChildPids(id, held); len(pids) == 0 {
+		t.Fatalf("the background sleep is not in %s", held)
+	}
+	if child, _ := run("true"); child == held {
+		t.Errorf("a command ran in %s, which holds another command's leftovers", held)
+	}
+
+	// tail keeps a "line" that never ends in memory: over the cell's 64 MiB.
+	hog, oomKilled := run("head -c 400000000 /dev/zero | tail")
+	if !oomKilled {
+		t.Fatalf("the hog in %s was not OOM-killed", hog)
+	}
+	if child, oomKilled := run("true"); child == hog || oomKilled {
+		t.Errorf("the next command in %s, oom_killed %v; want another child, not OOM-killed", child, oomKilled)
+	}
+	e.Settle(id)
+	if _, err := os.Stat(e.cg.MemoryDir(id, hog)); !os.IsNotExist(err) {
+		t.Errorf("the OOM-killed command's child %s is still there (%v)", hog, err)
+	}
+}

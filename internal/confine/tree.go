@@ -221,8 +221,8 @@ func (t *tree) OOMKilled() bool {
 
 // Close releases the tree. Processes the command left behind in its child cgroup stay
 // there as the cell's leftovers (leftovers.go) until they exit, are signalled, or the
-// cell is removed; an empty child cgroup is removed (in the background: nothing can
-// enter an emptied cgroup). Without cgroups it kills the process group, as nothing could
+// cell is removed; an emptied child cgroup goes back to the cell for its next tree, or is
+// removed in the background (children.go). Without cgroups it kills the process group, as nothing could
 // find a leftover again. Kill first for a command whose leftovers must not stay.
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
@@ -250,7 +250,7 @@ func (t *tree) Close() error {
 			t.closeErr = err
 			return
 		}
-		t.closeErr = t.e.dropChild(t.id, t.child)
+		t.closeErr = t.e.recycleChild(t.id, t.child)
 	})
 	return t.closeErr
 }

@@ -41,8 +41,9 @@ func children(t *testing.T, s *Sandbox, leaseID string) []string {
 	return first
 }
 
-// Commands take spare child cgroups made ahead; a finished command's child goes away in
-// the background; Close removes the spares and leaves the lease.
+// Commands take spare child cgroups: made ahead, or emptied by the command before (kept
+// for the next one instead of removed and made again); Close removes the spares and
+// leaves the lease.
 func TestChildCgroupsAheadAndBehind(t *testing.T) {
 	s := newTestSandbox(t)
 	l := newTestLease(t, s, nil)
@@ -53,8 +54,8 @@ func TestChildCgroupsAheadAndBehind(t *testing.T) {
 		spares := slices.DeleteFunc(children(t, s, l.ID), func(c string) bool {
 			return c == launcher.Cgroup // the launcher's own
 		})
-		if i > 0 && (len(spares) != 1 || slices.Contains(spares, prev)) {
-			t.Fatalf("before command %d: children %q, want one spare without the last command's %s", i, spares, prev)
+		if i > 0 && (len(spares) < 1 || len(spares) > 2 || !slices.Contains(spares, prev)) {
+			t.Fatalf("before command %d: children %q, want one or two spares, the last command's %s among them", i, spares, prev)
 		}
 		cmd, tr, err := s.Command(l.ID, Spec{Argv: []string{"true"}})
 		if err != nil {
