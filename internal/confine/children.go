@@ -86,6 +86,19 @@ func (e *Engine) makeSpare(c *cell) {
 	e.returnSpare(c.id, name)
 }
 
+// dropSpares removes the cell's spares (missing ones are fine); the next tree makes one.
+func (e *Engine) dropSpares(c *cell) {
+	e.mu.Lock()
+	spare := c.spare
+	c.spare = nil
+	e.mu.Unlock()
+	for _, name := range spare {
+		if err := e.dropChild(c.id, name); err != nil {
+			e.log.Warn("remove spare child cgroup", "cell", c.id, "cgroup", name, "err", err)
+		}
+	}
+}
+
 // recycleChild puts a finished tree's child cgroup, which has been emptied (its tree was
 // killed: nothing is left in it, and nothing can enter it but what the engine starts
 // there), among the cell's spares for its next tree; one whose processes were OOM-killed,

@@ -65,13 +65,20 @@ type tree struct {
 // Start hands the command to the cell's launcher when one is ready (launcher.go), else
 // starts a helper for it; then it reads the helper's report pipe, which closes empty when
 // the target is exec'd: no round trip beyond the start itself.
-func (t *tree) Start() error {
+func (t *tree) Start() (err error) {
 	if t.cmd.Process != nil {
 		return errors.New("sandbox: command already started")
 	}
 	if t.c != nil {
 		t.e.noteCommand(t.c, t.ended)
 		defer t.e.refillLauncher(t.c, t.ended) // the next command's
+		defer func() {
+			// Its child cgroup was removed under the engine: so may the cell's spares have
+			// been, which would fail the next commands the same way.
+			if se := (*SetupError)(nil); errors.As(err, &se) && se.Step == "join cgroup" {
+				t.e.dropSpares(t.c)
+			}
+		}()
 	}
 	if files, ok := t.stdio(); ok && t.c != nil {
 		l := t.e.takeLauncher(t.c)
@@ -248,6 +255,10 @@ func (t *tree) Close() error {
 		// no-op on an empty child, and takes a helper that never joined it.
 		if err := t.Kill(); err != nil {
 			t.closeErr = err
+			return
+		}
+		if !t.started { // its set-up failed: the child may be why (removed under the engine)
+			t.closeErr = t.e.dropChild(t.id, t.child)
 			return
 		}
 		t.closeErr = t.e.recycleChild(t.id, t.child)

@@ -185,10 +185,9 @@ func testSetupFailuresReported(t *testing.T, s *Sandbox) {
 		step   string // "": no SetupError, exit 126 with msg on stderr
 		msg    string
 	}{
+		{"cgroup removed", Spec{Argv: []string{"true"}}, func(Tree) { removeSpares(t, s, l.ID) }, "join cgroup", ""},
 		{"dir closed to the lease", Spec{Argv: []string{"true"}, Dir: "sub"}, func(Tree) { os.Chmod(sub, 0o700) }, "chdir /workspace/sub", "setup: chdir"},
 		{"not executable", Spec{Argv: []string{"./prog"}}, func(Tree) { os.Chmod(exe, 0o644) }, "", "./prog"},
-		// Last: the engine still lists the spares removed under it, each a failed start.
-		{"cgroup removed", Spec{Argv: []string{"true"}}, func(Tree) { removeSpares(t, s, l.ID) }, "join cgroup", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.Mkdir(sub, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
