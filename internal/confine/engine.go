@@ -13,8 +13,8 @@ import (
 
 // Engine starts confined process trees (Command) and keeps the cells under the daemon's
 // cgroup parent: the child cgroups of their trees (spares made ahead, emptied ones kept
-// for the next tree or removed behind, the ones that still hold leftovers, the OOM kills of those removed) and
-// their launchers. It is safe for concurrent use.
+// for the next tree or removed behind, the ones that still hold leftovers, the OOM kills
+// of those removed) and their launchers. It is safe for concurrent use.
 type Engine struct {
 	cg        Cgroups // nil: no cgroups, trees are process groups
 	log       *slog.Logger

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sidecar-sandbox/sidecar/internal/confine/initproc"
@@ -56,10 +57,11 @@ type tree struct {
 
 	report *os.File // read end of the helper's report pipe
 
-	started   bool          // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
-	ended     chan struct{} // closed by Close: the command is over
-	closeOnce sync.Once
-	closeErr  error
+	started    bool          // Start ran the target (Close is called after Wait, on the same goroutine as Start or after it)
+	killFailed atomic.Bool   // a Kill failed: the child may be left frozen, never to be reused
+	ended      chan struct{} // closed by Close: the command is over
+	closeOnce  sync.Once
+	closeErr   error
 }
 
 // Start hands the command to the cell's launcher when one is ready (launcher.go), else
@@ -196,7 +198,11 @@ func (t *tree) Kill() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), KillDeadline)
 	defer cancel()
-	return t.e.cg.KillChild(ctx, t.id, t.child)
+	err := t.e.cg.KillChild(ctx, t.id, t.child)
+	if err != nil {
+		t.killFailed.Store(true)
+	}
+	return err
 }
 
 // Signal delivers sig to the command's process group (the leader's pid: Setsid). Once the
@@ -229,8 +235,9 @@ func (t *tree) OOMKilled() bool {
 // Close releases the tree. Processes the command left behind in its child cgroup stay
 // there as the cell's leftovers (leftovers.go) until they exit, are signalled, or the
 // cell is removed; an emptied child cgroup goes back to the cell for its next tree, or is
-// removed in the background (children.go). Without cgroups it kills the process group, as nothing could
-// find a leftover again. Kill first for a command whose leftovers must not stay.
+// removed in the background (children.go). Without cgroups it kills the process group, as
+// nothing could find a leftover again. Kill first for a command whose leftovers must not
+// stay.
 func (t *tree) Close() error {
 	t.closeOnce.Do(func() {
 		defer close(t.ended)
@@ -257,7 +264,10 @@ func (t *tree) Close() error {
 			t.closeErr = err
 			return
 		}
-		if !t.started { // its set-up failed: the child may be why (removed under the engine)
+		// A child is reused only after its tree ran and every kill of it succeeded: a
+		// set-up that failed may have failed for want of the child (removed under the
+		// engine), and a failed kill may have left a v1 child frozen.
+		if !t.started || t.killFailed.Load() {
 			t.closeErr = t.e.dropChild(t.id, t.child)
 			return
 		}
