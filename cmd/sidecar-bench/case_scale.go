@@ -18,7 +18,8 @@ const sparePace = 500 * time.Millisecond
 
 // caseScale: the lease-count curve. With 10, 100, (1,000) leases held, acquire + release
 // of one more, back to back (each acquire makes its lease) and at an agent's pace (each
-// takes a spare made ahead), exec true in a held lease, the daemon's resident memory and
+// takes a spare made ahead), exec true in a held lease (alone, and between those
+// acquires), the daemon's resident memory and
 // that of the daemon with every process under it. Flat rows mean no per-operation cost
 // grows with the leases held (the lease journal; before it every change rewrote the whole
 // table).
@@ -39,6 +40,16 @@ func (b *bench) caseScale(ctx context.Context) error {
 			held = append(held, l)
 		}
 		probe := held[len(held)/2]
+		// Exec alone first: in the interleave below each exec follows an acquire +
+		// release, whose background work (the lease's teardown) overlaps it.
+		alone, err := interleave(ctx, 2, b.sz.reps,
+			timed("exec alone", func(ctx context.Context) error { return execTrue(ctx, probe) }),
+			timed("fork/exec", forkExecTrue))
+		if err != nil {
+			return err
+		}
+		b.add(row{name: fmt.Sprintf("exec alone, %d leases held", n), unit: latency, sidecar: alone[0],
+			floorName: "local fork/exec", floor: alone[1]})
 		s, err := interleave(ctx, 2, b.sz.reps,
 			timed("acquire + release", b.acquireRelease),
 			timed("exec", func(ctx context.Context) error { return execTrue(ctx, probe) }),
